@@ -1,0 +1,347 @@
+"""Typed run configuration loaded from YAML recipes.
+
+A recipe is a YAML mapping whose sections mirror the dataclasses below. Loading is strict: an unknown
+key or a value of the wrong type raises `ConfigError` naming the dotted path, what was given and what
+is allowed, because a silently ignored typo in a long training run costs hours.
+
+Recipes ship in `mindvl/configs/`; `load_config("tiny")` finds them by name, any other string is a
+path. A recipe may say `include: other` (a name or a path relative to the including file) and then
+override keys; `overrides` (the CLI's `--set a.b=value`) apply last.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import yaml
+
+RECIPE_DIR = Path(__file__).parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A configuration value a user must fix; the message names the dotted key."""
+
+
+@dataclass
+class PreprocessConfig:
+    """Input conventions shared by the loader, the model and the deployed graphs (no train/serve skew)."""
+
+    image_size: int = 64
+    image_mean: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    image_std: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    sample_rate: int = 16000
+    n_fft: int = 400
+    hop_length: int = 160
+    n_mels: int = 80
+    max_audio_frames: int = 300  # log-mel frames; clips are padded or rejected beyond this
+    max_text_length: int = 16  # tokens including [CLS] and [SEP]
+    max_answer_length: int = 4  # LM target tokens including [BOS] and [EOS]
+
+    def validate(self) -> None:
+        _positive(self, "preprocess", ["image_size", "sample_rate", "n_fft", "hop_length", "n_mels",
+                                       "max_audio_frames", "max_text_length", "max_answer_length"])
+        for name in ("image_mean", "image_std"):
+            if len(getattr(self, name)) != 3:
+                raise ConfigError(f"preprocess.{name}: expected 3 values (R, G, B), got {getattr(self, name)}")
+        if any(s <= 0 for s in self.image_std):
+            raise ConfigError(f"preprocess.image_std: expected values > 0, got {self.image_std}")
+        if self.max_audio_frames % 2:
+            raise ConfigError(f"preprocess.max_audio_frames: expected an even number (the audio encoder "
+                              f"halves time), got {self.max_audio_frames}")
+
+
+@dataclass
+class EncoderConfig:
+    """One Transformer stack; every encoder and the fusion model share this shape of settings."""
+
+    width: int = 128
+    layers: int = 2
+    heads: int = 4
+    mlp_ratio: float = 4.0
+    pre_norm: bool = True
+    activation: str = "gelu"
+    layer_scale: float = 0.0  # 0 disables LayerScale
+    norm_eps: float = 1e-6
+
+    def validate(self, path: str) -> None:
+        _positive(self, path, ["width", "layers", "heads", "mlp_ratio"])
+        if self.width % self.heads:
+            raise ConfigError(f"{path}.width: {self.width} is not divisible by {path}.heads={self.heads}")
+        _choice(f"{path}.activation", self.activation, ("gelu", "gelu_tanh", "relu"))
+
+
+@dataclass
+class VisionConfig(EncoderConfig):
+    patch_size: int = 8
+
+
+@dataclass
+class TextConfig(EncoderConfig):
+    vocab_size: int = 0  # 0: taken from the data set's tokenizer
+    max_positions: int = 64
+
+
+@dataclass
+class AudioConfig(EncoderConfig):
+    pass
+
+
+@dataclass
+class ModelConfig:
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    fusion: EncoderConfig = field(default_factory=EncoderConfig)
+    embed_dim: int = 64  # contrastive embedding width
+    num_answers: int = 13
+    logit_scale_init: float = 2.6593  # log(1 / 0.07), as CLIP
+    dropout: float = 0.0
+
+    def validate(self) -> None:
+        self.vision.validate("model.vision")
+        self.text.validate("model.text")
+        self.audio.validate("model.audio")
+        self.fusion.validate("model.fusion")
+        _positive(self, "model", ["embed_dim", "num_answers"])
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout: expected 0 <= dropout < 1, got {self.dropout}")
+
+
+@dataclass
+class DataConfig:
+    root: str = "mindvl_data"  # where `mindvl data build` writes and training reads
+    limit: int = 0  # at most this many source images per split (0: all)
+    train_voices: List[str] = field(default_factory=lambda: ["en-us", "en-gb", "en-us+f3", "en-gb-scotland+m3"])
+    test_voices: List[str] = field(default_factory=lambda: ["en-us+f4", "en-gb-x-rp+m7"])
+    speech_rates: List[int] = field(default_factory=lambda: [150, 175])  # words per minute
+    batch_size: int = 64
+    num_workers: int = 2
+    # Which question modality the fused model sees, as probabilities of [text, audio, both].
+    question_modality_mix: List[float] = field(default_factory=lambda: [0.4, 0.4, 0.2])
+    seed: int = 0
+
+    def validate(self) -> None:
+        _positive(self, "data", ["batch_size", "num_workers"])
+        if self.limit < 0:
+            raise ConfigError(f"data.limit: expected >= 0 (0 means all), got {self.limit}")
+        if not self.train_voices or not self.test_voices:
+            raise ConfigError("data.train_voices / data.test_voices: expected at least one voice each")
+        if set(self.train_voices) & set(self.test_voices):
+            raise ConfigError(f"data.test_voices: must be voices training never hears; shared with "
+                              f"data.train_voices: {sorted(set(self.train_voices) & set(self.test_voices))}")
+        if not self.speech_rates or any(r < 80 or r > 450 for r in self.speech_rates):
+            raise ConfigError(f"data.speech_rates: expected words per minute in [80, 450], got {self.speech_rates}")
+        mix = self.question_modality_mix
+        if len(mix) != 3 or any(p < 0 for p in mix) or abs(sum(mix) - 1.0) > 1e-6:
+            raise ConfigError(f"data.question_modality_mix: expected 3 probabilities [text, audio, both] "
+                              f"summing to 1, got {mix}")
+
+
+@dataclass
+class LossWeights:
+    contrastive: float = 0.5
+    answer: float = 1.0
+    lm: float = 0.5
+
+
+@dataclass
+class TrainConfig:
+    output_dir: str = "runs/tiny"
+    epochs: int = 1
+    max_steps: int = 0  # 0: run `epochs` full passes
+    lr: float = 1e-3
+    min_lr: float = 1e-5
+    warmup_steps: int = 100
+    weight_decay: float = 0.05
+    grad_clip: float = 1.0  # global-norm clip; 0 disables
+    loss_weights: LossWeights = field(default_factory=LossWeights)
+    checkpoint_every: int = 500  # steps; a checkpoint is also written at the end
+    log_every: int = 10
+    seed: int = 0
+
+    def validate(self) -> None:
+        _positive(self, "train", ["epochs", "lr", "checkpoint_every", "log_every"])
+        for name in ("max_steps", "warmup_steps", "weight_decay", "grad_clip", "min_lr"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}: expected >= 0, got {getattr(self, name)}")
+        for name in ("contrastive", "answer", "lm"):
+            if getattr(self.loss_weights, name) < 0:
+                raise ConfigError(f"train.loss_weights.{name}: expected >= 0, got "
+                                  f"{getattr(self.loss_weights, name)}")
+
+
+@dataclass
+class Config:
+    name: str = "custom"
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> "Config":
+        self.preprocess.validate()
+        self.model.validate()
+        self.data.validate()
+        self.train.validate()
+        if self.preprocess.image_size % self.model.vision.patch_size:
+            raise ConfigError(f"model.vision.patch_size: {self.model.vision.patch_size} does not divide "
+                              f"preprocess.image_size={self.preprocess.image_size}")
+        if self.preprocess.max_text_length > self.model.text.max_positions:
+            raise ConfigError(f"preprocess.max_text_length: {self.preprocess.max_text_length} exceeds "
+                              f"model.text.max_positions={self.model.text.max_positions}")
+        return self
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _positive(obj: Any, path: str, names: Sequence[str]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value <= 0:
+            raise ConfigError(f"{path}.{name}: expected a value > 0, got {value!r}")
+
+
+def _choice(path: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{path}: expected one of {list(allowed)}, got {value!r}")
+
+
+# ----------------------------------------------------------------------------- building from mappings
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (list, List):
+        return f"a list of {_describe(typing.get_args(tp)[0])}"
+    if origin is typing.Union:
+        return " or ".join(_describe(a) for a in typing.get_args(tp) if a is not type(None)) + " or null"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def _coerce(path: str, value: Any, tp: Any) -> Any:
+    """Check `value` against the annotated type `tp`; ints are accepted where floats are expected."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return build_dataclass(tp, value, path)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(path, value, args[0])
+    if origin in (list, List):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected {_describe(tp)}, got {value!r}")
+        (item_tp,) = typing.get_args(tp)
+        return [_coerce(f"{path}[{i}]", v, item_tp) for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{path}: expected {_describe(tp)}, got {value!r}")
+
+
+def build_dataclass(cls: type, values: Mapping[str, Any], path: str = "") -> Any:
+    """Build `cls` from a mapping, rejecting unknown keys with the list of valid ones."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        dotted = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            raise ConfigError(f"{dotted}: unknown key; valid keys here are {sorted(fields)}")
+        kwargs[key] = _coerce(dotted, value, hints[key])
+    return cls(**kwargs)
+
+
+# ----------------------------------------------------------------------------- recipes and overrides
+
+def recipe_names() -> List[str]:
+    return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
+
+
+def _resolve(name_or_path: str, relative_to: Optional[Path] = None) -> Path:
+    candidates = [Path(name_or_path)]
+    if relative_to is not None:
+        candidates.insert(0, relative_to / name_or_path)
+    if not name_or_path.endswith((".yaml", ".yml")):
+        candidates.append(RECIPE_DIR / f"{name_or_path}.yaml")
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"config {name_or_path!r}: no such recipe or file; recipes shipped with mindvl: "
+                      f"{recipe_names()}")
+
+
+def _read_yaml(path: Path) -> Dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _merge(base: Dict[str, Any], top: Mapping[str, Any]) -> Dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _load_mapping(path: Path, seen: Sequence[Path] = ()) -> Dict[str, Any]:
+    if path.resolve() in seen:
+        raise ConfigError(f"config {path}: include cycle through {[str(p) for p in seen]}")
+    data = _read_yaml(path)
+    include = data.pop("include", None)
+    if include is None:
+        return data
+    if not isinstance(include, str):
+        raise ConfigError(f"{path}: include: expected a recipe name or path, got {include!r}")
+    base = _load_mapping(_resolve(include, path.parent), [*seen, path.resolve()])
+    return _merge(base, data)
+
+
+def parse_override(text: str) -> Dict[str, Any]:
+    """Turn 'train.lr=3e-4' into {'train': {'lr': 0.0003}}; the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, for example train.lr=3e-4")
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {text!r}: expected a dotted key such as train.lr")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {text!r}: value is not valid YAML ({exc})") from exc
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
+def load_config(name_or_path: str = "tiny", overrides: Sequence[str] = ()) -> Config:
+    """Load a recipe by name or path, apply `KEY=VALUE` overrides, validate and return it."""
+    data = _load_mapping(_resolve(name_or_path))
+    for override in overrides:
+        data = _merge(data, parse_override(override))
+    return build_dataclass(Config, data).validate()
+
+
+def config_from_dict(data: Mapping[str, Any]) -> Config:
+    """Rebuild a config saved with `Config.to_dict` (checkpoints and model packages store it)."""
+    return build_dataclass(Config, data).validate()

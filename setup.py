@@ -1,0 +1,40 @@
+"""One distribution, one namespace: cells/, export/, serving/ and lite/ install as mindvl.cells, ..."""
+from setuptools import find_packages, setup
+
+MAPPED = {"cells": "mindvl.cells", "export": "mindvl.export", "serving": "mindvl.serving", "lite": "mindvl.lite"}
+
+packages = find_packages(include=["mindvl", "mindvl.*"])
+package_dir = {"mindvl": "mindvl"}
+for folder, package in MAPPED.items():
+    package_dir[package] = folder
+    packages.append(package)
+    for sub in find_packages(where=folder):
+        packages.append(f"{package}.{sub}")
+        package_dir[f"{package}.{sub}"] = f"{folder}/{sub.replace('.', '/')}"
+
+setup(
+    name="mindvl",
+    version="0.1.0",
+    description="Native MindSpore multimodal (vision + text + audio) training and deployment",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9,<3.12",
+    packages=packages,
+    package_dir=package_dir,
+    package_data={"mindvl": ["configs/*.yaml"]},
+    install_requires=[
+        "mindspore==2.10.0",
+        "numpy>=1.26,<2",
+        "pillow>=10,<14",
+        "pyyaml>=6,<7",
+        "librosa>=0.10,<0.12",
+        "tokenizers>=0.19,<0.24",
+        "safetensors>=0.4,<0.9",
+        "tqdm>=4.66,<5",
+        "tensorboardX>=2.6,<3",
+        "easy-vqa==1.0",
+        "espeakng-loader>=0.2.4,<0.3",
+    ],
+    extras_require={"test": ["pytest>=8,<10"]},
+    entry_points={"console_scripts": ["mindvl = mindvl.cli:main"]},
+)
