@@ -1,0 +1,22 @@
+"""mindvl.cells: nn.Cell building blocks and the MultimodalModel (never imports data or training code)."""
+from .activation import create_activation
+from .attention import MultiHeadAttention
+from .audio import AudioEncoder
+from .export_nets import AnswerNet, AudioEmbedNet, GenerateNet, ImageEmbedNet, TextEmbedNet
+from .factory import create_model
+from .fusion import FusionTransformer
+from .heads import AnswerHead, ContrastiveHead, LMHead, LogitScale
+from .masks import MASK_VALUE, padding_mask, prefix_lm_mask, segment_mask
+from .model import MultimodalModel
+from .norm import LayerNorm, create_norm
+from .text import TextEncoder
+from .transformer import TransformerBlock, TransformerStack
+from .vision import VisionEncoder, conv_weight_to_matmul
+
+__all__ = [
+    "create_activation", "MultiHeadAttention", "AudioEncoder", "AnswerNet", "AudioEmbedNet", "GenerateNet",
+    "ImageEmbedNet", "TextEmbedNet", "create_model", "FusionTransformer", "AnswerHead", "ContrastiveHead",
+    "LMHead", "LogitScale", "MASK_VALUE", "padding_mask", "prefix_lm_mask", "segment_mask",
+    "MultimodalModel", "LayerNorm", "create_norm", "TextEncoder", "TransformerBlock", "TransformerStack",
+    "VisionEncoder", "conv_weight_to_matmul",
+]

@@ -1,0 +1,1 @@
+"""Deployment artifacts: MindIR graphs (model packages and compression arrive with the export issue)."""

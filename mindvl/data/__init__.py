@@ -1,0 +1,18 @@
+"""Data: building the data set (`build`), reading it (`loader`), and the sources behind it.
+
+`create_dataset` is imported lazily so that `import mindvl.data` stays cheap (no mindspore import).
+"""
+
+__all__ = ["create_dataset", "build_dataset", "load_meta", "load_tokenizer", "COLUMNS"]
+
+
+def __getattr__(name):
+    if name in ("create_dataset", "load_meta", "load_tokenizer", "COLUMNS"):
+        from mindvl.data import loader
+
+        return getattr(loader, name)
+    if name == "build_dataset":
+        from mindvl.data.build import build_dataset
+
+        return build_dataset
+    raise AttributeError(f"module 'mindvl.data' has no attribute {name!r}")

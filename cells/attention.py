@@ -1,0 +1,65 @@
+"""Multi-head self-attention, the one attention every encoder and the fusion stack use.
+
+Layout follows BERT/Whisper (separate q/k/v/out projections, weights (out, in)) so pretrained weights
+load by name. Every primitive used in `construct` is an attribute created in `__init__`, so parallel
+strategies can call `.shard()` on them; only standard MindSpore ops are used, so graphs export to
+MindIR.
+"""
+import math
+
+from mindspore import nn, ops
+
+from .linear import dense
+from .masks import MASK_VALUE  # re-exported: callers build masks with this constant
+
+__all__ = ["MultiHeadAttention", "MASK_VALUE"]
+
+
+class MultiHeadAttention(nn.Cell):
+    """softmax(Q K^T / sqrt(head_dim) + mask) V over `heads` heads, then an output projection.
+
+    x: (batch, seq, width) float32; mask: additive float broadcastable to (batch, heads, seq, seq),
+    usually (batch, 1, 1, seq) or (batch, 1, seq, seq) with 0 allowed / MASK_VALUE blocked, or None.
+    Returns (batch, seq, width).
+    """
+
+    def __init__(self, width: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"attention width {width} is not divisible by heads={heads}")
+        self.width = width
+        self.heads = heads
+        self.head_dim = width // heads
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.q_proj = dense(width, width)
+        self.k_proj = dense(width, width)
+        self.v_proj = dense(width, width)
+        self.out_proj = dense(width, width)
+        self.reshape = ops.Reshape()
+        self.transpose = ops.Transpose()
+        self.qk_matmul = ops.BatchMatMul(transpose_b=True)
+        self.av_matmul = ops.BatchMatMul()
+        self.mul = ops.Mul()
+        self.add = ops.Add()
+        self.softmax = ops.Softmax(axis=-1)
+        self.attn_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+
+    def _split_heads(self, x, batch, seq):
+        x = self.reshape(x, (batch, seq, self.heads, self.head_dim))  # (batch, seq, heads, head_dim)
+        return self.transpose(x, (0, 2, 1, 3))  # (batch, heads, seq, head_dim)
+
+    def construct(self, x, mask=None):
+        batch, seq = x.shape[0], x.shape[1]
+        q = self._split_heads(self.q_proj(x), batch, seq)
+        k = self._split_heads(self.k_proj(x), batch, seq)
+        v = self._split_heads(self.v_proj(x), batch, seq)
+        scores = self.mul(self.qk_matmul(q, k), self.scale)  # (batch, heads, seq, seq)
+        if mask is not None:
+            scores = self.add(scores, mask)
+        probs = self.attn_dropout(self.softmax(scores))
+        out = self.av_matmul(probs, v)  # (batch, heads, seq, head_dim)
+        out = self.reshape(self.transpose(out, (0, 2, 1, 3)), (batch, seq, self.width))
+        return self.out_proj(out)
+
+    def extend_repr(self):
+        return f"width={self.width}, heads={self.heads}"

@@ -1,0 +1,97 @@
+"""The tri-modal model: three encoders, the early-fusion Transformer and the heads.
+
+Training calls `construct` (every output the losses need, one graph). Deployment uses the small
+wrappers in `export_nets.py`, which run only the branch each graph needs.
+
+Checkpoint keys start with the child name: vision., text., audio., fusion., image_proj., text_proj.,
+audio_proj., logit_scale_image_text., logit_scale_audio_text., answer_head., lm_head.
+"""
+from mindspore import nn, ops
+
+from .audio import AudioEncoder
+from .fusion import FusionTransformer
+from .heads import AnswerHead, ContrastiveHead, LMHead, LogitScale
+from .text import TextEncoder
+from .vision import VisionEncoder
+
+
+class MultimodalModel(nn.Cell):
+    """construct(image, question_ids, question_mask, audio_mel, audio_mask, use_text, use_audio,
+    caption_ids, caption_mask, answer_in) ->
+    (answer_logits (B, num_answers), lm_logits (B, La, vocab), image_emb, caption_emb, audio_emb,
+     question_emb (each (B, embed_dim), unit length), scale_image_text, scale_audio_text (scalars,
+     exp'd and clamped to <= 100)).
+
+    image (B, 3, S, S) float32 normalised; question_ids / caption_ids (B, L) int32 with float masks;
+    audio_mel (B, n_mels, T) float32 with frame mask (B, T); use_text / use_audio (B,) float {0, 1}
+    choose which question modality the fusion sees (either or both); answer_in (B, La) int32
+    teacher-forced answer ids. question_emb is the text projection of the question's pooled output.
+    """
+
+    def __init__(self, model_cfg, pre):
+        super().__init__()
+        self.vision = VisionEncoder(model_cfg.vision, pre.image_size, model_cfg.dropout)
+        self.text = TextEncoder(model_cfg.text, model_cfg.dropout)
+        self.audio = AudioEncoder(model_cfg.audio, pre.n_mels, pre.max_audio_frames, model_cfg.dropout)
+        self.fusion = FusionTransformer(model_cfg.fusion, model_cfg.vision.width, model_cfg.text.width,
+                                        model_cfg.audio.width, model_cfg.text.vocab_size,
+                                        pre.max_answer_length, model_cfg.dropout)
+        self.image_proj = ContrastiveHead(model_cfg.vision.width, model_cfg.embed_dim)
+        self.text_proj = ContrastiveHead(model_cfg.text.width, model_cfg.embed_dim)
+        self.audio_proj = ContrastiveHead(model_cfg.audio.width, model_cfg.embed_dim)
+        self.logit_scale_image_text = LogitScale(model_cfg.logit_scale_init)
+        self.logit_scale_audio_text = LogitScale(model_cfg.logit_scale_init)
+        self.answer_head = AnswerHead(model_cfg.fusion.width, model_cfg.num_answers, model_cfg.fusion.norm_eps)
+        self.lm_head = LMHead(model_cfg.fusion.width, model_cfg.text.vocab_size, model_cfg.fusion.norm_eps)
+        self.mul = ops.Mul()
+        self.expand_dims = ops.ExpandDims()
+
+    # -- pieces the export wrappers reuse ---------------------------------------------------------
+    def embed_image(self, image):
+        """(B, 3, S, S) -> (B, embed_dim) unit-length image embedding."""
+        _, pooled = self.vision(image)
+        return self.image_proj(pooled)
+
+    def embed_text(self, ids, mask):
+        """(B, L) ids + mask -> (B, embed_dim) unit-length text embedding (captions and questions)."""
+        _, pooled = self.text(ids, mask)
+        return self.text_proj(pooled)
+
+    def embed_audio(self, mel, frame_mask):
+        """(B, n_mels, T) + (B, T) -> (B, embed_dim) unit-length audio embedding."""
+        _, _, pooled = self.audio(mel, frame_mask)
+        return self.audio_proj(pooled)
+
+    def fusion_inputs(self, image, question_ids, question_mask, audio_mel, audio_mask, use_text, use_audio):
+        """Encode image and question; switch the question modalities per sample through the masks.
+
+        -> (image_tokens, text_tokens, text_mask, audio_tokens, audio_token_mask) for the fusion.
+        """
+        image_tokens, _ = self.vision(image)
+        text_tokens, _ = self.text(question_ids, question_mask)
+        audio_tokens, audio_token_mask, _ = self.audio(audio_mel, audio_mask)
+        text_mask = self.mul(question_mask, self.expand_dims(use_text, 1))
+        audio_token_mask = self.mul(audio_token_mask, self.expand_dims(use_audio, 1))
+        return image_tokens, text_tokens, text_mask, audio_tokens, audio_token_mask
+
+    # -- training graph ---------------------------------------------------------------------------
+    def construct(self, image, question_ids, question_mask, audio_mel, audio_mask, use_text, use_audio,
+                  caption_ids, caption_mask, answer_in):
+        image_tokens, image_pooled = self.vision(image)
+        question_tokens, question_pooled = self.text(question_ids, question_mask)
+        audio_tokens, audio_token_mask, audio_pooled = self.audio(audio_mel, audio_mask)
+        _, caption_pooled = self.text(caption_ids, caption_mask)
+
+        text_mask = self.mul(question_mask, self.expand_dims(use_text, 1))
+        fusion_audio_mask = self.mul(audio_token_mask, self.expand_dims(use_audio, 1))
+        cls, answer_states = self.fusion(image_tokens, question_tokens, text_mask, audio_tokens,
+                                         fusion_audio_mask, answer_in)
+
+        answer_logits = self.answer_head(cls)
+        lm_logits = self.lm_head(answer_states)
+        image_emb = self.image_proj(image_pooled)
+        caption_emb = self.text_proj(caption_pooled)
+        audio_emb = self.audio_proj(audio_pooled)
+        question_emb = self.text_proj(question_pooled)
+        return (answer_logits, lm_logits, image_emb, caption_emb, audio_emb, question_emb,
+                self.logit_scale_image_text(), self.logit_scale_audio_text())

@@ -1,0 +1,100 @@
+"""The one Transformer block (and stack) behind every encoder and the fusion model.
+
+A block is attention + MLP with residuals, either pre-LN (ViT, Whisper: x + f(norm(x))) or post-LN
+(BERT: norm(x + f(x))), with optional LayerScale (per-channel learned residual gains, CaiT/DINOv2)
+and dropout on both residual branches. The mask is whatever additive mask the caller built
+(padding, prefix-LM, segments; see masks.py), so one block serves all of them.
+"""
+import numpy as np
+
+from mindspore import Parameter, Tensor, nn, ops
+
+from .activation import create_activation
+from .attention import MultiHeadAttention
+from .linear import dense
+from .norm import create_norm
+
+
+class MLP(nn.Cell):
+    """(…, width) -> fc1 (width*mlp_ratio) -> activation -> fc2 -> (…, width)."""
+
+    def __init__(self, width: int, hidden: int, activation: str = "gelu", dropout: float = 0.0):
+        super().__init__()
+        self.fc1 = dense(width, hidden)
+        self.act = create_activation(activation)
+        self.fc2 = dense(hidden, width)
+        self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+
+    def construct(self, x):
+        return self.fc2(self.dropout(self.act(self.fc1(x))))
+
+
+class LayerScale(nn.Cell):
+    """Multiplies a residual branch by a learned per-channel gain `gamma` (width,), initialised small."""
+
+    def __init__(self, width: int, init_value: float):
+        super().__init__()
+        self.gamma = Parameter(Tensor(np.full(width, init_value, np.float32)), name="gamma")
+        self.mul = ops.Mul()
+
+    def construct(self, x):
+        return self.mul(x, self.gamma)
+
+
+class TransformerBlock(nn.Cell):
+    """x (batch, seq, width), additive mask or None -> (batch, seq, width).
+
+    Children (and so checkpoint keys): norm1, attn, norm2, mlp, and ls1/ls2 (`.gamma`) when
+    layer_scale > 0.
+    """
+
+    def __init__(self, width: int, heads: int, mlp_ratio: float = 4.0, pre_norm: bool = True,
+                 activation: str = "gelu", layer_scale: float = 0.0, norm_eps: float = 1e-6,
+                 dropout: float = 0.0):
+        super().__init__()
+        self.pre_norm = pre_norm
+        self.norm1 = create_norm(width, norm_eps)
+        self.attn = MultiHeadAttention(width, heads, dropout)
+        self.norm2 = create_norm(width, norm_eps)
+        self.mlp = MLP(width, int(round(width * mlp_ratio)), activation, dropout)
+        if layer_scale > 0:
+            self.ls1 = LayerScale(width, layer_scale)
+            self.ls2 = LayerScale(width, layer_scale)
+        else:
+            self.ls1 = nn.Identity()
+            self.ls2 = nn.Identity()
+        self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+        self.add = ops.Add()
+
+    def construct(self, x, mask=None):
+        if self.pre_norm:
+            x = self.add(x, self.ls1(self.dropout(self.attn(self.norm1(x), mask))))
+            x = self.add(x, self.ls2(self.dropout(self.mlp(self.norm2(x)))))
+        else:
+            x = self.norm1(self.add(x, self.ls1(self.dropout(self.attn(x, mask)))))
+            x = self.norm2(self.add(x, self.ls2(self.dropout(self.mlp(x)))))
+        return x
+
+
+class TransformerStack(nn.Cell):
+    """`cfg.layers` blocks (`blocks.0`, `blocks.1`, …) and, for pre-LN stacks, a final `norm`.
+
+    cfg: an EncoderConfig (width, layers, heads, mlp_ratio, pre_norm, activation, layer_scale,
+    norm_eps). x (batch, seq, width), additive mask or None -> (batch, seq, width).
+    """
+
+    def __init__(self, cfg, dropout: float = 0.0):
+        super().__init__()
+        self.width = cfg.width
+        self.blocks = nn.CellList([
+            TransformerBlock(cfg.width, cfg.heads, cfg.mlp_ratio, cfg.pre_norm, cfg.activation,
+                             cfg.layer_scale, cfg.norm_eps, dropout)
+            for _ in range(cfg.layers)
+        ])
+        # Post-LN blocks already end in a norm; pre-LN stacks need one on the way out.
+        self.norm = create_norm(cfg.width, cfg.norm_eps) if cfg.pre_norm else nn.Identity()
+
+    def construct(self, x, mask=None):
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.norm(x)

@@ -1,0 +1,102 @@
+"""The `mindvl` command line: it only wires the library's entry points together."""
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
+from typing import List, Optional
+
+os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings drown the progress bars
+
+from mindvl.config import ConfigError, load_config  # noqa: E402
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="tiny", help="recipe name (mindvl/configs) or YAML path")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set train.lr=3e-4 (repeatable)")
+
+
+def _data_build(args) -> None:
+    from mindvl.data.build import build_dataset
+    overrides = list(args.overrides) + ([f"data.root={args.root}"] if args.root else [])
+    cfg = load_config(args.config, overrides)
+    report = build_dataset(cfg, limit=args.limit, force=args.force)
+    print(json.dumps(asdict(report), indent=2, default=str))
+
+
+def _train(args) -> None:
+    from mindvl.train import train
+    result = train(load_config(args.config, args.overrides))
+    print(json.dumps(asdict(result), indent=2))
+
+
+def _eval(args) -> None:
+    from mindvl.eval import evaluate, load_trained
+    cfg, model = load_trained(args.run, args.data_root)
+    print(json.dumps(evaluate(cfg, model), indent=2))
+
+
+def _export(args) -> None:
+    from mindvl.data import create_dataset
+    from mindvl.eval import load_trained
+    from mindvl.export.mindir import export_answer_graph, load_graph, verify_answer_graph
+    cfg, model = load_trained(args.run, args.data_root)
+    path = export_answer_graph(model, cfg.preprocess, args.out)
+    batch = next(create_dataset(cfg, "test", question_modality="both").create_dict_iterator(
+        num_epochs=1, output_numpy=True))
+    print(json.dumps({"path": str(path), **verify_answer_graph(model, load_graph(path), batch)}, indent=2))
+
+
+def _quickstart(args) -> None:
+    from mindvl.quickstart import run_quickstart
+    run_quickstart(args.workdir, args.config, args.overrides)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mindvl", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    data = commands.add_parser("data", help="data set commands").add_subparsers(dest="data_command", required=True)
+    build = data.add_parser("build", help="build the easy-VQA tri-modal data set as MindRecord")
+    _add_config_args(build)
+    build.add_argument("--root", help="output folder (default: data.root of the config)")
+    build.add_argument("--limit", type=int, help="at most N source images per split (0: all)")
+    build.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
+    build.set_defaults(func=_data_build)
+
+    train = commands.add_parser("train", help="train a recipe")
+    _add_config_args(train)
+    train.set_defaults(func=_train)
+
+    for name, func, text in (("eval", _eval, "evaluate a trained run"),
+                             ("export", _export, "export a trained run to MindIR and verify it")):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("--run", required=True, help="run folder, checkpoint folder or model.safetensors")
+        sub.add_argument("--data-root", help="data set folder (default: the run's data.root)")
+        if name == "export":
+            sub.add_argument("--out", default="export/answer.mindir", help="MindIR file to write")
+        sub.set_defaults(func=func)
+
+    quick = commands.add_parser("quickstart", help="build data, train, evaluate, export and verify")
+    _add_config_args(quick)
+    quick.add_argument("--workdir", default="mindvl_quickstart", help="folder for data, run and export")
+    quick.set_defaults(func=_quickstart)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    from mindvl.data.loader import DataRootError
+    from mindvl.preprocess import InputError
+    from mindvl.train.checkpoint import CheckpointError
+    try:
+        args.func(args)
+    except (ConfigError, InputError, CheckpointError, DataRootError) as exc:
+        print(f"mindvl: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""VQA accuracy of the answer classifier and of the generated answer text, per question modality."""
+from collections import Counter
+from pathlib import Path
+from typing import Dict, Sequence
+
+import mindspore as ms
+import numpy as np
+from tqdm import tqdm
+
+from mindvl.config import Config
+from mindvl.data import create_dataset, load_meta, load_tokenizer
+from mindvl.data.records import read_table
+
+ANSWER_KINDS = {"yes": "yes/no", "no": "yes/no", "circle": "shape", "rectangle": "shape", "triangle": "shape"}
+
+
+def answer_kind(answer: str) -> str:
+    return ANSWER_KINDS.get(answer, "colour")
+
+
+def greedy_decode(generate_net, inputs: Sequence[ms.Tensor], tokenizer, answer_length: int) -> np.ndarray:
+    """Generate answer token ids with the causal LM head: (B, answer_length - 1), one graph call a token."""
+    batch = inputs[0].shape[0]
+    tokens = np.full((batch, answer_length - 1), tokenizer.pad_id, dtype=np.int32)
+    tokens[:, 0] = tokenizer.bos_id
+    generated = np.full((batch, answer_length - 1), tokenizer.pad_id, dtype=np.int32)
+    for position in range(answer_length - 1):
+        logits = generate_net(*inputs, ms.Tensor(tokens)).asnumpy()  # (B, La-1, vocab)
+        next_token = logits[:, position].argmax(-1).astype(np.int32)
+        generated[:, position] = next_token
+        if position + 1 < answer_length - 1:
+            tokens[:, position + 1] = next_token
+    return generated
+
+
+def majority_baseline(cfg: Config) -> Dict[str, object]:
+    """Accuracy on the test split of always answering the most frequent training answer."""
+    answers = load_meta(cfg.data.root)["answers"]
+    counts = {split: Counter(int(row["answer_id"]) for row in
+                             read_table(Path(cfg.data.root) / f"{split}.mindrecord", ["answer_id"]))
+              for split in ("train", "test")}
+    majority = max(counts["train"], key=counts["train"].get)
+    accuracy = counts["test"][majority] / max(sum(counts["test"].values()), 1)
+    return {"answer": answers[majority], "accuracy": accuracy}
+
+
+def vqa_accuracy(cfg: Config, answer_net, generate_net, modality: str, progress: bool = True) -> Dict[str, float]:
+    """Accuracy over the test split with questions given as `modality` ("text", "audio" or "both")."""
+    meta = load_meta(cfg.data.root)
+    tokenizer = load_tokenizer(cfg.data.root)
+    answers = meta["answers"]
+    dataset = create_dataset(cfg, "test", question_modality=modality)
+    correct, generated_correct, total = 0, 0, 0
+    per_kind_correct, per_kind_total = Counter(), Counter()
+    iterator = dataset.create_dict_iterator(num_epochs=1, output_numpy=True)
+    for batch in tqdm(iterator, total=dataset.get_dataset_size(), desc=f"eval vqa ({modality})",
+                      disable=not progress, leave=False):
+        inputs = [ms.Tensor(batch[name]) for name in
+                  ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "use_text", "use_audio")]
+        predicted = answer_net(*inputs).asnumpy().argmax(-1)
+        hits = predicted == batch["answer"]
+        generated = greedy_decode(generate_net, inputs, tokenizer, cfg.preprocess.max_answer_length)
+        for row, answer_id in enumerate(batch["answer"]):
+            kind = answer_kind(answers[answer_id])
+            per_kind_total[kind] += 1
+            per_kind_correct[kind] += int(hits[row])
+            generated_correct += int(tokenizer.decode(generated[row]) == answers[answer_id])
+        correct += int(hits.sum())
+        total += len(hits)
+    result = {"accuracy": correct / max(total, 1), "generated_accuracy": generated_correct / max(total, 1),
+              "count": total}
+    result.update({f"accuracy_{kind}": per_kind_correct[kind] / per_kind_total[kind] for kind in sorted(per_kind_total)})
+    return result

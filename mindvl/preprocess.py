@@ -1,0 +1,280 @@
+"""The one place where bytes become arrays: images, audio and text.
+
+The data loader, the server and the device path all call these functions with the `PreprocessConfig`
+that the model package's manifest records, so what the model sees in training is exactly what it sees
+when deployed. Every function raises `InputError` (a `ValueError`) naming the offending item and what to
+do about it, never a bare library exception.
+
+Conventions (the C++ device runner mirrors them):
+- image: RGB, bicubic resize to (image_size, image_size), [0, 1], then (x - mean) / std; float32 (3, S, S).
+- audio: mono float32 at `sample_rate`; Whisper's log-mel (librosa STFT, hann, centred with reflect
+  padding, power spectrum without the last frame, slaney mel filters, log10 clamped to max - 8,
+  then (x + 4) / 4); float32 (n_mels, frames) with frames = len(waveform) // hop_length.
+- text: a word-level `tokenizers` tokenizer; questions are [CLS] words [SEP], answers [BOS] words [EOS],
+  both padded with [PAD] = 0.
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, List, Sequence, Tuple, Union
+
+import numpy as np
+
+from mindvl.config import PreprocessConfig
+
+__all__ = ["InputError", "decode_image", "log_mel", "pad_mel", "load_wav", "audio_seconds", "TextTokenizer",
+           "build_word_tokenizer", "SPECIAL_TOKENS"]
+
+SILENCE_PEAK = 1e-4  # a clip whose peak |amplitude| is below this is treated as silent
+
+
+class InputError(ValueError):
+    """An input the pipeline cannot use; the message names the item and the fix."""
+
+
+# ----------------------------------------------------------------------------- images
+
+def decode_image(data: bytes, pre: PreprocessConfig, name: str = "image") -> np.ndarray:
+    """Encoded image bytes (PNG, JPEG, ...) -> normalised float32 (3, S, S), S = pre.image_size."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not data:
+        raise InputError(f"{name}: empty image data; pass the bytes of a PNG or JPEG file")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img = img.convert("RGB")
+            size = pre.image_size
+            if img.size != (size, size):
+                img = img.resize((size, size), Image.BICUBIC)
+            array = np.asarray(img, dtype=np.float32)  # (S, S, 3)
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise InputError(f"{name}: cannot decode the image ({exc}); pass a valid PNG or JPEG file") from exc
+    mean, std = _mean_std(tuple(pre.image_mean), tuple(pre.image_std))
+    array = (array * (1.0 / 255.0) - mean) / std
+    return np.ascontiguousarray(array.transpose(2, 0, 1))  # (3, S, S)
+
+
+@lru_cache(maxsize=8)
+def _mean_std(mean: Tuple[float, ...], std: Tuple[float, ...]) -> Tuple[np.ndarray, np.ndarray]:
+    return np.asarray(mean, np.float32), np.asarray(std, np.float32)
+
+
+# ----------------------------------------------------------------------------- audio
+
+def load_wav(path_or_bytes: Union[str, Path, bytes], sample_rate: int, name: str = None) -> np.ndarray:
+    """Read an audio file (path or bytes: WAV/FLAC/OGG, anything soundfile reads) as float32 mono at
+    `sample_rate`, averaging channels and resampling as needed."""
+    import librosa
+    import soundfile
+
+    is_bytes = isinstance(path_or_bytes, (bytes, bytearray))
+    label = name or ("audio" if is_bytes else f"audio {path_or_bytes}")
+    if is_bytes and not path_or_bytes:
+        raise InputError(f"{label}: empty audio data; pass the bytes of a WAV/FLAC/OGG file")
+    source = io.BytesIO(path_or_bytes) if is_bytes else str(path_or_bytes)
+    try:
+        audio, rate = soundfile.read(source, dtype="float32", always_2d=True)  # (samples, channels)
+    except (RuntimeError, OSError, ValueError) as exc:  # soundfile.LibsndfileError is a RuntimeError
+        raise InputError(f"{label}: cannot read the audio ({exc}); pass a WAV/FLAC/OGG file") from exc
+    audio = audio.mean(axis=1)
+    if rate != sample_rate and audio.size:
+        audio = librosa.resample(audio, orig_sr=rate, target_sr=sample_rate)
+    return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+def audio_seconds(frames: int, pre: PreprocessConfig) -> float:
+    """How many seconds of audio `frames` log-mel frames cover."""
+    return frames * pre.hop_length / pre.sample_rate
+
+
+@lru_cache(maxsize=8)
+def _mel_filters(sample_rate: int, n_fft: int, n_mels: int) -> np.ndarray:
+    import librosa
+
+    return librosa.filters.mel(sr=sample_rate, n_fft=n_fft, n_mels=n_mels, htk=False,
+                               norm="slaney").astype(np.float32)  # (n_mels, n_fft // 2 + 1)
+
+
+def log_mel(waveform: np.ndarray, pre: PreprocessConfig, name: str = "audio") -> np.ndarray:
+    """Mono float32 waveform at pre.sample_rate -> Whisper-style log-mel float32 (n_mels, len // hop_length)."""
+    import librosa
+
+    audio = np.asarray(waveform, dtype=np.float32)
+    if audio.ndim != 1:
+        raise InputError(f"{name}: expected a mono waveform (1-D), got shape {audio.shape}; average the channels")
+    if audio.size < pre.hop_length:
+        raise InputError(f"{name}: the clip is empty or shorter than one frame ({audio.size} samples at "
+                         f"{pre.sample_rate} Hz); record at least {pre.hop_length / pre.sample_rate:.3f} s")
+    if not np.all(np.isfinite(audio)):
+        raise InputError(f"{name}: the waveform contains NaN or inf; check the decoder that produced it")
+    peak = float(np.max(np.abs(audio)))
+    if peak < SILENCE_PEAK:
+        raise InputError(f"{name}: the clip is silent (peak {peak:.2e} < {SILENCE_PEAK:g}); record speech")
+    stft = librosa.stft(audio, n_fft=pre.n_fft, hop_length=pre.hop_length, window="hann", center=True,
+                        pad_mode="reflect")  # (n_fft // 2 + 1, frames + 1)
+    power = np.abs(stft[:, :-1]) ** 2  # Whisper drops the last frame
+    mel = _mel_filters(pre.sample_rate, pre.n_fft, pre.n_mels) @ power.astype(np.float32)  # (n_mels, frames)
+    logmel = np.log10(np.maximum(mel, 1e-10))
+    logmel = np.maximum(logmel, logmel.max() - 8.0)
+    return ((logmel + 4.0) / 4.0).astype(np.float32)
+
+
+def pad_mel(mel: np.ndarray, pre: PreprocessConfig, name: str = "audio") -> Tuple[np.ndarray, np.ndarray]:
+    """Pad (n_mels, frames) to (n_mels, max_audio_frames) with zeros; returns (mel, frame_mask float32)."""
+    n_mels, frames = mel.shape
+    limit = pre.max_audio_frames
+    if n_mels != pre.n_mels:
+        raise InputError(f"{name}: expected {pre.n_mels} mel bands (preprocess.n_mels), got {n_mels}")
+    if frames > limit:
+        raise InputError(f"{name}: the clip is {audio_seconds(frames, pre):.2f} s ({frames} frames) but at most "
+                         f"{audio_seconds(limit, pre):.2f} s fit (preprocess.max_audio_frames={limit}); "
+                         f"trim the clip or raise preprocess.max_audio_frames")
+    padded = np.zeros((n_mels, limit), np.float32)
+    padded[:, :frames] = mel
+    mask = np.zeros((limit,), np.float32)
+    mask[:frames] = 1.0
+    return padded, mask
+
+
+# ----------------------------------------------------------------------------- text
+
+PAD, UNK, CLS, SEP, BOS, EOS = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[BOS]", "[EOS]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, BOS, EOS)  # ids 0..5 in this order
+
+
+class TextTokenizer:
+    """A `tokenizers.Tokenizer` plus the conventions mindvl uses for questions, captions and answers."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
+        missing = [tok for tok, i in ids.items() if i is None]
+        if missing:
+            raise InputError(f"tokenizer: missing special tokens {missing}; rebuild it with "
+                             f"mindvl.preprocess.build_word_tokenizer or `mindvl data build`")
+        self.pad_id, self.unk_id, self.cls_id = ids[PAD], ids[UNK], ids[CLS]
+        self.sep_id, self.bos_id, self.eos_id = ids[SEP], ids[BOS], ids[EOS]
+        self._special_ids = frozenset(ids.values())
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "TextTokenizer":
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(f"tokenizer {path}: no such file; run `mindvl data build --config ...` first")
+        try:
+            return cls(Tokenizer.from_file(str(path)))
+        except Exception as exc:  # tokenizers raises a bare Exception for malformed JSON
+            raise InputError(f"tokenizer {path}: not a valid tokenizer.json ({exc}); rebuild the data set") from exc
+
+    def save(self, path: Union[str, Path]) -> None:
+        self.tokenizer.save(str(path), pretty=True)
+
+    def to_str(self) -> str:
+        return self.tokenizer.to_str()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def tokens(self, text: str) -> List[str]:
+        """The word tokens of `text` without special tokens ("What color?" -> ["what", "color", "?"])."""
+        return self.tokenizer.encode(text, add_special_tokens=False).tokens
+
+    def _ids(self, text: str, name: str) -> List[int]:
+        if not isinstance(text, str):
+            raise InputError(f"{name}: expected a string, got {type(text).__name__}")
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode(self, text: str, max_length: int, name: str = "text") -> Tuple[np.ndarray, np.ndarray]:
+        """[CLS] words [SEP] padded with [PAD] -> (ids int32 (max_length,), mask float32 (max_length,))."""
+        words = self._ids(text, name)
+        ids = [self.cls_id, *words, self.sep_id]
+        if len(ids) > max_length:
+            raise InputError(f"{name}: {text!r} is {len(ids)} tokens with [CLS]/[SEP] but at most {max_length} fit "
+                             f"(preprocess.max_text_length); shorten the text or raise the limit")
+        out = np.full((max_length,), self.pad_id, np.int32)
+        out[:len(ids)] = ids
+        mask = np.zeros((max_length,), np.float32)
+        mask[:len(ids)] = 1.0
+        return out, mask
+
+    def encode_answer(self, text: str, max_length: int, name: str = "answer") -> np.ndarray:
+        """[BOS] words [EOS] padded with [PAD] -> int32 (max_length,): the causal LM target."""
+        ids = [self.bos_id, *self._ids(text, name), self.eos_id]
+        if len(ids) > max_length:
+            raise InputError(f"{name}: {text!r} is {len(ids)} tokens with [BOS]/[EOS] but at most {max_length} fit "
+                             f"(preprocess.max_answer_length); shorten the answer or raise the limit")
+        out = np.full((max_length,), self.pad_id, np.int32)
+        out[:len(ids)] = ids
+        return out
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Token ids -> text, stopping at [EOS] or [PAD] and skipping other special tokens."""
+        words = []
+        for i in ids:
+            i = int(i)
+            if i in (self.eos_id, self.pad_id):
+                break
+            if i in self._special_ids:
+                continue
+            token = self.tokenizer.id_to_token(i)
+            words.append(token if token is not None else UNK)
+        return re.sub(r" ([?.,!;:'])", r"\1", " ".join(words))
+
+
+def build_word_tokenizer(texts: Sequence[str]) -> TextTokenizer:
+    """A word-level tokenizer over `texts`: lowercase, split on whitespace and punctuation.
+
+    Trained with `WordLevelTrainer` (every word seen at least once); ids are then fixed in a
+    deterministic order: the special tokens 0..5, then the words sorted, so the same texts always give
+    the same ids whatever order the trainer's counts come out in.
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    def blank() -> Tokenizer:
+        return Tokenizer(models.WordLevel({PAD: 0, UNK: 1}, unk_token=UNK))
+
+    trainer_tok = blank()
+    _configure(trainer_tok, normalizers, pre_tokenizers)
+    trainer = trainers.WordLevelTrainer(vocab_size=1 << 20, min_frequency=1, show_progress=False,
+                                        special_tokens=list(SPECIAL_TOKENS))
+    trainer_tok.train_from_iterator(list(texts), trainer=trainer)
+    words = sorted(set(trainer_tok.get_vocab(with_added_tokens=True)) - set(SPECIAL_TOKENS))
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *words])}
+
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    _configure(tokenizer, normalizers, pre_tokenizers)
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    # so that tokenizer.json alone reproduces questions' ids (the serving side may use it directly)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{CLS} $A {SEP}", special_tokens=[(CLS, vocab[CLS]), (SEP, vocab[SEP])])
+    return TextTokenizer(tokenizer)
+
+
+def _configure(tokenizer, normalizers, pre_tokenizers) -> None:
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                       pre_tokenizers.Punctuation()])
+
+
+def tokenizer_from_json(text: str) -> TextTokenizer:
+    """Rebuild a `TextTokenizer` from the JSON string `TextTokenizer.to_str()` wrote."""
+    from tokenizers import Tokenizer
+
+    try:
+        return TextTokenizer(Tokenizer.from_str(text))
+    except Exception as exc:
+        raise InputError(f"tokenizer: not a valid tokenizer.json ({exc})") from exc
+
+
+def preprocess_dict(pre: PreprocessConfig) -> dict:
+    """The PreprocessConfig as a plain dict (what meta.json and the model manifest record)."""
+    import dataclasses
+
+    return json.loads(json.dumps(dataclasses.asdict(pre)))

@@ -1,0 +1,73 @@
+"""`mindvl quickstart`: build data, train the tiny recipe, evaluate, export and verify, then summarise."""
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+from mindvl.config import load_config
+
+
+def run_quickstart(workdir: str = "mindvl_quickstart", config: str = "tiny", overrides: Sequence[str] = (),
+                   progress: bool = True) -> Dict[str, Any]:
+    from mindvl.data.build import build_dataset
+    from mindvl.eval import evaluate, load_trained
+    from mindvl.export.mindir import export_answer_graph, load_graph, verify_answer_graph
+    from mindvl.data import create_dataset
+    from mindvl.train import train
+
+    start = time.perf_counter()
+    work = Path(workdir)
+    cfg = load_config(config, [f"data.root={work / 'data'}", f"train.output_dir={work / 'run'}", *overrides])
+    _stage("1/4 build data")
+    report = build_dataset(cfg, progress=progress)
+    _stage("2/4 train")
+    result = train(cfg, progress=progress)
+    _stage("3/4 evaluate")
+    cfg, model = load_trained(result.output_dir)
+    metrics = evaluate(cfg, model, progress=progress)
+    _stage("4/4 export to MindIR and verify")
+    graph_path = export_answer_graph(model, cfg.preprocess, work / "export" / "answer.mindir")
+    batch = next(create_dataset(cfg, "test", question_modality="both").create_dict_iterator(
+        num_epochs=1, output_numpy=True))
+    check = verify_answer_graph(model, load_graph(graph_path), batch)
+    summary = {"data": asdict(report), "train": asdict(result), "eval": metrics,
+               "export": {"path": str(graph_path), **check},
+               "wall_seconds": round(time.perf_counter() - start, 1)}
+    (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    print(format_summary(summary))
+    return summary
+
+
+def _stage(text: str) -> None:
+    print(f"\n== {text}", flush=True)
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def format_summary(summary: Dict[str, Any]) -> str:
+    data, train, metrics, export = summary["data"], summary["train"], summary["eval"], summary["export"]
+    baseline = metrics["baseline"]
+    rows: List[List[str]] = [
+        ["data", f"train {data['counts']['train']} / test {data['counts']['test']} examples, "
+                 f"{data['counts']['speech']} speech clips, {sum(data['skipped'].values())} skipped"],
+        ["compile", f"{train['compile_seconds']:.1f} s (first step)"],
+        ["train", f"{train['steps']} steps, {train['train_seconds']:.0f} s, {train['samples_per_second']:.0f} samples/s, "
+                  f"loss {train['first_losses'].get('loss', float('nan')):.3f} -> {train['final_losses'].get('loss', float('nan')):.3f}"],
+        ["VQA, text question", f"{_pct(metrics['vqa_text']['accuracy'])} "
+                               f"(generated answer {_pct(metrics['vqa_text']['generated_accuracy'])})"],
+        ["VQA, spoken question", f"{_pct(metrics['vqa_audio']['accuracy'])} "
+                                 f"(generated answer {_pct(metrics['vqa_audio']['generated_accuracy'])}), unseen voices"],
+        ["majority baseline", f"{_pct(baseline['accuracy'])} (always '{baseline['answer']}')"],
+        ["image -> caption", f"R@1 {_pct(metrics['image_to_caption']['R@1'])}, R@5 {_pct(metrics['image_to_caption']['R@5'])}"],
+        ["speech -> text", f"R@1 {_pct(metrics['audio_to_text']['R@1'])}, R@5 {_pct(metrics['audio_to_text']['R@5'])}"],
+        ["MindIR export", f"{'OK' if export['answers_equal'] else 'MISMATCH'}: {export['count']} answers equal, "
+                          f"max |diff| {export['max_abs_diff']:.1e}"],
+        ["wall time", f"{summary['wall_seconds']:.0f} s"],
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = ["", "mindvl quickstart summary", "-" * (width + 60)]
+    lines += [f"{name.ljust(width)}  {value}" for name, value in rows]
+    return "\n".join(lines)
