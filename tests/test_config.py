@@ -8,14 +8,15 @@ def test_tiny_recipe_loads_by_name_with_typed_sections():
     cfg = load_config("tiny")
     assert "tiny" in recipe_names()
     assert cfg.name == "tiny"
-    assert cfg.model.vision.patch_size == 8
+    assert cfg.model.vision.patch_size == 16
     assert isinstance(cfg.train.lr, float)
 
 
 def test_include_and_override_merge(tmp_path):
     recipe = tmp_path / "mine.yaml"
     recipe.write_text("include: tiny\nname: mine\ntrain:\n  lr: 0.0005\n")
-    cfg = load_config(str(recipe), ["train.epochs=3", "model.fusion.layers=1"])
+    cfg = load_config(str(recipe), ["train.epochs=3", "model.fusion.layers=1", "train.min_lr=1e-6"])
+    assert cfg.train.min_lr == 1e-6  # YAML reads 1e-6 as a string; numerals still count as numbers
     assert cfg.name == "mine"
     assert cfg.train.lr == 0.0005
     assert cfg.train.epochs == 3

@@ -19,15 +19,20 @@ def answer_kind(answer: str) -> str:
 
 
 def greedy_decode(generate_net, inputs: Sequence[ms.Tensor], tokenizer, answer_length: int) -> np.ndarray:
-    """Generate answer token ids with the causal LM head: (B, answer_length - 1), one graph call a token."""
+    """Generate answer token ids with the causal LM head: (B, answer_length - 1), one graph call a token,
+    stopping early once every row has produced [EOS]."""
     batch = inputs[0].shape[0]
     tokens = np.full((batch, answer_length - 1), tokenizer.pad_id, dtype=np.int32)
     tokens[:, 0] = tokenizer.bos_id
     generated = np.full((batch, answer_length - 1), tokenizer.pad_id, dtype=np.int32)
+    finished = np.zeros(batch, dtype=bool)
     for position in range(answer_length - 1):
         logits = generate_net(*inputs, ms.Tensor(tokens)).asnumpy()  # (B, La-1, vocab)
-        next_token = logits[:, position].argmax(-1).astype(np.int32)
+        next_token = np.where(finished, tokenizer.pad_id, logits[:, position].argmax(-1)).astype(np.int32)
         generated[:, position] = next_token
+        finished |= next_token == tokenizer.eos_id
+        if finished.all():
+            break
         if position + 1 < answer_length - 1:
             tokens[:, position + 1] = next_token
     return generated

@@ -65,10 +65,16 @@ class Trainer:
         self.train_step = TrainStep(self.loss_net, self.optimizer, cfg.train.grad_clip)
 
     def _batches(self):
+        """(step, batch) for total_steps steps; the iterator ends each epoch and is re-entered for the next."""
         epochs = -(-self.total_steps // self.steps_per_epoch)
         iterator = self.dataset.create_tuple_iterator(num_epochs=epochs)
-        for step in range(self.total_steps):
-            yield step, next(iterator)
+        step = 0
+        for _ in range(epochs):
+            for batch in iterator:
+                if step == self.total_steps:
+                    return
+                yield step, batch
+                step += 1
 
     def fit(self) -> TrainResult:
         self.output_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,63 @@
+"""A short real training run (graph mode, real easy-VQA data) and its checkpoints."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mindvl.cells import create_model
+from mindvl.train.checkpoint import CheckpointError, latest_checkpoint, load_model_weights
+
+
+def test_short_training_on_real_data_lowers_the_loss(trained_run):
+    cfg, result = trained_run
+    assert result.steps == 30 and result.samples == 30 * cfg.data.batch_size
+    assert result.nonfinite_steps == 0
+    assert result.compile_seconds > 0 and result.samples_per_second > 0
+    assert result.final_losses["loss"] < result.first_losses["loss"]
+    assert result.final_losses["answer"] < result.first_losses["answer"]
+    assert result.final_losses["lm"] < result.first_losses["lm"]
+
+
+def test_checkpoints_are_written_at_intervals_with_a_train_state(trained_run):
+    cfg, result = trained_run
+    checkpoints = Path(result.output_dir) / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_00000010", "step_00000020", "step_00000030"]
+    latest = latest_checkpoint(checkpoints)
+    assert latest.name == "step_00000030"
+    state = json.loads((latest / "train_state.json").read_text())
+    assert state["step"] == 30 and state["samples"] == 30 * cfg.data.batch_size
+    assert (latest / "optimizer.safetensors").is_file()
+    saved = json.loads((Path(result.output_dir) / "config.json").read_text())
+    assert saved["model"]["text"]["vocab_size"] == cfg.model.text.vocab_size > 0
+    assert list(Path(result.output_dir, "tb").iterdir())  # TensorBoard event file
+
+
+def test_weights_load_back_exactly(trained_run):
+    cfg, result = trained_run
+    model = create_model(cfg.model, cfg.preprocess)
+    state = load_model_weights(model, Path(result.output_dir))
+    assert state["step"] == 30
+    from safetensors.numpy import load_file
+    saved = load_file(str(Path(result.checkpoint) / "model.safetensors"))
+    for name, param in model.parameters_and_names():
+        np.testing.assert_array_equal(param.asnumpy(), saved[name])
+
+
+def test_truncated_checkpoint_is_a_clear_error(trained_run, tmp_path):
+    cfg, result = trained_run
+    data = (Path(result.checkpoint) / "model.safetensors").read_bytes()
+    broken = tmp_path / "model.safetensors"
+    broken.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated"):
+        load_model_weights(create_model(cfg.model, cfg.preprocess), broken)
+
+
+def test_checkpoint_of_another_config_is_refused(trained_run):
+    cfg, result = trained_run
+    cfg.model.fusion.layers += 1
+    try:
+        with pytest.raises(CheckpointError, match="does not match the model"):
+            load_model_weights(create_model(cfg.model, cfg.preprocess), Path(result.output_dir))
+    finally:
+        cfg.model.fusion.layers -= 1
