@@ -31,7 +31,7 @@ def run_quickstart(workdir: str = "mindvl_quickstart", config: str = "tiny", ove
     batch = next(create_dataset(cfg, "test", question_modality="both").create_dict_iterator(
         num_epochs=1, output_numpy=True))
     check = verify_answer_graph(model, load_graph(graph_path), batch)
-    summary = {"data": asdict(report), "train": asdict(result), "eval": metrics,
+    summary = {"data": report.to_dict(), "train": asdict(result), "eval": metrics,
                "export": {"path": str(graph_path), **check},
                "wall_seconds": round(time.perf_counter() - start, 1)}
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -43,6 +43,10 @@ def _stage(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
+def _nonzero(counts: Dict[str, int]) -> str:
+    return ", ".join(f"{reason} {count}" for reason, count in counts.items() if count) or "none"
+
+
 def _pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 
@@ -51,8 +55,9 @@ def format_summary(summary: Dict[str, Any]) -> str:
     data, train, metrics, export = summary["data"], summary["train"], summary["eval"], summary["export"]
     baseline = metrics["baseline"]
     rows: List[List[str]] = [
-        ["data", f"train {data['counts']['train']} / test {data['counts']['test']} examples, "
-                 f"{data['counts']['speech']} speech clips, {sum(data['skipped'].values())} skipped"],
+        ["data", f"train {data['counts']['train']['examples']} / test {data['counts']['test']['examples']} "
+                 f"examples, {data['counts']['speech']['clips']} speech clips, "
+                 f"{sum(data['skips'].values())} skipped ({_nonzero(data['skips'])})"],
         ["compile", f"{train['compile_seconds']:.1f} s (first step)"],
         ["train", f"{train['steps']} steps, {train['train_seconds']:.0f} s, {train['samples_per_second']:.0f} samples/s, "
                   f"loss {train['first_losses'].get('loss', float('nan')):.3f} -> {train['final_losses'].get('loss', float('nan')):.3f}"],

@@ -1,0 +1,53 @@
+"""The `mindvl` command line: clear errors with exit code 2, and the quickstart end to end."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SMALL_MODEL, TEST_VOICES, TRAIN_VOICES
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "mindvl.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=900)
+
+
+def test_misspelled_config_key_exits_2_naming_the_key():
+    result = run_cli("train", "--set", "train.lrr=0.1")
+    assert result.returncode == 2
+    assert "train.lrr: unknown key" in result.stderr and "'lr'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_run_folder_exits_2_with_the_fix(tmp_path):
+    result = run_cli("eval", "--run", str(tmp_path / "nowhere"))
+    assert result.returncode == 2
+    assert "no checkpoint found" in result.stderr and "mindvl train" in result.stderr
+
+
+def test_training_without_built_data_tells_how_to_build_it(tmp_path):
+    result = run_cli("train", "--set", f"data.root={tmp_path / 'missing'}")
+    assert result.returncode == 2
+    assert "mindvl data build" in result.stderr
+
+
+@pytest.mark.slow
+def test_quickstart_runs_every_stage_and_prints_the_summary(tmp_path):
+    overrides = ["data.limit=6", "data.batch_size=8", "data.num_workers=1", "train.max_steps=12",
+                 "train.warmup_steps=2", "train.checkpoint_every=100", "data.speech_rates=[175]",
+                 f"data.train_voices=[{', '.join(TRAIN_VOICES)}]", f"data.test_voices=[{', '.join(TEST_VOICES)}]",
+                 *SMALL_MODEL]
+    args = ["quickstart", "--workdir", str(tmp_path / "qs")]
+    for override in overrides:
+        args += ["--set", override]
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for line in ("VQA, text question", "VQA, spoken question", "majority baseline", "image -> caption",
+                 "speech -> text", "MindIR export"):
+        assert line in result.stdout
+    summary = json.loads((tmp_path / "qs" / "summary.json").read_text())
+    assert summary["export"]["answers_equal"] is True
+    assert summary["train"]["steps"] == 12
+    assert summary["eval"]["vqa_text"]["count"] == summary["data"]["counts"]["test"]["examples"]
+    assert (tmp_path / "qs" / "export" / "answer.mindir").is_file()
