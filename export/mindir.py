@@ -55,3 +55,13 @@ def verify_answer_graph(model: nn.Cell, graph: nn.GraphCell, batch: Mapping[str,
         "max_abs_diff": float(np.abs(expected - loaded).max()),
         "answers_equal": bool((expected.argmax(-1) == loaded.argmax(-1)).all()),
     }
+
+
+def export_and_verify(cfg, model: nn.Cell, path: Path) -> Dict[str, object]:
+    """Export the answer graph, load it back and compare it with the framework on a real test batch."""
+    from mindvl.data import create_dataset
+
+    path = export_answer_graph(model, cfg.preprocess, path)
+    batch = next(create_dataset(cfg, "test", question_modality="both").create_dict_iterator(
+        num_epochs=1, output_numpy=True))
+    return {"path": str(path), **verify_answer_graph(model, load_graph(path), batch)}

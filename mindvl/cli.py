@@ -38,14 +38,10 @@ def _eval(args) -> None:
 
 
 def _export(args) -> None:
-    from mindvl.data import create_dataset
     from mindvl.eval import load_trained
-    from mindvl.export.mindir import export_answer_graph, load_graph, verify_answer_graph
+    from mindvl.export.mindir import export_and_verify
     cfg, model = load_trained(args.run, args.data_root)
-    path = export_answer_graph(model, cfg.preprocess, args.out)
-    batch = next(create_dataset(cfg, "test", question_modality="both").create_dict_iterator(
-        num_epochs=1, output_numpy=True))
-    print(json.dumps({"path": str(path), **verify_answer_graph(model, load_graph(path), batch)}, indent=2))
+    print(json.dumps(export_and_verify(cfg, model, args.out), indent=2))
 
 
 def _quickstart(args) -> None:

@@ -12,8 +12,7 @@ def run_quickstart(workdir: str = "mindvl_quickstart", config: str = "tiny", ove
                    progress: bool = True) -> Dict[str, Any]:
     from mindvl.data.build import build_dataset
     from mindvl.eval import evaluate, load_trained
-    from mindvl.export.mindir import export_answer_graph, load_graph, verify_answer_graph
-    from mindvl.data import create_dataset
+    from mindvl.export.mindir import export_and_verify
     from mindvl.train import train
 
     start = time.perf_counter()
@@ -27,12 +26,8 @@ def run_quickstart(workdir: str = "mindvl_quickstart", config: str = "tiny", ove
     cfg, model = load_trained(result.output_dir)
     metrics = evaluate(cfg, model, progress=progress)
     _stage("4/4 export to MindIR and verify")
-    graph_path = export_answer_graph(model, cfg.preprocess, work / "export" / "answer.mindir")
-    batch = next(create_dataset(cfg, "test", question_modality="both").create_dict_iterator(
-        num_epochs=1, output_numpy=True))
-    check = verify_answer_graph(model, load_graph(graph_path), batch)
-    summary = {"data": report.to_dict(), "train": asdict(result), "eval": metrics,
-               "export": {"path": str(graph_path), **check},
+    check = export_and_verify(cfg, model, work / "export" / "answer.mindir")
+    summary = {"data": report.to_dict(), "train": asdict(result), "eval": metrics, "export": check,
                "wall_seconds": round(time.perf_counter() - start, 1)}
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(format_summary(summary))

@@ -14,7 +14,7 @@ from mindvl import preprocess as P  # noqa: E402
 from mindvl.config import PreprocessConfig, load_config  # noqa: E402
 
 PRE = PreprocessConfig()  # Whisper's settings: 16 kHz, n_fft 400, hop 160, 80 mels
-TINY = load_config("tiny").preprocess  # hop 320, 40 mels, 200 frames
+TINY = load_config("tiny", ["preprocess.max_audio_frames=200"]).preprocess  # hop 320, 40 mels, 200 frames
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,9 @@ from mindvl.config import load_config
 
 ms.set_context(mode=ms.GRAPH_MODE)
 
-VOCAB, BATCH, TEXT_LEN, FRAMES, ANSWER_LEN = 50, 3, 14, 200, 3
+VOCAB, BATCH, TEXT_LEN, ANSWER_LEN = 50, 3, 14, 3
+FRAMES = load_config("tiny").preprocess.max_audio_frames
+FRAME_COUNTS = [121, FRAMES, 60]  # valid mel frames per sample: odd, full, short
 INPUT_NAMES = ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "use_text", "use_audio",
                "caption_ids", "caption_mask", "answer_in")
 
@@ -38,7 +40,7 @@ def batch(cfg):
     """numpy inputs: sample 0 has padded text and audio, sample 1 is full, sample 2 is short."""
     rng = np.random.default_rng(0)
     size, n_mels = cfg.preprocess.image_size, cfg.preprocess.n_mels
-    text_lengths, frame_counts = [9, TEXT_LEN, 5], [121, FRAMES, 60]
+    text_lengths, frame_counts = [9, TEXT_LEN, 5], FRAME_COUNTS
     question_mask = (np.arange(TEXT_LEN)[None] < np.array(text_lengths)[:, None]).astype(np.float32)
     audio_mask = (np.arange(FRAMES)[None] < np.array(frame_counts)[:, None]).astype(np.float32)
     return {
@@ -102,7 +104,7 @@ def test_encoder_and_fusion_shapes(cfg, model, batch):
     audio_tokens, token_mask, audio_pooled = run(model.audio, batch, ("audio_mel", "audio_mask"))
     assert audio_tokens.shape == (BATCH, FRAMES // 2, cfg.model.audio.width)
     np.testing.assert_array_equal(token_mask, batch["audio_mask"][:, ::2])  # token i <-> frame 2i
-    assert token_mask.sum(1).tolist() == [61, 100, 30]
+    assert token_mask.sum(1).tolist() == [(n + 1) // 2 for n in FRAME_COUNTS]
     expected_pool = (audio_tokens * token_mask[..., None]).sum(1) / token_mask.sum(1, keepdims=True)
     np.testing.assert_allclose(audio_pooled, expected_pool, atol=1e-5)
 
