@@ -22,7 +22,7 @@ def _concat(batches):
 
 
 @pytest.fixture(scope="module")
-def test_rows(small_cfg, small_report):
+def split_rows_of_test(small_cfg, small_report):
     return _concat(_batches(create_dataset(small_cfg, "test")))
 
 
@@ -45,28 +45,28 @@ def test_batches_have_exactly_the_specified_columns(small_cfg, small_report):
     assert np.all((batch["use_text"] + batch["use_audio"]) >= 1)
 
 
-def test_columns_decode_back_to_the_example(small_cfg, test_rows):
+def test_columns_decode_back_to_the_example(small_cfg, split_rows_of_test):
     meta = load_meta(small_cfg.data.root)
     tok = load_tokenizer(small_cfg.data.root)
-    n = len(test_rows["answer"])
+    n = len(split_rows_of_test["answer"])
     assert n == small_cfg_examples(small_cfg, "test")  # test split: no shuffle, no dropped remainder
     for i in range(n):
-        assert tok.decode(test_rows["question_ids"][i][1:]) == meta["questions"][test_rows["question_group"][i]]
-        assert tok.decode(test_rows["caption_ids"][i][1:]) == meta["captions"][test_rows["caption_group"][i]]
-        assert tok.decode(test_rows["answer_tokens"][i]) == meta["answers"][test_rows["answer"][i]]
-        assert test_rows["question_mask"][i].sum() == np.count_nonzero(test_rows["question_ids"][i])
-        frames = int(test_rows["audio_mask"][i].sum())
-        assert np.all(test_rows["audio_mel"][i][:, frames:] == 0)
+        assert tok.decode(split_rows_of_test["question_ids"][i][1:]) == meta["questions"][split_rows_of_test["question_group"][i]]
+        assert tok.decode(split_rows_of_test["caption_ids"][i][1:]) == meta["captions"][split_rows_of_test["caption_group"][i]]
+        assert tok.decode(split_rows_of_test["answer_tokens"][i]) == meta["answers"][split_rows_of_test["answer"][i]]
+        assert split_rows_of_test["question_mask"][i].sum() == np.count_nonzero(split_rows_of_test["question_ids"][i])
+        frames = int(split_rows_of_test["audio_mask"][i].sum())
+        assert np.all(split_rows_of_test["audio_mel"][i][:, frames:] == 0)
 
 
 def small_cfg_examples(cfg, split):
     return json.loads((Path(cfg.data.root) / "meta.json").read_text())["counts"][split]["examples"]
 
 
-def test_test_split_is_deterministic_and_train_audio_changes_between_epochs(small_cfg, test_rows):
+def test_test_split_is_deterministic_and_train_audio_changes_between_epochs(small_cfg, split_rows_of_test):
     again = _concat(_batches(create_dataset(small_cfg, "test")))
     for name in COLUMNS:
-        np.testing.assert_array_equal(again[name], test_rows[name])
+        np.testing.assert_array_equal(again[name], split_rows_of_test[name])
     epochs = _batches(create_dataset(small_cfg, "train", shuffle=False, drop_remainder=False), epochs=2)
     first, second = _concat(epochs[0]), _concat(epochs[1])
     np.testing.assert_array_equal(first["question_group"], second["question_group"])
@@ -82,12 +82,12 @@ def test_question_modality_flags(small_cfg, small_report):
     assert set(zip(mixed["use_text"], mixed["use_audio"])) == {(1, 0), (0, 1), (1, 1)}
 
 
-def test_two_ranks_read_disjoint_shards_that_cover_the_split(small_cfg, test_rows):
+def test_two_ranks_read_disjoint_shards_that_cover_the_split(small_cfg, split_rows_of_test):
     def keys(rows):
         return [(int(q), rows["image"][i].tobytes()) for i, q in enumerate(rows["question_group"])]
 
     shards = [keys(_concat(_batches(create_dataset(small_cfg, "test", rank_id=r, rank_size=2)))) for r in (0, 1)]
-    everything = keys(test_rows)
+    everything = keys(split_rows_of_test)
     assert len(set(everything)) == len(everything)
     assert set(shards[0]).isdisjoint(shards[1])
     assert sorted(shards[0] + shards[1]) == sorted(everything)
