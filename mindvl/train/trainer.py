@@ -35,9 +35,8 @@ class TrainResult:
     nonfinite_steps: int = 0  # steps whose loss was NaN/inf (left out of the logged means)
 
 
-def bind_vocab(cfg: Config) -> Config:
+def bind_vocab(cfg: Config, vocab: int) -> Config:
     """Set model.text.vocab_size from the data set's tokenizer (0 in a recipe means exactly this)."""
-    vocab = load_tokenizer(cfg.data.root).vocab_size
     if cfg.model.text.vocab_size not in (0, vocab):
         raise ConfigError(f"model.text.vocab_size: {cfg.model.text.vocab_size} does not match the tokenizer "
                           f"of {cfg.data.root} ({vocab} tokens); set it to 0 to follow the data")
@@ -49,7 +48,8 @@ class Trainer:
     def __init__(self, cfg: Config, progress: bool = True):
         ms.set_context(mode=ms.GRAPH_MODE)
         ms.set_seed(cfg.train.seed)
-        self.cfg = bind_vocab(cfg)
+        tokenizer = load_tokenizer(cfg.data.root)
+        self.cfg = bind_vocab(cfg, tokenizer.vocab_size)
         self.progress = progress
         self.output_dir = Path(cfg.train.output_dir)
         self.dataset = create_dataset(cfg, "train")
@@ -60,8 +60,7 @@ class Trainer:
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.model = create_model(cfg.model, cfg.preprocess)
         self.optimizer = create_optimizer(self.model, cfg.train, self.total_steps)
-        pad_id = load_tokenizer(cfg.data.root).pad_id
-        self.loss_net = MultimodalLoss(self.model, cfg.train.loss_weights, pad_id)
+        self.loss_net = MultimodalLoss(self.model, cfg.train.loss_weights, tokenizer.pad_id)
         self.train_step = TrainStep(self.loss_net, self.optimizer, cfg.train.grad_clip)
 
     def _batches(self):

@@ -150,3 +150,17 @@ def test_refuses_to_replace_a_folder_that_is_not_a_data_set(tmp_path, make_confi
     with pytest.raises(ConfigError, match="not a mindvl data set"):
         build_dataset(make_config(tmp_path / "root"), progress=False)
     assert (tmp_path / "root" / "thesis.tex").read_text() == "precious"
+
+
+def test_over_long_questions_and_clips_are_counted_skips_not_failures(tmp_path, make_config):
+    # 10 tokens with [CLS]/[SEP] drops the longest questions; 100 frames (2 s) drops the slowest clips
+    cfg = make_config(tmp_path / "root", data__limit=4, data__train_voices="[en-us]",
+                      preprocess__max_text_length=10, preprocess__max_audio_frames=100)
+    report = build_dataset(cfg, progress=False)
+    assert report.skips["question_too_long"] > 0
+    assert report.skips["bad_audio"] > 0
+    tokenizer_limit = cfg.preprocess.max_text_length - 2
+    meta = json.loads((tmp_path / "root" / "meta.json").read_text())
+    rows = records.read_table(tmp_path / "root" / "train.mindrecord", columns=["question_id"])
+    assert rows
+    assert all(len(meta["questions"][r["question_id"]].replace("?", " ?").split()) <= tokenizer_limit for r in rows)
