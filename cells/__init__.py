@@ -5,7 +5,7 @@ from .audio import AudioEncoder
 from .export_nets import AnswerNet, AudioEmbedNet, GenerateNet, ImageEmbedNet, TextEmbedNet
 from .factory import create_model
 from .fusion import FusionTransformer
-from .heads import AnswerHead, ContrastiveHead, LMHead, LogitScale
+from .heads import ContrastiveHead, LogitScale, NormDenseHead
 from .masks import MASK_VALUE, padding_mask, prefix_lm_mask, segment_mask
 from .model import MultimodalModel
 from .norm import LayerNorm, create_norm
@@ -15,8 +15,8 @@ from .vision import VisionEncoder, conv_weight_to_matmul
 
 __all__ = [
     "create_activation", "MultiHeadAttention", "AudioEncoder", "AnswerNet", "AudioEmbedNet", "GenerateNet",
-    "ImageEmbedNet", "TextEmbedNet", "create_model", "FusionTransformer", "AnswerHead", "ContrastiveHead",
-    "LMHead", "LogitScale", "MASK_VALUE", "padding_mask", "prefix_lm_mask", "segment_mask",
+    "ImageEmbedNet", "TextEmbedNet", "create_model", "FusionTransformer", "NormDenseHead", "ContrastiveHead",
+    "LogitScale", "MASK_VALUE", "padding_mask", "prefix_lm_mask", "segment_mask",
     "MultimodalModel", "LayerNorm", "create_norm", "TextEncoder", "TransformerBlock", "TransformerStack",
     "VisionEncoder", "conv_weight_to_matmul",
 ]

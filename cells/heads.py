@@ -43,25 +43,14 @@ class LogitScale(nn.Cell):
         return self.minimum(self.exp(self.value), MAX_LOGIT_SCALE)[0]
 
 
-class AnswerHead(nn.Cell):
-    """Fusion CLS (B, width) -> answer logits (B, num_answers)."""
+class NormDenseHead(nn.Cell):
+    """LayerNorm then Dense: (..., width) -> (..., out). The answer classifier (fusion CLS -> answer
+    logits) and the LM head (answer states -> next-token logits) are both this."""
 
-    def __init__(self, width: int, num_answers: int, norm_eps: float = 1e-6):
+    def __init__(self, width: int, out_width: int, norm_eps: float = 1e-6):
         super().__init__()
         self.norm = create_norm(width, norm_eps)
-        self.fc = dense(width, num_answers)
-
-    def construct(self, x):
-        return self.fc(self.norm(x))
-
-
-class LMHead(nn.Cell):
-    """Answer states (B, La, width) -> next-token logits (B, La, vocab_size)."""
-
-    def __init__(self, width: int, vocab_size: int, norm_eps: float = 1e-6):
-        super().__init__()
-        self.norm = create_norm(width, norm_eps)
-        self.fc = dense(width, vocab_size)
+        self.fc = dense(width, out_width)
 
     def construct(self, x):
         return self.fc(self.norm(x))

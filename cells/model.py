@@ -10,7 +10,7 @@ from mindspore import nn, ops
 
 from .audio import AudioEncoder
 from .fusion import FusionTransformer
-from .heads import AnswerHead, ContrastiveHead, LMHead, LogitScale
+from .heads import ContrastiveHead, LogitScale, NormDenseHead
 from .text import TextEncoder
 from .vision import VisionEncoder
 
@@ -41,8 +41,8 @@ class MultimodalModel(nn.Cell):
         self.audio_proj = ContrastiveHead(model_cfg.audio.width, model_cfg.embed_dim)
         self.logit_scale_image_text = LogitScale(model_cfg.logit_scale_init)
         self.logit_scale_audio_text = LogitScale(model_cfg.logit_scale_init)
-        self.answer_head = AnswerHead(model_cfg.fusion.width, model_cfg.num_answers, model_cfg.fusion.norm_eps)
-        self.lm_head = LMHead(model_cfg.fusion.width, model_cfg.text.vocab_size, model_cfg.fusion.norm_eps)
+        self.answer_head = NormDenseHead(model_cfg.fusion.width, model_cfg.num_answers, model_cfg.fusion.norm_eps)
+        self.lm_head = NormDenseHead(model_cfg.fusion.width, model_cfg.text.vocab_size, model_cfg.fusion.norm_eps)
         self.mul = ops.Mul()
         self.expand_dims = ops.ExpandDims()
 

@@ -30,12 +30,18 @@ def model_state(model: nn.Cell) -> Dict[str, np.ndarray]:
     return {name: param.asnumpy() for name, param in model.parameters_and_names()}
 
 
-def optimizer_state(model: nn.Cell, optimizer: nn.Optimizer) -> Dict[str, np.ndarray]:
+def _moment_keys(model: nn.Cell, optimizer: nn.Optimizer):
+    """(moment1 key, moment2 key, moment1, moment2) per optimized parameter, keyed by its path in `model`."""
     names = {id(param): name for name, param in model.parameters_and_names()}
-    state = {"global_step": optimizer.global_step.asnumpy()}
     for param, m1, m2 in zip(optimizer.parameters, optimizer.moments1, optimizer.moments2):
-        state[f"moment1/{names[id(param)]}"] = m1.asnumpy()
-        state[f"moment2/{names[id(param)]}"] = m2.asnumpy()
+        yield f"moment1/{names[id(param)]}", f"moment2/{names[id(param)]}", m1, m2
+
+
+def optimizer_state(model: nn.Cell, optimizer: nn.Optimizer) -> Dict[str, np.ndarray]:
+    state = {"global_step": optimizer.global_step.asnumpy()}
+    for key1, key2, m1, m2 in _moment_keys(model, optimizer):
+        state[key1] = m1.asnumpy()
+        state[key2] = m2.asnumpy()
     return state
 
 
@@ -118,10 +124,9 @@ def load_model_weights(model: nn.Cell, path: Path) -> Dict[str, Any]:
 
 def load_optimizer_state(model: nn.Cell, optimizer: nn.Optimizer, checkpoint_dir: Path) -> None:
     state = read_weights(Path(checkpoint_dir) / OPTIMIZER_FILE)
-    names = {id(param): name for name, param in model.parameters_and_names()}
-    for param, m1, m2 in zip(optimizer.parameters, optimizer.moments1, optimizer.moments2):
-        m1.set_data(Tensor(state[f"moment1/{names[id(param)]}"]))
-        m2.set_data(Tensor(state[f"moment2/{names[id(param)]}"]))
+    for key1, key2, m1, m2 in _moment_keys(model, optimizer):
+        m1.set_data(Tensor(state[key1]))
+        m2.set_data(Tensor(state[key2]))
     optimizer.global_step.set_data(Tensor(state["global_step"]))
 
 
