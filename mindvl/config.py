@@ -111,6 +111,75 @@ class ModelConfig:
 
 
 @dataclass
+class CleaningConfig:
+    """Thresholds of `mindvl data build`'s cleaning passes (data.cleaning); see mindvl/data/cleaning.py."""
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclass
+class AugmentConfig:
+    """Train-only augmentation (data.augment); every strength 0 (or range [1, 1]) turns that one off.
+
+    Colour jitter keeps hue and saturation off by default: easy-VQA asks about colours.
+    """
+
+    enabled: bool = True
+    crop_scale: List[float] = field(default_factory=lambda: [0.85, 1.0])  # random-resized-crop area range
+    crop_ratio: List[float] = field(default_factory=lambda: [0.9, 1.1])  # its aspect-ratio range
+    flip: float = 0.5  # probability of a horizontal flip
+    brightness: float = 0.1  # jitter factors drawn from [1 - s, 1 + s]
+    contrast: float = 0.1
+    saturation: float = 0.0
+    hue: float = 0.0  # max hue shift as a fraction of the colour wheel
+    token_mask: float = 0.0  # probability that a question word becomes [UNK]
+    speed: List[float] = field(default_factory=lambda: [0.95, 1.05])  # speed perturbation factor range
+    pitch: float = 0.0  # max pitch shift in semitones (librosa; costs ~ms per clip)
+    noise: float = 0.0  # probability of added white noise
+    noise_snr_db: List[float] = field(default_factory=lambda: [20.0, 40.0])  # its signal-to-noise range
+
+    def validate(self) -> None:
+        for name in ("crop_scale", "crop_ratio", "speed", "noise_snr_db"):
+            low_high = getattr(self, name)
+            if len(low_high) != 2 or low_high[0] > low_high[1] or low_high[0] <= 0 and name != "noise_snr_db":
+                raise ConfigError(f"data.augment.{name}: expected [low, high] with 0 < low <= high, got {low_high}")
+        if self.crop_scale[1] > 1.0:
+            raise ConfigError(f"data.augment.crop_scale: the area fraction cannot exceed 1, got {self.crop_scale}")
+        for name in ("flip", "token_mask", "noise"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"data.augment.{name}: expected a probability in [0, 1], got {getattr(self, name)}")
+        for name in ("brightness", "contrast", "saturation"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"data.augment.{name}: expected 0 <= strength < 1, got {getattr(self, name)}")
+        if not 0.0 <= self.hue <= 0.5:
+            raise ConfigError(f"data.augment.hue: expected 0 <= hue <= 0.5, got {self.hue}")
+        if self.pitch < 0:
+            raise ConfigError(f"data.augment.pitch: expected >= 0 semitones, got {self.pitch}")
+
+
+@dataclass
+class PackingConfig:
+    """Online packing of the fusion sequences of a batch into rows with segment ids (data.packing).
+
+    A batch's samples are packed into `length`-token rows; the number of rows is the smallest entry
+    of `rows` that holds the batch (or batch_size, one sample per row, as the last resort), so graph
+    mode compiles once per entry, never per batch. Disabled: one sample per row, padded to the
+    longest possible sample (the classic layout).
+    """
+
+    enabled: bool = True
+    length: int = 128  # tokens per packed row; at least the longest possible sample
+    rows: List[int] = field(default_factory=list)  # row-count buckets; empty: derived from batch_size
+    log_every: int = 50  # steps between packing statistics in the log and TensorBoard
+
+    def validate(self) -> None:
+        _positive(self, "data.packing", ["length", "log_every"])
+        if any(r <= 0 for r in self.rows) or sorted(set(self.rows)) != list(self.rows):
+            raise ConfigError(f"data.packing.rows: expected increasing positive row counts, got {self.rows}")
+
+
+@dataclass
 class DataConfig:
     root: str = "mindvl_data"  # where `mindvl data build` writes and training reads
     limit: int = 0  # at most this many source images per split (0: all)
@@ -122,6 +191,9 @@ class DataConfig:
     # Which question modality the fused model sees, as probabilities of [text, audio, both].
     question_modality_mix: List[float] = field(default_factory=lambda: [0.4, 0.4, 0.2])
     seed: int = 0
+    cleaning: CleaningConfig = field(default_factory=CleaningConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    packing: PackingConfig = field(default_factory=PackingConfig)
 
     def validate(self) -> None:
         _positive(self, "data", ["batch_size", "num_workers"])
@@ -138,6 +210,9 @@ class DataConfig:
         if len(mix) != 3 or any(p < 0 for p in mix) or abs(sum(mix) - 1.0) > 1e-6:
             raise ConfigError(f"data.question_modality_mix: expected 3 probabilities [text, audio, both] "
                               f"summing to 1, got {mix}")
+        self.cleaning.validate()
+        self.augment.validate()
+        self.packing.validate()
 
 
 @dataclass
