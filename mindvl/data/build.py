@@ -300,6 +300,7 @@ def _examples(work: Path, src: easyvqa.SourceSplit, captions_of: Dict[int, str],
 
     def rows():
         seen = set()
+        sample_id = 0
         for image_id in sorted(images):
             for q, a in by_image.get(image_id, []):
                 key = (image_id, q)
@@ -315,8 +316,10 @@ def _examples(work: Path, src: easyvqa.SourceSplit, captions_of: Dict[int, str],
                     skips["unknown_answer"] += 1
                 else:
                     used_questions.add(question_ids[q])
-                    yield {"image": images[image_id], "image_id": image_id, "question_id": question_ids[q],
-                           "caption_id": caption_ids[captions_of[image_id]], "answer_id": answer_ids[a]}
+                    yield {"sample_id": sample_id, "image": images[image_id], "image_id": image_id,
+                           "question_id": question_ids[q], "caption_id": caption_ids[captions_of[image_id]],
+                           "answer_id": answer_ids[a]}
+                    sample_id += 1
 
     total = sum(len(by_image.get(i, [])) for i in images)
     return tqdm(rows(), total=total, desc=f"write {src.name}", unit="row", disable=not progress), len(images)

@@ -298,6 +298,6 @@ class _BatchTransform:
     def __init__(self, transform: ExampleTransform) -> None:
         self.transform = transform
 
-    def __call__(self, images, image_ids, question_ids, caption_ids, answer_ids, batch_info=None):
+    def __call__(self, sample_ids, images, image_ids, question_ids, caption_ids, answer_ids, batch_info=None):
         examples = [self.transform(*row) for row in zip(images, image_ids, question_ids, caption_ids, answer_ids)]
         return tuple(np.stack(column) for column in zip(*examples))

@@ -14,6 +14,7 @@ PAGE_SIZE = 1 << 21
 HEADER_SIZE = 1 << 20
 
 EXAMPLE_SCHEMA = {
+    "sample_id": {"type": "int64"},  # 0..N-1 in the split's row order: the id resume and sharding speak of
     "image": {"type": "bytes"},  # the PNG as read from disk
     "image_id": {"type": "int32"},
     "question_id": {"type": "int32"},  # index into meta.json "questions"
@@ -29,6 +30,11 @@ SPEECH_SCHEMA = {
     "split": {"type": "string"},  # "train": a training voice, "test": a voice training never hears
     "pcm": {"type": "bytes"},  # little-endian int16 mono
 }
+
+
+def table_files(root: Union[str, Path], split: str) -> List[str]:
+    """The MindRecord file(s) holding `split` in a data root, in row order."""
+    return [str(Path(root) / f"{split}.mindrecord")]
 
 
 def write_table(path: Union[str, Path], schema: Dict, rows: Iterable[Dict], description: str,
