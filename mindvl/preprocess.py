@@ -20,14 +20,17 @@ import json
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, List, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Iterable, List, Sequence, Tuple, Union
 
 import numpy as np
 
 from mindvl.config import PreprocessConfig
 
-__all__ = ["InputError", "decode_image", "log_mel", "pad_mel", "load_wav", "audio_seconds", "TextTokenizer",
-           "build_word_tokenizer", "SPECIAL_TOKENS"]
+if TYPE_CHECKING:  # PIL is imported lazily: the text-only paths never need it
+    from PIL import Image
+
+__all__ = ["InputError", "decode_image", "open_image", "resize_image", "image_to_array", "log_mel", "pad_mel",
+           "load_wav", "audio_seconds", "TextTokenizer", "build_word_tokenizer", "SPECIAL_TOKENS"]
 
 SILENCE_PEAK = 1e-4  # a clip whose peak |amplitude| is below this is treated as silent
 
@@ -40,19 +43,36 @@ class InputError(ValueError):
 
 def decode_image(data: bytes, pre: PreprocessConfig, name: str = "image") -> np.ndarray:
     """Encoded image bytes (PNG, JPEG, ...) -> normalised float32 (3, S, S), S = pre.image_size."""
+    return image_to_array(open_image(data, name), pre)
+
+
+def open_image(data: bytes, name: str = "image") -> Image.Image:
+    """Encoded image bytes -> a fully decoded PIL RGB image (truncated files fail here, not later).
+
+    The training loader augments this image before `image_to_array`; serving goes straight through
+    `decode_image`."""
     from PIL import Image, UnidentifiedImageError
 
     if not data:
         raise InputError(f"{name}: empty image data; pass the bytes of a PNG or JPEG file")
     try:
         with Image.open(io.BytesIO(data)) as img:
-            img = img.convert("RGB")
-            size = pre.image_size
-            if img.size != (size, size):
-                img = img.resize((size, size), Image.BICUBIC)
-            array = np.asarray(img, dtype=np.float32)  # (S, S, 3)
+            return img.convert("RGB")  # convert() loads the pixels, so decoding errors surface here
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise InputError(f"{name}: cannot decode the image ({exc}); pass a valid PNG or JPEG file") from exc
+
+
+def resize_image(img: Image.Image, size: int) -> Image.Image:
+    """Bicubic resize to (size, size) unless the image already is that size (then it is returned as is)."""
+    from PIL import Image
+
+    return img if img.size == (size, size) else img.resize((size, size), Image.BICUBIC)
+
+
+def image_to_array(img: Image.Image, pre: PreprocessConfig) -> np.ndarray:
+    """PIL RGB image -> normalised float32 (3, S, S): resize to S = pre.image_size if needed, scale to
+    [0, 1], then (x - mean) / std."""
+    array = np.asarray(resize_image(img, pre.image_size), dtype=np.float32)  # (S, S, 3)
     mean, std = _mean_std(tuple(pre.image_mean), tuple(pre.image_std))
     array = (array * (1.0 / 255.0) - mean) / std
     return np.ascontiguousarray(array.transpose(2, 0, 1))  # (3, S, S)
