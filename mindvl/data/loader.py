@@ -1,19 +1,29 @@
-"""`create_dataset`: a built data root -> batched `mindspore.dataset` pipeline of model inputs.
+"""Reading a built data root with mindspore.dataset: per-rank shards, per-modality workers, packing, resume.
 
-Each row of `<root>/<split>.mindrecord` (image, question, caption, answer ids) becomes one example:
-the image decoded by `preprocess.decode_image`, the question and caption tokenised, a spoken version of
-the question as a padded log-mel, the answer as a class id and as LM tokens, and two flags that say
-which question modality the model sees. Everything goes through `mindvl.preprocess`, the same code the
-server and the device use.
+Each row of `<split>.mindrecord` (sample id, image bytes, image / question / caption / answer ids)
+becomes one example: the image decoded (and augmented in training) by Pillow, the question and caption
+tokenised, a spoken version of the question as a padded log-mel (librosa), the answer as a class id and
+as LM tokens, and two flags saying which question modality the model sees. Everything goes through
+`mindvl.preprocess`, the same code the server and the device use.
 
-Audio: training picks one of the question's training-voice clips at random per sample and per epoch
-(voice and speed augmentation); the test split picks a test-voice clip deterministically, so evaluation
-hears only speakers training never heard and gives the same result every run. Mels are computed once
-per clip and cached (the clip table is small: ~1k clips, loaded once per process).
+Pipeline: MindDataset (this rank's rows, in the order below) -> batch, whose workers decode and augment
+images -> a map whose workers build the audio columns -> a map whose workers build the text columns ->
+(training) a map that packs the batch's fusion sequences (mindvl/data/packing.py). Each stage has its
+own `data.num_workers` threads, so the three modalities are prepared in parallel, a batch at a time
+(a per-row map costs MindSpore ~200 us of conversions per row, more than the work itself).
 
-Randomness (clip choice, modality mix) is a hash of (data.seed, rank, image_id, question_id, visit
-number, where the visit number is the epoch), so it does not depend on which worker handles a row:
-a run is reproducible given data.seed.
+Order and randomness are functions of (data.seed, epoch, sample id) only, never of worker scheduling:
+  - epoch e visits the rows in the permutation seeded by (seed, e); rank r of R takes its contiguous
+    share of it (`num_shards` / `shard_id`, from the communication context when it is initialised),
+    every rank the same number of full batches, so collectives never wait on a rank that ran out;
+  - every random choice for a sample (which clip of its question, which question modality,
+    augmentation) is drawn from a generator seeded by (seed, epoch, sample id, purpose).
+So a position (epoch, batches consumed) is the whole loader state: `TrainStream` resumes from it and
+yields exactly the batches an uninterrupted run would have, whatever the number of workers.
+
+Audio: training picks one of the question's training-voice clips per sample and epoch (voice
+augmentation; speed, pitch and noise perturbation on top when data.augment enables them); the test
+split picks a test-voice clip deterministically, so evaluation hears only speakers training never heard.
 """
 from __future__ import annotations
 
@@ -21,18 +31,25 @@ import json
 import os
 import threading
 from collections import defaultdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
 from mindvl import preprocess as P
-from mindvl.config import Config, PreprocessConfig
+from mindvl.config import Config, ConfigError, PreprocessConfig
+from mindvl.data.packing import PACK_COLUMNS, Packer
 
-COLUMNS = ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "use_text", "use_audio",
-           "caption_ids", "caption_mask", "answer", "answer_tokens", "question_group", "caption_group")
+COLUMNS = ("sample_id", "image", "question_ids", "question_mask", "audio_mel", "audio_mask", "use_text",
+           "use_audio", "caption_ids", "caption_mask", "answer", "answer_tokens", "question_group",
+           "caption_group")
+# What the training graph consumes (mindvl.train.losses.MultimodalLoss), in its argument order.
+TRAIN_COLUMNS = ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "caption_ids",
+                 "caption_mask", "answer", "answer_tokens", "question_group", "caption_group", *PACK_COLUMNS)
 MODALITIES = ("mix", "text", "audio", "both")
 _FLAGS = ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0))  # (use_text, use_audio) for [text, audio, both]
+_CLIP, _MODALITY, _IMAGE, _AUDIO, _TEXT = range(5)  # purposes of per-sample random draws
 
 
 class DataRootError(FileNotFoundError):
@@ -57,6 +74,8 @@ def load_tokenizer(root: Union[str, Path]) -> P.TextTokenizer:
     return P.TextTokenizer.load(_require(Path(root), "tokenizer.json"))
 
 
+# ----------------------------------------------------------------------------- order and randomness
+
 def _mix(*values: int) -> int:
     """A 64-bit hash of integers (splitmix64 rounds): cheap per-sample randomness independent of workers."""
     h = 0x9E3779B97F4A7C15
@@ -71,85 +90,45 @@ def _uniform(*values: int) -> float:
     return (_mix(*values) >> 11) / float(1 << 53)
 
 
-class ExampleTransform:
-    """Row of ids + image bytes -> the 13 model input columns (one example, unbatched).
+def _generator(*values: int) -> np.random.Generator:
+    return np.random.default_rng(_mix(*values))
 
-    Picklable: it carries only paths and settings; each process loads the tokenizer, meta and clip
-    table on its first call.
-    """
 
-    def __init__(self, root: Union[str, Path], pre: PreprocessConfig, split: str, modality: str,
-                 modality_mix: List[float], seed: int, rank_id: int = 0) -> None:
-        self.root = str(root)
-        self.pre = pre
-        self.split = split
-        self.train = split == "train"
-        self.modality = modality
-        self.cumulative_mix = np.cumsum(np.asarray(modality_mix, np.float64)).tolist()
-        self.seed = int(seed)
-        self.rank_id = int(rank_id)
-        self._state = None
-        self._lock = threading.Lock()
+def data_parallel_context(shard_id: Optional[int] = None, num_shards: Optional[int] = None) -> Tuple[int, int]:
+    """(shard_id, num_shards): the given values, else this process's rank and group size when
+    mindspore.communication is initialised (msrun), else (0, 1)."""
+    if shard_id is None or num_shards is None:
+        from mindspore.communication import management as communication
 
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_state"] = None
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
-    # ------------------------------------------------------------------ lazily loaded, per process
-    def _load(self) -> "_State":
-        state = self._state
-        if state is None or state.pid != os.getpid():
-            with self._lock:  # batch worker threads share one state; load it once
-                if self._state is None or self._state.pid != os.getpid():
-                    self._state = _State(Path(self.root), self.pre, self.split)
-                state = self._state
-        return state
-
-    def __call__(self, image, image_id, question_id, caption_id, answer_id):
-        state = self._load()
-        image_id, question_id = int(image_id), int(question_id)
-        caption_id, answer_id = int(caption_id), int(answer_id)
-        visit = state.next_visit(image_id, question_id) if self.train else 0
-
-        pixels = P.decode_image(_as_bytes(image), self.pre, name=f"{self.split} image {image_id}")
-        question_ids, question_mask = state.question(question_id)
-        caption_ids, caption_mask = state.caption(caption_id)
-        clips = state.clips.get(question_id)
-        if not clips:
-            raise P.InputError(f"{self.split} question {question_id}: no spoken clip in speech.mindrecord; "
-                               f"rebuild the data set with `mindvl data build --force`")
-        if self.train:
-            clip = clips[_mix(self.seed, self.rank_id, image_id, question_id, visit, 1) % len(clips)]
+        if communication.GlobalComm.INITED:
+            shard_id = communication.get_rank() if shard_id is None else shard_id
+            num_shards = communication.get_group_size() if num_shards is None else num_shards
         else:
-            clip = clips[(image_id + question_id) % len(clips)]
-        mel, mel_mask = state.mel(clip)
-        use_text, use_audio = self._flags(image_id, question_id, visit)
-        return (pixels, question_ids, question_mask, mel, mel_mask, np.float32(use_text), np.float32(use_audio),
-                caption_ids, caption_mask, np.int32(answer_id), state.answer_tokens(answer_id),
-                np.int32(question_id), np.int32(caption_id))
-
-    def _flags(self, image_id: int, question_id: int, visit: int) -> Tuple[float, float]:
-        if self.modality == "text":
-            return _FLAGS[0]
-        if self.modality == "audio":
-            return _FLAGS[1]
-        if self.modality == "both":
-            return _FLAGS[2]
-        u = _uniform(self.seed, self.rank_id, image_id, question_id, visit, 2)
-        for flags, edge in zip(_FLAGS, self.cumulative_mix):
-            if u < edge:
-                return flags
-        return _FLAGS[-1]
+            shard_id, num_shards = shard_id or 0, num_shards or 1
+    if num_shards < 1 or not 0 <= shard_id < num_shards:
+        raise ValueError(f"shard_id={shard_id}, num_shards={num_shards}: expected 0 <= shard_id < num_shards")
+    return int(shard_id), int(num_shards)
 
 
-class _State:
-    """Per-process caches: tokenised questions/captions/answers, the clip table and its mels."""
+def epoch_order(count: int, seed: int, epoch: int, shuffle: bool, shard_id: int = 0, num_shards: int = 1,
+                equal_shards: bool = True) -> np.ndarray:
+    """Row indices rank `shard_id` reads in `epoch`.
+
+    equal_shards (training): every rank gets count // num_shards rows of the epoch's permutation (the
+    last count % num_shards rows of that permutation wait for the next epoch's); otherwise (evaluation)
+    an exact partition: rank r reads positions r, r + num_shards, ... so every row is read once.
+    """
+    order = _generator(seed, epoch).permutation(count) if shuffle else np.arange(count)
+    if equal_shards:
+        share = count // num_shards
+        return order[shard_id * share:(shard_id + 1) * share]
+    return order[shard_id::num_shards]
+
+
+# ----------------------------------------------------------------------------- per-process tables
+
+class _Tables:
+    """Per-process caches: tokenised questions/captions/answers, the clip table, waveforms and mels."""
 
     def __init__(self, root: Path, pre: PreprocessConfig, split: str) -> None:
         from mindvl.data import records, speech
@@ -177,13 +156,6 @@ class _State:
         self._questions: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
         self._captions: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
         self._answers: Dict[int, np.ndarray] = {}
-        self._visits: Dict[Tuple[int, int], int] = defaultdict(int)
-
-    def next_visit(self, image_id: int, question_id: int) -> int:
-        key = (image_id, question_id)
-        visit = self._visits[key]
-        self._visits[key] = visit + 1
-        return visit
 
     def question(self, qid: int) -> Tuple[np.ndarray, np.ndarray]:
         if qid not in self._questions:
@@ -203,12 +175,171 @@ class _State:
                                                               name=f"answer {aid}")
         return self._answers[aid]
 
+    def clip_of(self, split: str, question_id: int) -> List[int]:
+        clips = self.clips.get(question_id)
+        if not clips:
+            raise P.InputError(f"{split} question {question_id}: no spoken clip in speech.mindrecord; "
+                               f"rebuild the data set with `mindvl data build --force`")
+        return clips
+
+    def waveform(self, clip: int) -> np.ndarray:
+        return self._from_pcm16(self.pcm[clip])
+
     def mel(self, clip: int) -> Tuple[np.ndarray, np.ndarray]:
+        """The clip's padded log-mel and frame mask, computed once per process."""
         if clip not in self._mels:
             name = self.names[clip]
-            mel = P.log_mel(self._from_pcm16(self.pcm[clip]), self.pre, name=name)
-            self._mels[clip] = P.pad_mel(mel, self.pre, name=name)
+            self._mels[clip] = P.pad_mel(P.log_mel(self.waveform(clip), self.pre, name=name), self.pre, name=name)
         return self._mels[clip]
+
+
+class _Stage:
+    """A picklable batch transform: carries settings only and loads `_Tables` once per process."""
+
+    def __init__(self, root: Union[str, Path], cfg: Config, split: str, epoch: int) -> None:
+        self.root = str(root)
+        self.pre = cfg.preprocess
+        self.augment = cfg.data.augment
+        self.seed = int(cfg.data.seed)
+        self.split = split
+        self.train = split == "train"
+        self.epoch = int(epoch)
+        self._tables = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_tables"] = None
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @property
+    def tables(self) -> _Tables:
+        tables = self._tables
+        if tables is None or tables.pid != os.getpid():
+            with self._lock:  # worker threads share one copy; load it once
+                if self._tables is None or self._tables.pid != os.getpid():
+                    self._tables = _Tables(Path(self.root), self.pre, self.split)
+                tables = self._tables
+        return tables
+
+    @property
+    def augmenting(self) -> bool:
+        return self.train and self.augment.enabled
+
+
+class _ImageStage(_Stage):
+    """Batch op: encoded images -> float32 (B, 3, S, S); random-resized-crop, flip, jitter in training."""
+
+    def __call__(self, images, sample_ids, batch_info=None):
+        from mindvl.data.augment import augment_image
+
+        pixels = []
+        for data, sample_id in zip(images, sample_ids):
+            name = f"{self.split} sample {int(sample_id)} image"
+            if self.augmenting:
+                img = P.open_image(_as_bytes(data), name=name)
+                img = augment_image(img, self.augment, self.pre.image_size,
+                                    _generator(self.seed, self.epoch, int(sample_id), _IMAGE))
+                pixels.append(P.image_to_array(img, self.pre))
+            else:
+                pixels.append(P.decode_image(_as_bytes(data), self.pre, name=name))
+        return np.stack(pixels), np.asarray(sample_ids)
+
+
+class _AudioStage(_Stage):
+    """Map: question ids -> the padded log-mel of one spoken clip (B, n_mels, T) and frame mask (B, T)."""
+
+    def __call__(self, sample_ids, question_ids):
+        tables = self.tables
+        mels, masks = [], []
+        for sample_id, question_id in zip(sample_ids.tolist(), question_ids.tolist()):
+            clips = tables.clip_of(self.split, question_id)
+            if self.train:
+                clip = clips[_mix(self.seed, self.epoch, sample_id, _CLIP) % len(clips)]
+            else:
+                clip = clips[sample_id % len(clips)]
+            mel, mask = self._perturbed(tables, clip, sample_id) if self._perturbs() else tables.mel(clip)
+            mels.append(mel)
+            masks.append(mask)
+        return sample_ids, question_ids, np.stack(mels), np.stack(masks)
+
+    def _perturbs(self) -> bool:
+        a = self.augment
+        return self.augmenting and (a.speed != [1.0, 1.0] or a.pitch > 0 or a.noise > 0)
+
+    def _perturbed(self, tables: _Tables, clip: int, sample_id: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Speed / pitch / noise on the waveform; a clip that no longer fits max_audio_frames keeps its
+        unperturbed mel (the build only admits clips that fit)."""
+        from mindvl.data.augment import augment_waveform
+
+        audio = augment_waveform(tables.waveform(clip), self.augment, self.pre.sample_rate,
+                                 _generator(self.seed, self.epoch, sample_id, _AUDIO))
+        name = tables.names[clip]
+        try:
+            return P.pad_mel(P.log_mel(audio, self.pre, name=name), self.pre, name=name)
+        except P.InputError:
+            return tables.mel(clip)
+
+
+class _TextStage(_Stage):
+    """Map: ids -> question / caption tokens and masks, answer class and tokens, groups, modality flags."""
+
+    def __init__(self, root, cfg: Config, split: str, epoch: int, modality: str) -> None:
+        super().__init__(root, cfg, split, epoch)
+        self.modality = modality
+        self.cumulative_mix = np.cumsum(np.asarray(cfg.data.question_modality_mix, np.float64)).tolist()
+
+    def __call__(self, sample_ids, question_ids, caption_ids, answer_ids):
+        from mindvl.data.augment import mask_tokens
+
+        tables = self.tables
+        tok = tables.tokenizer
+        columns = defaultdict(list)
+        for sample_id, qid, cid, aid in zip(sample_ids.tolist(), question_ids.tolist(), caption_ids.tolist(),
+                                            answer_ids.tolist()):
+            q_ids, q_mask = tables.question(qid)
+            if self.augmenting and self.augment.token_mask > 0:
+                q_ids = mask_tokens(q_ids, q_mask, self.augment.token_mask, tok.unk_id,
+                                    {tok.pad_id, tok.cls_id, tok.sep_id},
+                                    _generator(self.seed, self.epoch, sample_id, _TEXT))
+            c_ids, c_mask = tables.caption(cid)
+            use_text, use_audio = self._flags(sample_id)
+            for name, value in (("question_ids", q_ids), ("question_mask", q_mask), ("caption_ids", c_ids),
+                                ("caption_mask", c_mask), ("answer", np.int32(aid)),
+                                ("answer_tokens", tables.answer_tokens(aid)), ("question_group", np.int32(qid)),
+                                ("caption_group", np.int32(cid)), ("use_text", np.float32(use_text)),
+                                ("use_audio", np.float32(use_audio))):
+                columns[name].append(value)
+        return (sample_ids, *(np.stack(columns[name]) for name in _TEXT_OUTPUTS))
+
+    def _flags(self, sample_id: int) -> Tuple[float, float]:
+        if self.modality != "mix":
+            return _FLAGS[("text", "audio", "both").index(self.modality)]
+        u = _uniform(self.seed, self.epoch, sample_id, _MODALITY)
+        for flags, edge in zip(_FLAGS, self.cumulative_mix):
+            if u < edge:
+                return flags
+        return _FLAGS[-1]
+
+
+_TEXT_OUTPUTS = ("question_ids", "question_mask", "caption_ids", "caption_mask", "answer", "answer_tokens",
+                 "question_group", "caption_group", "use_text", "use_audio")
+
+
+class _PackStage:
+    """Map: masks and modality flags -> the packed layout columns (mindvl/data/packing.py)."""
+
+    def __init__(self, packer: Packer) -> None:
+        self.packer = packer
+
+    def __call__(self, question_mask, audio_mask, use_text, use_audio):
+        packed = self.packer(question_mask, audio_mask, use_text, use_audio)
+        return (question_mask, audio_mask, use_text, use_audio, *packed.arrays)
 
 
 def _check_compatible(root: Path, meta: Dict, pre: PreprocessConfig) -> None:
@@ -231,73 +362,145 @@ def _as_bytes(value) -> bytes:
     return bytes(value)
 
 
-def create_dataset(cfg: Config, split: str, *, shuffle: Optional[bool] = None, question_modality: str = "mix",
-                   batch_size: Optional[int] = None, drop_remainder: Optional[bool] = None, rank_id: int = 0,
-                   rank_size: int = 1):
-    """Batched pipeline over `<cfg.data.root>/<split>.mindrecord` with the columns in `COLUMNS`.
-
-    Shapes (B = batch, S = image_size, Lt = max_text_length, Ta = max_audio_frames, La = max_answer_length):
-      image f32 (B,3,S,S); question_ids i32 (B,Lt); question_mask f32 (B,Lt); audio_mel f32 (B,n_mels,Ta);
-      audio_mask f32 (B,Ta); use_text f32 (B,); use_audio f32 (B,); caption_ids i32 (B,Lt);
-      caption_mask f32 (B,Lt); answer i32 (B,); answer_tokens i32 (B,La); question_group i32 (B,)
-      (= question id); caption_group i32 (B,) (= caption id).
-    `question_modality`: "mix" samples [text, audio, both] with data.question_modality_mix; "text",
-    "audio", "both" fix the flags. Defaults: shuffle and drop_remainder for "train", neither for "test".
-    With rank_size > 1 each rank reads its shard of the rows: with drop_remainder (training) MindSpore's
-    equal-sized shards, otherwise an exact partition (rank r reads rows r, r + rank_size, ...).
-    """
-    import mindspore.dataset as ds
-
+def _open_split(cfg: Config, split: str) -> Tuple[Path, List[str], int]:
+    """(root, table files, example count) of a split, after checking the root is usable."""
     from mindvl.data import records
 
     if split not in ("train", "test"):
         raise ValueError(f"split {split!r}: expected 'train' or 'test'")
-    if question_modality not in MODALITIES:
-        raise ValueError(f"question_modality {question_modality!r}: expected one of {list(MODALITIES)}")
-    if rank_size < 1 or not 0 <= rank_id < rank_size:
-        raise ValueError(f"rank_id={rank_id}, rank_size={rank_size}: expected 0 <= rank_id < rank_size")
     root = Path(cfg.data.root)
     if not root.is_dir():
         raise DataRootError(f"data root {root} does not exist; build it first with "
                             f"`mindvl data build --config <recipe>` (or set data.root)")
-    table = _require(root, f"{split}.mindrecord")
+    files = records.table_files(root, split)
+    for path in files:
+        _require(root, Path(path).name)
+    meta = load_meta(root)
+    _check_compatible(root, meta, cfg.preprocess)
+    return root, files, int(meta["counts"][split]["examples"])
+
+
+def _pipeline(cfg: Config, split: str, files: List[str], rows: np.ndarray, epoch: int, modality: str,
+              batch_size: int, drop_remainder: bool, packer: Optional[Packer]):
+    """The mindspore.dataset pipeline over `rows` (in that order); see the module docstring."""
+    import mindspore.dataset as ds
+
+    from mindvl.data import records
+
+    root = Path(cfg.data.root)
+    workers = max(1, min(int(cfg.data.num_workers), os.cpu_count() or 1))
+    threads = {"num_parallel_workers": workers, "python_multiprocessing": False}
+    data = ds.MindDataset(files, columns_list=list(records.EXAMPLE_COLUMNS),
+                          sampler=ds.SubsetSampler([int(i) for i in rows]))
+    data = data.batch(batch_size, drop_remainder=drop_remainder, per_batch_map=_ImageStage(root, cfg, split, epoch),
+                      input_columns=["image", "sample_id"], output_columns=["image", "sample_id"], **threads)
+    data = data.map(_AudioStage(root, cfg, split, epoch), input_columns=["sample_id", "question_id"],
+                    output_columns=["sample_id", "question_id", "audio_mel", "audio_mask"], **threads)
+    data = data.map(_TextStage(root, cfg, split, epoch, modality),
+                    input_columns=["sample_id", "question_id", "caption_id", "answer_id"],
+                    output_columns=["sample_id", *_TEXT_OUTPUTS], **threads)
+    columns = list(COLUMNS)
+    if packer is not None:
+        data = data.map(_PackStage(packer), input_columns=["question_mask", "audio_mask", "use_text", "use_audio"],
+                        output_columns=["question_mask", "audio_mask", "use_text", "use_audio", *PACK_COLUMNS],
+                        **threads)
+        columns += list(PACK_COLUMNS)
+    return data.project(columns)
+
+
+def create_dataset(cfg: Config, split: str, *, shuffle: Optional[bool] = None, question_modality: str = "mix",
+                   batch_size: Optional[int] = None, drop_remainder: Optional[bool] = None, epoch: int = 0,
+                   shard_id: Optional[int] = None, num_shards: Optional[int] = None, packed: bool = False):
+    """One epoch of batches over `split` with the columns in `COLUMNS` (+ `PACK_COLUMNS` if `packed`).
+
+    Shapes (B = batch, S = image_size, Lt = max_text_length, Ta = max_audio_frames, La = max_answer_length):
+      sample_id i64 (B,); image f32 (B,3,S,S); question_ids i32 (B,Lt); question_mask f32 (B,Lt);
+      audio_mel f32 (B,n_mels,Ta); audio_mask f32 (B,Ta); use_text f32 (B,); use_audio f32 (B,);
+      caption_ids i32 (B,Lt); caption_mask f32 (B,Lt); answer i32 (B,); answer_tokens i32 (B,La);
+      question_group i32 (B,) (= question id); caption_group i32 (B,) (= caption id).
+    `question_modality`: "mix" samples [text, audio, both] with data.question_modality_mix; "text",
+    "audio", "both" fix the flags. Defaults: shuffle, drop_remainder and augmentation for "train",
+    none of them for "test". `epoch` seeds the order and every random choice (module docstring).
+    The shard comes from `data_parallel_context`: equal shares with drop_remainder (training), an
+    exact partition without (evaluation: every example counted once over all ranks).
+    """
+    if question_modality not in MODALITIES:
+        raise ValueError(f"question_modality {question_modality!r}: expected one of {list(MODALITIES)}")
+    shard_id, num_shards = data_parallel_context(shard_id, num_shards)
+    _, files, count = _open_split(cfg, split)
     train = split == "train"
     shuffle = train if shuffle is None else bool(shuffle)
     drop_remainder = train if drop_remainder is None else bool(drop_remainder)
     batch_size = int(batch_size or cfg.data.batch_size)
-    ds.config.set_seed(cfg.data.seed)
-
-    meta = load_meta(root)
-    _check_compatible(root, meta, cfg.preprocess)
-    if rank_size == 1:
-        reading = {"shuffle": shuffle}
-    elif drop_remainder:
-        # training: MindSpore's shards have equal sizes (repeating up to rank_size - 1 rows), so every rank
-        # runs the same number of steps and collectives never wait on a rank that ran out of data
-        reading = {"shuffle": shuffle, "num_shards": rank_size, "shard_id": rank_id}
-    else:
-        # evaluation: an exact partition, so every example is counted once over all ranks
-        mine = list(range(rank_id, int(meta["counts"][split]["examples"]), rank_size))
-        reading = {"sampler": ds.SubsetRandomSampler(mine) if shuffle else ds.SubsetSampler(mine)}
-    data = ds.MindDataset(str(table), columns_list=list(records.EXAMPLE_COLUMNS), **reading)
-    transform = ExampleTransform(root, cfg.preprocess, split, question_modality, cfg.data.question_modality_mix,
-                                 cfg.data.seed, rank_id)
-    # Transform whole batches: a per-row map costs MindSpore ~200 us of conversions per row, more than
-    # the work itself (~180 us). Threads, not processes: on 2 cores, full data, batch 64, measured
-    # 3.9k samples/s (1 thread), 3.3k (2 threads), 1.8k (2 processes: shipping rows costs more than
-    # decoding a 64x64 PNG).
-    workers = max(1, min(int(cfg.data.num_workers), os.cpu_count() or 1))
-    return data.batch(batch_size, drop_remainder=drop_remainder, num_parallel_workers=workers,
-                      per_batch_map=_BatchTransform(transform), input_columns=list(records.EXAMPLE_COLUMNS),
-                      output_columns=list(COLUMNS), python_multiprocessing=False).project(list(COLUMNS))
+    rows = epoch_order(count, cfg.data.seed, epoch, shuffle, shard_id, num_shards, equal_shards=drop_remainder)
+    packer = Packer.from_config(cfg, batch_size) if packed else None
+    return _pipeline(cfg, split, files, rows, epoch, question_modality, batch_size, drop_remainder, packer)
 
 
-class _BatchTransform:
-    """Applies an `ExampleTransform` to every row of a batch and stacks the 13 columns."""
+# ----------------------------------------------------------------------------- training stream
 
-    def __init__(self, transform: ExampleTransform) -> None:
-        self.transform = transform
+@dataclass
+class DataPosition:
+    """Where a rank's training stream stands: `batch` batches of `epoch` consumed."""
 
-    def __call__(self, sample_ids, images, image_ids, question_ids, caption_ids, answer_ids, batch_info=None):
-        examples = [self.transform(*row) for row in zip(images, image_ids, question_ids, caption_ids, answer_ids)]
-        return tuple(np.stack(column) for column in zip(*examples))
+    epoch: int = 0
+    batch: int = 0
+
+
+class TrainStream:
+    """Packed training batches forever, from a resumable position (see the module docstring).
+
+    Iterating yields (sample_ids (B,) numpy, tuple of mindspore Tensors in TRAIN_COLUMNS order) and
+    advances `position` before each yield, so `state()` taken after a step describes exactly the
+    batches consumed.
+    """
+
+    def __init__(self, cfg: Config, shard_id: Optional[int] = None, num_shards: Optional[int] = None,
+                 state: Optional[Dict] = None) -> None:
+        self.cfg = cfg
+        self.shard_id, self.num_shards = data_parallel_context(shard_id, num_shards)
+        _, self.files, self.count = _open_split(cfg, "train")
+        self.batch_size = cfg.data.batch_size
+        self.steps_per_epoch = self.count // self.num_shards // self.batch_size
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"data.batch_size: {self.batch_size} x {self.num_shards} rank(s) is more than the "
+                              f"{self.count} training examples in {cfg.data.root}; lower it or build more data")
+        self.packer = Packer.from_config(cfg)
+        self.position = DataPosition()
+        if state is not None:
+            self.load_state(state)
+
+    def state(self) -> Dict:
+        """The loader state for the train state: position, consumed samples and what fixes the order."""
+        return {**asdict(self.position),
+                "samples": (self.position.epoch * self.steps_per_epoch + self.position.batch) * self.batch_size,
+                "seed": self.cfg.data.seed, "shard_id": self.shard_id, "num_shards": self.num_shards,
+                "batch_size": self.batch_size, "examples": self.count,
+                "rng": "counter-based: every draw is seeded by (seed, epoch, sample_id)"}
+
+    def load_state(self, state: Dict) -> None:
+        """Continue from `state` (from `state()`); refuses one whose order this stream cannot reproduce."""
+        for key in ("seed", "num_shards", "batch_size", "examples"):
+            mine = self.state()[key]
+            if key in state and state[key] != mine:
+                raise ConfigError(f"resume: the checkpoint's data {key} is {state[key]} but this run has {mine}; "
+                                  f"resume with the same data set, data.seed, data.batch_size and rank count")
+        if state.get("shard_id", self.shard_id) != self.shard_id:
+            raise ConfigError(f"resume: the checkpoint's data state belongs to rank {state['shard_id']}, "
+                              f"this is rank {self.shard_id}")
+        self.position = DataPosition(int(state["epoch"]), int(state["batch"]))
+
+    def _epoch(self, epoch: int, start_batch: int):
+        rows = epoch_order(self.count, self.cfg.data.seed, epoch, True, self.shard_id, self.num_shards)
+        rows = rows[start_batch * self.batch_size:self.steps_per_epoch * self.batch_size]
+        return _pipeline(self.cfg, "train", self.files, rows, epoch, "mix", self.batch_size, True, self.packer)
+
+    def __iter__(self) -> Iterator[Tuple[np.ndarray, tuple]]:
+        while True:
+            if self.position.batch >= self.steps_per_epoch:
+                self.position = DataPosition(self.position.epoch + 1, 0)
+            epoch = self.position.epoch
+            iterator = self._epoch(epoch, self.position.batch).create_dict_iterator(num_epochs=1)
+            for batch in iterator:
+                self.position = DataPosition(epoch, self.position.batch + 1)
+                yield batch["sample_id"].asnumpy(), tuple(batch[name] for name in TRAIN_COLUMNS)

@@ -5,8 +5,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mindvl import preprocess as P
 from mindvl.data import COLUMNS, create_dataset, load_meta, load_tokenizer
-from mindvl.data.loader import DataRootError
+from mindvl.data.loader import TRAIN_COLUMNS, DataRootError, TrainStream, data_parallel_context, epoch_order
+from mindvl.data.packing import PACK_COLUMNS, FusionLayout
+from mindvl.data.records import read_table
 
 
 def _batches(dataset, epochs=1):
@@ -32,7 +35,7 @@ def test_batches_have_exactly_the_specified_columns(small_cfg, small_report):
     assert tuple(dataset.get_col_names()) == COLUMNS
     batch = next(iter(dataset.create_dict_iterator(num_epochs=1, output_numpy=True)))
     S, Lt, Ta, La, M = pre.image_size, pre.max_text_length, pre.max_audio_frames, pre.max_answer_length, pre.n_mels
-    expected = {"image": ("float32", (4, 3, S, S)), "question_ids": ("int32", (4, Lt)),
+    expected = {"sample_id": ("int64", (4,)), "image": ("float32", (4, 3, S, S)), "question_ids": ("int32", (4, Lt)),
                 "question_mask": ("float32", (4, Lt)), "audio_mel": ("float32", (4, M, Ta)),
                 "audio_mask": ("float32", (4, Ta)), "use_text": ("float32", (4,)), "use_audio": ("float32", (4,)),
                 "caption_ids": ("int32", (4, Lt)), "caption_mask": ("float32", (4, Lt)), "answer": ("int32", (4,)),
@@ -67,11 +70,24 @@ def test_test_split_is_deterministic_and_train_audio_changes_between_epochs(smal
     again = _concat(_batches(create_dataset(small_cfg, "test")))
     for name in COLUMNS:
         np.testing.assert_array_equal(again[name], split_rows_of_test[name])
-    epochs = _batches(create_dataset(small_cfg, "train", shuffle=False, drop_remainder=False), epochs=2)
-    first, second = _concat(epochs[0]), _concat(epochs[1])
-    np.testing.assert_array_equal(first["question_group"], second["question_group"])
-    changed = np.any(first["audio_mel"] != second["audio_mel"], axis=(1, 2))
-    assert 0.2 < changed.mean() < 0.8  # two training voices: about half the rows hear the other voice
+    epochs = [_concat(_batches(create_dataset(small_cfg, "train", shuffle=False, drop_remainder=False, epoch=e)))
+              for e in (0, 1)]
+    np.testing.assert_array_equal(epochs[0]["question_group"], epochs[1]["question_group"])
+    changed = np.any(epochs[0]["audio_mel"] != epochs[1]["audio_mel"], axis=(1, 2))
+    assert changed.mean() > 0.5  # another voice, speed or both
+    assert np.any(epochs[0]["image"] != epochs[1]["image"], axis=(1, 2, 3)).mean() > 0.5  # augmentation
+
+
+def test_augmentation_is_train_only_and_can_be_switched_off(make_config, small_cfg, small_report):
+    plain = make_config(small_cfg.data.root, data__augment__enabled="false")
+    rows = _concat(_batches(create_dataset(plain, "train", shuffle=False, drop_remainder=False)))
+    table = {int(r["sample_id"]): r["image"] for r in read_table(small_cfg.data.root + "/train.mindrecord",
+                                                                   ["sample_id", "image"])}
+    for i, sample_id in enumerate(rows["sample_id"][:5]):
+        np.testing.assert_array_equal(rows["image"][i], P.decode_image(table[int(sample_id)], plain.preprocess))
+    augmented = _concat(_batches(create_dataset(small_cfg, "train", shuffle=False, drop_remainder=False)))
+    assert np.any(augmented["image"] != rows["image"])
+    np.testing.assert_array_equal(augmented["sample_id"], rows["sample_id"])
 
 
 def test_question_modality_flags(small_cfg, small_report):
@@ -83,15 +99,79 @@ def test_question_modality_flags(small_cfg, small_report):
 
 
 def test_two_ranks_read_disjoint_shards_that_cover_the_split(small_cfg, split_rows_of_test):
-    def keys(rows):
-        return [(int(q), rows["image"][i].tobytes()) for i, q in enumerate(rows["question_group"])]
-
-    shards = [keys(_concat(_batches(create_dataset(small_cfg, "test", rank_id=r, rank_size=2)))) for r in (0, 1)]
-    everything = keys(split_rows_of_test)
+    shards = [_concat(_batches(create_dataset(small_cfg, "test", shard_id=r, num_shards=2)))["sample_id"].tolist()
+              for r in (0, 1)]
+    everything = split_rows_of_test["sample_id"].tolist()
     assert len(set(everything)) == len(everything)
     assert set(shards[0]).isdisjoint(shards[1])
     assert sorted(shards[0] + shards[1]) == sorted(everything)
     assert abs(len(shards[0]) - len(shards[1])) <= 1
+
+
+def test_training_shards_are_equal_disjoint_and_reshuffled_each_epoch():
+    count = 103
+    for epoch in (0, 1):
+        parts = [epoch_order(count, 7, epoch, True, r, 3) for r in range(3)]
+        assert {len(p) for p in parts} == {count // 3}  # equal steps on every rank: no collective hangs
+        joined = np.concatenate(parts)
+        assert len(set(joined.tolist())) == len(joined) == count - count % 3
+    assert not np.array_equal(epoch_order(count, 7, 0, True, 0, 3), epoch_order(count, 7, 1, True, 0, 3))
+
+
+def test_shard_defaults_to_a_single_rank_without_communication():
+    assert data_parallel_context() == (0, 1)
+    assert data_parallel_context(1, 2) == (1, 2)
+    with pytest.raises(ValueError, match="shard_id=2, num_shards=2"):
+        data_parallel_context(2, 2)
+
+
+def _stream_batches(stream, count):
+    out = []
+    for sample_ids, batch in stream:
+        out.append((sample_ids, [t.asnumpy() for t in batch]))
+        if len(out) == count:
+            return out
+    return out
+
+
+def test_resumed_stream_yields_exactly_the_uninterrupted_batches(make_config, small_cfg, small_report):
+    two_workers = make_config(small_cfg.data.root, data__num_workers=2)
+    uninterrupted = TrainStream(two_workers)
+    steps = uninterrupted.steps_per_epoch
+    total = steps + 3  # crosses an epoch boundary
+    reference = _stream_batches(uninterrupted, total)
+    one_worker = make_config(small_cfg.data.root, data__num_workers=1)
+    for stop in (2, steps):  # mid-epoch and exactly at the end of an epoch
+        first = TrainStream(one_worker)
+        head = _stream_batches(first, stop)
+        state = first.state()
+        assert state["epoch"] * steps + state["batch"] == stop
+        assert state["samples"] == stop * small_cfg.data.batch_size
+        tail = _stream_batches(TrainStream(one_worker, state=state), total - stop)
+        resumed = head + tail
+        assert [ids.tolist() for ids, _ in resumed] == [ids.tolist() for ids, _ in reference]
+        for (_, got), (_, want) in zip(resumed, reference):
+            for name, a, b in zip(TRAIN_COLUMNS, got, want):
+                np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def test_a_stream_refuses_a_state_it_cannot_reproduce(make_config, small_cfg, small_report):
+    state = TrainStream(small_cfg).state()
+    other = make_config(small_cfg.data.root, data__batch_size=4)
+    with pytest.raises(Exception, match="batch_size is 8 but this run has 4"):
+        TrainStream(other, state=state)
+
+
+def test_train_batches_carry_a_consistent_packed_layout(small_cfg, small_report):
+    stream = TrainStream(small_cfg)
+    layout = FusionLayout.from_config(small_cfg)
+    sample_ids, batch = next(iter(stream))
+    columns = dict(zip(TRAIN_COLUMNS, (t.asnumpy() for t in batch)))
+    index, segment = columns["pack_index"], columns["pack_segment"]
+    assert index.shape[1] == small_cfg.data.packing.length
+    assert np.all(index.reshape(-1)[columns["cls_index"]] == np.arange(len(sample_ids)) * layout.length)
+    assert set(PACK_COLUMNS) <= set(TRAIN_COLUMNS)
+    assert (segment > 0).sum() < len(sample_ids) * layout.length  # packing leaves out unused slots
 
 
 def test_a_missing_data_root_says_how_to_build_it(small_cfg, tmp_path):
