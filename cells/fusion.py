@@ -6,12 +6,16 @@ Each modality is projected to the fusion width and tagged with a learned modalit
 (CLS..audio) sees the valid prefix only, never the answer, so the CLS output (answer classifier) is
 the same with or without answer tokens; answer token i sees the valid prefix and answer tokens <= i,
 so teacher forcing and greedy decoding give the same logits.
+
+Two layouts of the same computation: `construct` / `construct_prefix` run one padded sequence per
+sample with masks (deployment), `construct_packed` runs only the valid tokens of several samples per
+row with segment ids (training; mindvl/data/packing.py).
 """
 from mindspore import nn, ops
 
 from .embedding import Embedding, learned_tokens
 from .linear import dense
-from .masks import padding_mask, prefix_lm_mask
+from .masks import packed_prefix_lm_mask, padding_mask, prefix_lm_mask
 from .transformer import TransformerStack
 
 IMAGE, TEXT, AUDIO, ANSWER = 0, 1, 2, 3
@@ -22,7 +26,8 @@ class FusionTransformer(nn.Cell):
     text_mask (B, Lt), audio_tokens (B, Na, audio_width), audio_mask (B, Na), answer_in (B, La) int32
     teacher-forced answer ids, La <= max_answer_length. Masks are float {1 valid, 0 ignore}.
 
-    `construct` -> (cls (B, width), answer_states (B, La, width)); `construct_prefix` (no answer) -> cls.
+    `construct` -> (cls (B, width), answer_states (B, La, width)); `construct_prefix` (no answer) -> cls;
+    `construct_packed` -> the same pair from packed rows (see its docstring).
     Checkpoint keys: image_in_proj, text_in_proj, audio_in_proj, type_embeddings, cls_token,
     answer_embeddings, answer_positions, encoder.blocks.i.…, encoder.norm.
     """
@@ -47,30 +52,67 @@ class FusionTransformer(nn.Cell):
         self.concat = ops.Concat(axis=1)
         self.tile = ops.Tile()
         self.ones_like = ops.OnesLike()
+        self.reshape = ops.Reshape()
+        self.gather = ops.Gather()
 
-    def _prefix(self, image_tokens, text_tokens, text_mask, audio_tokens, audio_mask):
-        """-> (prefix tokens (B, P, width), prefix validity (B, P)), P = 1 + Ni + Lt + Na."""
+    def _prefix_tokens(self, image_tokens, text_tokens, audio_tokens):
+        """-> (B, P, width) [CLS | image | text | audio], each tagged with its type; P = 1 + Ni + Lt + Na."""
         types = self.type_embeddings.weight
         image = self.add(self.image_in_proj(image_tokens), types[IMAGE])
         text = self.add(self.text_in_proj(text_tokens), types[TEXT])
         audio = self.add(self.audio_in_proj(audio_tokens), types[AUDIO])
         cls = self.tile(self.cls_token, (image_tokens.shape[0], 1, 1))
+        return self.concat((cls, image, text, audio))
+
+    def _prefix_valid(self, image_tokens, text_mask, audio_mask):
+        """-> (B, P) float {1 valid, 0 ignore} matching `_prefix_tokens`: CLS and image always valid."""
         image_valid = self.ones_like(image_tokens[:, :, 0])  # (B, Ni)
-        valid = self.concat((image_valid[:, :1], image_valid, text_mask, audio_mask))
-        return self.concat((cls, image, text, audio)), valid
+        return self.concat((image_valid[:, :1], image_valid, text_mask, audio_mask))
+
+    def _answer_tokens(self, answer_in):
+        """(B, La) int32 -> (B, La, width): answer embeddings + positions 0..La-1 + the answer type."""
+        answer_length = answer_in.shape[1]
+        answer = self.add(self.answer_embeddings(answer_in), self.answer_positions.weight[:answer_length])
+        return self.add(answer, self.type_embeddings.weight[ANSWER])
 
     def construct_prefix(self, image_tokens, text_tokens, text_mask, audio_tokens, audio_mask):
         """The CLS output without answer tokens (answer classification, export): (B, width)."""
-        x, valid = self._prefix(image_tokens, text_tokens, text_mask, audio_tokens, audio_mask)
+        x = self._prefix_tokens(image_tokens, text_tokens, audio_tokens)
+        valid = self._prefix_valid(image_tokens, text_mask, audio_mask)
         x = self.encoder(self.dropout(x), padding_mask(valid))
         return x[:, 0]
 
     def construct(self, image_tokens, text_tokens, text_mask, audio_tokens, audio_mask, answer_in):
-        prefix, valid = self._prefix(image_tokens, text_tokens, text_mask, audio_tokens, audio_mask)
+        prefix = self._prefix_tokens(image_tokens, text_tokens, audio_tokens)
+        valid = self._prefix_valid(image_tokens, text_mask, audio_mask)
         prefix_length = prefix.shape[1]
-        answer_length = answer_in.shape[1]
-        answer = self.add(self.answer_embeddings(answer_in), self.answer_positions.weight[:answer_length])
-        answer = self.add(answer, self.type_embeddings.weight[ANSWER])  # (B, La, width)
-        x = self.dropout(self.concat((prefix, answer)))
-        x = self.encoder(x, prefix_lm_mask(valid, answer_length))
+        x = self.dropout(self.concat((prefix, self._answer_tokens(answer_in))))
+        x = self.encoder(x, prefix_lm_mask(valid, answer_in.shape[1]))
         return x[:, 0], x[:, prefix_length:]
+
+    def construct_packed(self, image_tokens, text_tokens, audio_tokens, answer_in, pack_index, pack_segment,
+                         pack_answer, cls_index, answer_index):
+        """`construct` over packed rows: only the tokens a sample uses, several samples per row.
+
+        image_tokens, text_tokens, audio_tokens, answer_in: as in `construct` (no masks: which text and
+        audio tokens a sample uses is said by the slots the packer picked). pack_index (R, S) int32 picks
+        slot b * P + p of the per-sample token table [CLS | image | text | audio | answer] (P slots) for
+        each row position; pack_segment (R, S) int32 names the sample (1, 2, ... per row, 0 padding);
+        pack_answer (R, S) float32 marks answer slots; cls_index (B,) and answer_index (B, La) int32 are
+        the flattened row positions (r * S + s) of each sample's CLS and answer slots. Layout and
+        invariants: mindvl/data/packing.py. Returns (cls (B, width), answer_states (B, La, width)), equal
+        to `construct` with the masks the packer's slot choice implies.
+
+        Positions restart per segment without any position ids here: every encoder adds its positions
+        per sample before the fusion, and answer positions are per sample in the token table, so a
+        sample's tokens carry the same embeddings wherever they land in a row.
+        """
+        table = self.concat((self._prefix_tokens(image_tokens, text_tokens, audio_tokens),
+                             self._answer_tokens(answer_in)))  # (B, P, width)
+        batch, slots, width = table.shape
+        rows, length = pack_index.shape
+        table = self.reshape(table, (batch * slots, width))
+        x = self.dropout(self.gather(table, pack_index, 0))  # (R, S, width)
+        x = self.encoder(x, packed_prefix_lm_mask(pack_segment, pack_answer))
+        x = self.reshape(x, (rows * length, width))
+        return self.gather(x, cls_index, 0), self.gather(x, answer_index, 0)  # (B, width), (B, La, width)

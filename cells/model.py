@@ -16,16 +16,22 @@ from .vision import VisionEncoder
 
 
 class MultimodalModel(nn.Cell):
-    """construct(image, question_ids, question_mask, audio_mel, audio_mask, use_text, use_audio,
-    caption_ids, caption_mask, answer_in) ->
+    """construct(image, question_ids, question_mask, audio_mel, audio_mask, caption_ids, caption_mask,
+    answer_in, pack_index, pack_segment, pack_answer, cls_index, answer_index) ->
     (answer_logits (B, num_answers), lm_logits (B, La, vocab), image_emb, caption_emb, audio_emb,
      question_emb (each (B, embed_dim), unit length), scale_image_text, scale_audio_text (scalars,
      exp'd and clamped to <= 100)).
 
     image (B, 3, S, S) float32 normalised; question_ids / caption_ids (B, L) int32 with float masks;
-    audio_mel (B, n_mels, T) float32 with frame mask (B, T); use_text / use_audio (B,) float {0, 1}
-    choose which question modality the fusion sees (either or both); answer_in (B, La) int32
-    teacher-forced answer ids. question_emb is the text projection of the question's pooled output.
+    audio_mel (B, n_mels, T) float32 with frame mask (B, T); answer_in (B, La) int32 teacher-forced
+    answer ids. question_emb is the text projection of the question's pooled output (always computed,
+    whatever the fusion sees).
+
+    The fusion runs packed (FusionTransformer.construct_packed): pack_index, pack_segment, pack_answer
+    (R, S), cls_index (B,), answer_index (B, La) come from mindvl.data.packing.Packer, which also
+    expresses the per-sample question-modality choice (use_text / use_audio) by which text and audio
+    slots it includes. `fusion_inputs` (export) keeps the flags as masks over the padded layout; both
+    compute the same logits (tests/cells/test_packing.py).
     """
 
     def __init__(self, model_cfg, pre):
@@ -75,17 +81,16 @@ class MultimodalModel(nn.Cell):
         return image_tokens, text_tokens, text_mask, audio_tokens, audio_token_mask
 
     # -- training graph ---------------------------------------------------------------------------
-    def construct(self, image, question_ids, question_mask, audio_mel, audio_mask, use_text, use_audio,
-                  caption_ids, caption_mask, answer_in):
+    def construct(self, image, question_ids, question_mask, audio_mel, audio_mask, caption_ids, caption_mask,
+                  answer_in, pack_index, pack_segment, pack_answer, cls_index, answer_index):
         image_tokens, image_pooled = self.vision(image)
         question_tokens, question_pooled = self.text(question_ids, question_mask)
-        audio_tokens, audio_token_mask, audio_pooled = self.audio(audio_mel, audio_mask)
+        audio_tokens, _, audio_pooled = self.audio(audio_mel, audio_mask)
         _, caption_pooled = self.text(caption_ids, caption_mask)
 
-        text_mask = self.mul(question_mask, self.expand_dims(use_text, 1))
-        fusion_audio_mask = self.mul(audio_token_mask, self.expand_dims(use_audio, 1))
-        cls, answer_states = self.fusion(image_tokens, question_tokens, text_mask, audio_tokens,
-                                         fusion_audio_mask, answer_in)
+        cls, answer_states = self.fusion.construct_packed(image_tokens, question_tokens, audio_tokens, answer_in,
+                                                          pack_index, pack_segment, pack_answer, cls_index,
+                                                          answer_index)
 
         answer_logits = self.answer_head(cls)
         lm_logits = self.lm_head(answer_states)

@@ -9,6 +9,11 @@ import mindspore as ms
 from mindspore import nn, ops
 
 LOSS_NAMES = ("contrastive", "answer", "lm")
+# The loader's training columns, in the order MultimodalLoss.construct takes them; the last five are
+# mindvl.data.packing.PACK_COLUMNS (use_text / use_audio live in the packed layout, not in the graph).
+TRAIN_COLUMNS = ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "caption_ids", "caption_mask",
+                 "answer", "answer_tokens", "question_group", "caption_group", "pack_index", "pack_segment",
+                 "pack_answer", "cls_index", "answer_index")
 
 
 class GroupContrastiveLoss(nn.Cell):
@@ -57,7 +62,11 @@ class LMLoss(nn.Cell):
 
 
 class MultimodalLoss(nn.Cell):
-    """Model + objectives: returns the weighted total and the stacked parts in LOSS_NAMES order."""
+    """Model + objectives: returns the weighted total and the stacked parts in LOSS_NAMES order.
+
+    construct takes the columns named in TRAIN_COLUMNS, in that order (shapes: mindvl.data.loader and
+    mindvl.data.packing).
+    """
 
     def __init__(self, model, weights, pad_id: int = 0):
         super().__init__()
@@ -69,14 +78,15 @@ class MultimodalLoss(nn.Cell):
         self.w_answer = weights.answer
         self.w_lm = weights.lm
 
-    def construct(self, image, question_ids, question_mask, audio_mel, audio_mask, use_text, use_audio,
-                  caption_ids, caption_mask, answer, answer_tokens, question_group, caption_group):
+    def construct(self, image, question_ids, question_mask, audio_mel, audio_mask, caption_ids, caption_mask,
+                  answer, answer_tokens, question_group, caption_group, pack_index, pack_segment, pack_answer,
+                  cls_index, answer_index):
         answer_in = answer_tokens[:, :-1]  # teacher forcing: predict token t+1 from tokens <= t
         answer_next = answer_tokens[:, 1:]
         (answer_logits, lm_logits, image_emb, caption_emb, audio_emb, question_emb,
          scale_image_text, scale_audio_text) = self.model(
-             image, question_ids, question_mask, audio_mel, audio_mask, use_text, use_audio,
-             caption_ids, caption_mask, answer_in)
+             image, question_ids, question_mask, audio_mel, audio_mask, caption_ids, caption_mask, answer_in,
+             pack_index, pack_segment, pack_answer, cls_index, answer_index)
         contrastive = (self.contrastive(image_emb, caption_emb, scale_image_text, caption_group)
                        + self.contrastive(audio_emb, question_emb, scale_audio_text, question_group)) / 2
         answer = self.answer_loss(answer_logits, answer)

@@ -1,5 +1,6 @@
 """The tiny MultimodalModel: output shapes, mask semantics (padding, prefix LM, modality switch),
-export wrappers equal to the training graph, stable parameter names.
+export wrappers equal to the training graph, stable parameter names. The training graph runs packed with
+the recipe's packing (tests/cells/test_packing.py covers packing itself).
 
 One model and one batch per module; each graph compiles once (same shapes reuse the compiled graph).
 """
@@ -12,14 +13,16 @@ from mindspore import Tensor
 from mindvl.cells import (AnswerNet, AudioEmbedNet, GenerateNet, ImageEmbedNet, MultimodalModel, TextEmbedNet,
                           create_model)
 from mindvl.config import load_config
+from mindvl.data.packing import PACK_COLUMNS, Packer
 
 ms.set_context(mode=ms.GRAPH_MODE)
 
 VOCAB, BATCH, TEXT_LEN, ANSWER_LEN = 50, 3, 14, 3
 FRAMES = load_config("tiny").preprocess.max_audio_frames
 FRAME_COUNTS = [121, FRAMES, 60]  # valid mel frames per sample: odd, full, short
-INPUT_NAMES = ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "use_text", "use_audio",
-               "caption_ids", "caption_mask", "answer_in")
+INPUT_NAMES = ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "caption_ids", "caption_mask",
+               "answer_in") + PACK_COLUMNS
+EXPORT_INPUTS = ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "use_text", "use_audio")
 
 
 @pytest.fixture(scope="module")
@@ -37,23 +40,27 @@ def model(cfg):
 
 @pytest.fixture(scope="module")
 def batch(cfg):
-    """numpy inputs: sample 0 has padded text and audio, sample 1 is full, sample 2 is short."""
+    """numpy inputs: sample 0 has padded text and audio, sample 1 is full, sample 2 is short; the packed
+    layout of their flags (use_text, use_audio) and masks."""
     rng = np.random.default_rng(0)
     size, n_mels = cfg.preprocess.image_size, cfg.preprocess.n_mels
     text_lengths, frame_counts = [9, TEXT_LEN, 5], FRAME_COUNTS
     question_mask = (np.arange(TEXT_LEN)[None] < np.array(text_lengths)[:, None]).astype(np.float32)
     audio_mask = (np.arange(FRAMES)[None] < np.array(frame_counts)[:, None]).astype(np.float32)
+    use_text, use_audio = np.array([1, 1, 0], np.float32), np.array([1, 0, 1], np.float32)
+    packed = Packer.from_config(cfg, BATCH)(question_mask, audio_mask, use_text, use_audio)
     return {
         "image": rng.standard_normal((BATCH, 3, size, size)).astype(np.float32),
         "question_ids": (rng.integers(1, VOCAB, (BATCH, TEXT_LEN)) * question_mask).astype(np.int32),
         "question_mask": question_mask,
         "audio_mel": (rng.standard_normal((BATCH, n_mels, FRAMES)) * audio_mask[:, None]).astype(np.float32),
         "audio_mask": audio_mask,
-        "use_text": np.array([1, 1, 0], np.float32),
-        "use_audio": np.array([1, 0, 1], np.float32),
+        "use_text": use_text,
+        "use_audio": use_audio,
         "caption_ids": rng.integers(1, VOCAB, (BATCH, TEXT_LEN)).astype(np.int32),
         "caption_mask": np.ones((BATCH, TEXT_LEN), np.float32),
         "answer_in": rng.integers(1, VOCAB, (BATCH, ANSWER_LEN)).astype(np.int32),
+        **dict(zip(PACK_COLUMNS, packed.arrays)),
     }
 
 
@@ -196,11 +203,11 @@ def test_use_audio_zero_hides_the_audio_from_the_answer(model, batch, outputs):
 
 def test_export_wrappers_match_the_training_graph(model, batch, outputs):
     names_before = [p.name for p in model.get_parameters()]
-    answer_probs = run(AnswerNet(model), batch, INPUT_NAMES[:7])
+    answer_probs = run(AnswerNet(model), batch, EXPORT_INPUTS)
     logits = outputs[0]
     expected = np.exp(logits - logits.max(-1, keepdims=True))
     np.testing.assert_allclose(answer_probs, expected / expected.sum(-1, keepdims=True), atol=1e-5)
-    np.testing.assert_allclose(run(GenerateNet(model), batch, INPUT_NAMES[:7] + ("answer_in",)), outputs[1],
+    np.testing.assert_allclose(run(GenerateNet(model), batch, EXPORT_INPUTS + ("answer_in",)), outputs[1],
                                atol=1e-5)
     np.testing.assert_allclose(run(ImageEmbedNet(model), batch, ("image",)), outputs[2], atol=1e-5)
     np.testing.assert_allclose(run(TextEmbedNet(model), batch, ("caption_ids", "caption_mask")), outputs[3],

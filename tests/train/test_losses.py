@@ -1,9 +1,12 @@
-"""Objectives against numpy references, in graph mode."""
+"""Objectives against numpy references, in graph mode; the training column order."""
+import inspect
+
 import mindspore as ms
 import numpy as np
 import pytest
 
-from mindvl.train.losses import GroupContrastiveLoss, LMLoss
+from mindvl.data.packing import PACK_COLUMNS
+from mindvl.train.losses import TRAIN_COLUMNS, GroupContrastiveLoss, LMLoss, MultimodalLoss
 from mindvl.train.schedule import warmup_cosine
 
 
@@ -49,6 +52,13 @@ def test_lm_loss_ignores_padding_targets():
     logp = _log_softmax(logits.reshape(6, 5)).reshape(2, 3, 5)
     want = -np.mean([logp[0, 0, 3], logp[0, 1, 2], logp[1, 0, 4]])
     assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_train_columns_name_the_loss_arguments_in_order_ending_with_the_packing_columns():
+    arguments = list(inspect.signature(MultimodalLoss.construct).parameters)[1:]  # after self
+    assert list(TRAIN_COLUMNS) == arguments
+    assert TRAIN_COLUMNS[-len(PACK_COLUMNS):] == PACK_COLUMNS
+    assert "use_text" not in TRAIN_COLUMNS and "use_audio" not in TRAIN_COLUMNS  # the packer applies them
 
 
 def test_warmup_cosine_rises_then_decays_to_min():
