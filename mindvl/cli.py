@@ -27,7 +27,7 @@ def _data_build(args) -> None:
 
 def _train(args) -> None:
     from mindvl.train import train
-    result = train(load_config(args.config, args.overrides))
+    result = train(load_config(args.config, args.overrides), resume=args.resume)
     print(json.dumps(asdict(result), indent=2))
 
 
@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train a recipe")
     _add_config_args(train)
+    train.add_argument("--resume", metavar="CKPT|RUN|auto",
+                       help="continue from a checkpoint (step_* folder), a run's latest one, or 'auto': the "
+                            "latest in train.output_dir if any (same samples as an uninterrupted run)")
     train.set_defaults(func=_train)
 
     for name, func, text in (("eval", _eval, "evaluate a trained run"),

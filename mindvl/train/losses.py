@@ -8,12 +8,9 @@ model for matching an image to a correct but duplicated caption.
 import mindspore as ms
 from mindspore import nn, ops
 
+from mindvl.data.loader import TRAIN_COLUMNS  # MultimodalLoss.construct takes these, in this order
+
 LOSS_NAMES = ("contrastive", "answer", "lm")
-# The loader's training columns, in the order MultimodalLoss.construct takes them; the last five are
-# mindvl.data.packing.PACK_COLUMNS (use_text / use_audio live in the packed layout, not in the graph).
-TRAIN_COLUMNS = ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "caption_ids", "caption_mask",
-                 "answer", "answer_tokens", "question_group", "caption_group", "pack_index", "pack_segment",
-                 "pack_answer", "cls_index", "answer_index")
 
 
 class GroupContrastiveLoss(nn.Cell):

@@ -1,5 +1,6 @@
 """The Trainer: wires config, data, model, objectives and optimizer into a compiled training loop."""
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -12,13 +13,17 @@ from tqdm import tqdm
 
 from mindvl.cells import create_model
 from mindvl.config import Config, ConfigError
-from mindvl.data import create_dataset, load_tokenizer
-from mindvl.train.checkpoint import save_checkpoint
+from mindvl.data import load_tokenizer
+from mindvl.data.loader import TRAIN_COLUMNS, TrainStream
+from mindvl.data.packing import PackingStats
+from mindvl.train.checkpoint import (CheckpointError, STATE_FILE, latest_checkpoint, load_model_weights,
+                                     load_optimizer_state, save_checkpoint)
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss
 from mindvl.train.optim import create_optimizer
 from mindvl.train.step import TrainStep
 
 CONFIG_FILE = "config.json"
+logger = logging.getLogger("mindvl.train")
 
 
 @dataclass
@@ -33,6 +38,8 @@ class TrainResult:
     first_losses: Dict[str, float] = field(default_factory=dict)  # mean over the first log window
     final_losses: Dict[str, float] = field(default_factory=dict)  # mean over the last log window
     nonfinite_steps: int = 0  # steps whose loss was NaN/inf (left out of the logged means)
+    start_step: int = 0  # > 0 when the run resumed from a checkpoint
+    packing: Dict[str, object] = field(default_factory=dict)  # fill statistics over the whole run
 
 
 def bind_vocab(cfg: Config, vocab: int) -> Config:
@@ -45,35 +52,62 @@ def bind_vocab(cfg: Config, vocab: int) -> Config:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, progress: bool = True):
+    """`resume`: a checkpoint folder, a run folder (its latest checkpoint) or "auto" (the latest in
+    train.output_dir, or a fresh start when there is none). Model, optimizer, step and the data
+    position are restored, so the run continues with exactly the batches it would have seen."""
+
+    def __init__(self, cfg: Config, progress: bool = True, resume: Optional[str] = None):
         ms.set_context(mode=ms.GRAPH_MODE)
         ms.set_seed(cfg.train.seed)
         tokenizer = load_tokenizer(cfg.data.root)
         self.cfg = bind_vocab(cfg, tokenizer.vocab_size)
         self.progress = progress
         self.output_dir = Path(cfg.train.output_dir)
-        self.dataset = create_dataset(cfg, "train")
-        self.steps_per_epoch = self.dataset.get_dataset_size()
-        if self.steps_per_epoch == 0:
-            raise ConfigError(f"data.batch_size: {cfg.data.batch_size} is larger than the training set in "
-                              f"{cfg.data.root}; lower it or build more data")
+        self.stream = TrainStream(cfg)
+        self.steps_per_epoch = self.stream.steps_per_epoch
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.model = create_model(cfg.model, cfg.preprocess)
         self.optimizer = create_optimizer(self.model, cfg.train, self.total_steps)
         self.loss_net = MultimodalLoss(self.model, cfg.train.loss_weights, tokenizer.pad_id)
         self.train_step = TrainStep(self.loss_net, self.optimizer, cfg.train.grad_clip)
+        self.start_step = 0
+        checkpoint = self._resume_point(resume)
+        if checkpoint is not None:
+            self._restore(checkpoint)
+
+    def _resume_point(self, resume: Optional[str]) -> Optional[Path]:
+        if not resume:
+            return None
+        if resume == "auto":
+            return latest_checkpoint(self.output_dir / "checkpoints")
+        path = Path(resume)
+        found = path if (path / STATE_FILE).is_file() else (
+            latest_checkpoint(path) or latest_checkpoint(path / "checkpoints"))
+        if found is None:
+            raise CheckpointError(f"--resume {resume}: no checkpoint there; pass a step_* folder, a run folder "
+                                  f"or 'auto'")
+        return found
+
+    def _restore(self, checkpoint: Path) -> None:
+        state = load_model_weights(self.model, checkpoint)
+        load_optimizer_state(self.model, self.optimizer, checkpoint)
+        if "data" not in state:
+            raise CheckpointError(f"{checkpoint}: its train state has no data position, so the run cannot "
+                                  f"continue on the same samples; start a fresh run")
+        self.stream.load_state(state["data"])
+        self.start_step = int(state["step"])
+        if self.start_step >= self.total_steps:
+            raise CheckpointError(f"{checkpoint}: already at step {self.start_step} of {self.total_steps}; "
+                                  f"raise train.max_steps or train.epochs to continue")
 
     def _batches(self):
-        """(step, batch) for total_steps steps; the iterator ends each epoch and is re-entered for the next."""
-        epochs = -(-self.total_steps // self.steps_per_epoch)
-        iterator = self.dataset.create_tuple_iterator(num_epochs=epochs)
-        step = 0
-        for _ in range(epochs):
-            for batch in iterator:
-                if step == self.total_steps:
-                    return
-                yield step, batch
-                step += 1
+        """(step, sample ids, batch) from start_step to total_steps."""
+        step = self.start_step
+        for sample_ids, batch in self.stream:
+            yield step, sample_ids, batch
+            step += 1
+            if step == self.total_steps:  # stop before the stream reads a batch no step will use
+                return
 
     def fit(self) -> TrainResult:
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -86,14 +120,23 @@ class Trainer:
         compile_seconds = 0.0
         nonfinite = 0
         self.train_step.set_train(True)
-        bar = tqdm(total=self.total_steps, desc="train", unit="step", disable=not self.progress)
+        bar = tqdm(total=self.total_steps, initial=self.start_step, desc="train", unit="step",
+                   disable=not self.progress)
         train_start = time.perf_counter()
         checkpoint = None
-        for step, batch in self._batches():
+        packing = self.cfg.data.packing
+        run_packing, window_packing = PackingStats(), PackingStats()
+        for step, _, batch in self._batches():
             start = time.perf_counter()
             loss, parts = self.train_step(*batch)
             values = np.concatenate([[loss.asnumpy()], parts.asnumpy()])
-            if step == 0:
+            segments = batch[TRAIN_COLUMNS.index("pack_segment")].asnumpy()
+            run_packing.add(segments, batch_size)
+            window_packing.add(segments, batch_size)
+            if (step + 1) % packing.log_every == 0:
+                self._log_packing(writer, bar, window_packing.summary(), step + 1)
+                window_packing.reset()
+            if step == self.start_step:
                 compile_seconds = time.perf_counter() - start
                 train_start = time.perf_counter()
             if np.all(np.isfinite(values)):
@@ -106,7 +149,8 @@ class Trainer:
                 first_losses = first_losses or losses
                 window = []
                 elapsed = time.perf_counter() - train_start
-                rate = step * batch_size / elapsed if step else 0.0
+                done = step - self.start_step
+                rate = done * batch_size / elapsed if done else 0.0
                 bar.set_postfix(loss=f"{losses['loss']:.3f}", samples_s=f"{rate:.0f}")
                 for name, value in losses.items():
                     writer.add_scalar(f"train/{name}", value, step + 1)
@@ -114,22 +158,35 @@ class Trainer:
             if (step + 1) % self.cfg.train.checkpoint_every == 0 or step + 1 == self.total_steps:
                 checkpoint = save_checkpoint(self.output_dir / "checkpoints", step + 1, self.model,
                                              self.optimizer, {"samples": (step + 1) * batch_size,
-                                                              "losses": losses})
+                                                              "losses": losses, "data": self.stream.state()})
         bar.close()
         writer.close()
         train_seconds = time.perf_counter() - train_start
-        later_steps = max(self.total_steps - 1, 1)
+        later_steps = max(self.total_steps - self.start_step - 1, 1)
         return TrainResult(
             output_dir=str(self.output_dir), checkpoint=str(checkpoint), steps=self.total_steps,
             samples=self.total_steps * batch_size, compile_seconds=round(compile_seconds, 2),
             train_seconds=round(train_seconds, 2),
             samples_per_second=round(later_steps * batch_size / max(train_seconds, 1e-9), 1),
-            first_losses=first_losses, final_losses=losses, nonfinite_steps=nonfinite)
+            first_losses=first_losses, final_losses=losses, nonfinite_steps=nonfinite,
+            start_step=self.start_step, packing=run_packing.summary())
+
+    def _log_packing(self, writer, bar, summary: Dict, step: int) -> None:
+        """Packing is never silently off: its fill and bucket use go to the log and TensorBoard."""
+        writer.add_scalar("data/packing_fill", summary["fill"], step)
+        writer.add_scalar("data/samples_per_row", summary["samples_per_row"], step)
+        message = (f"step {step}: packing fill {summary['fill']:.1%}, {summary['samples_per_row']:.2f} samples/row, "
+                   f"row buckets used {summary['row_buckets']}")
+        if self.progress:
+            bar.write(message)
+        else:
+            logger.info(message)
 
 
-def train(cfg: Config, progress: bool = True) -> TrainResult:
-    """Python API: train `cfg` and return the result; the run folder holds config, checkpoints, logs."""
-    result = Trainer(cfg, progress).fit()
+def train(cfg: Config, progress: bool = True, resume: Optional[str] = None) -> TrainResult:
+    """Python API: train `cfg` and return the result; the run folder holds config, checkpoints, logs.
+    `resume`: see `Trainer`."""
+    result = Trainer(cfg, progress, resume).fit()
     (Path(result.output_dir) / "train_result.json").write_text(json.dumps(asdict(result), indent=2))
     return result
 
