@@ -74,7 +74,7 @@ def test_test_split_is_deterministic_and_train_audio_changes_between_epochs(smal
               for e in (0, 1)]
     np.testing.assert_array_equal(epochs[0]["question_group"], epochs[1]["question_group"])
     changed = np.any(epochs[0]["audio_mel"] != epochs[1]["audio_mel"], axis=(1, 2))
-    assert changed.mean() > 0.5  # another voice, speed or both
+    assert changed.mean() > 0.2  # two training voices: about half the rows hear the other one
     assert np.any(epochs[0]["image"] != epochs[1]["image"], axis=(1, 2, 3)).mean() > 0.5  # augmentation
 
 
