@@ -1,0 +1,21 @@
+"""Run by tests/data/test_msrun_shards.py under msrun: each rank records the sample ids it reads."""
+import json
+import sys
+
+import mindspore as ms
+from mindspore.communication import get_rank, init
+
+from mindvl.config import load_config
+from mindvl.data.loader import TrainStream
+
+root, out = sys.argv[1], sys.argv[2]
+ms.set_context(mode=ms.GRAPH_MODE)
+init()
+stream = TrainStream(load_config("tiny", [f"data.root={root}", "data.batch_size=4", "data.num_workers=1"]))
+ids = []
+for sample_ids, _ in stream:
+    ids.append(sample_ids.tolist())
+    if len(ids) == stream.steps_per_epoch:
+        break
+with open(f"{out}/rank_{get_rank()}.json", "w") as handle:
+    json.dump({"shard": [stream.shard_id, stream.num_shards], "ids": ids}, handle)
