@@ -112,10 +112,67 @@ class ModelConfig:
 
 @dataclass
 class CleaningConfig:
-    """Thresholds of `mindvl data build`'s cleaning passes (data.cleaning); see mindvl/data/cleaning.py."""
+    """Thresholds of `mindvl data build`'s cleaning passes (data.cleaning); see mindvl/data/cleaning.py.
+
+    The defaults are calibrated on the full easy-VQA set (flat shapes on pale backgrounds), where they drop
+    only true near-copies; photo data sets want a higher `min_sharpness` (~100). Every check is off at 0
+    (or -1 where 0 is a meaningful value), except decode errors and non-finite audio, which are always dropped.
+    """
+
+    # images
+    exact_duplicates: bool = True  # merge images whose decoded RGB pixels are identical (sha256)
+    hash: str = "phash"  # 64-bit perceptual hash for near-duplicates: "phash" (DCT) or "dhash" (gradient)
+    max_hash_distance: int = 4  # near-duplicate candidates: Hamming distance <= this; -1 turns near-dups off
+    max_pixel_difference: float = 32.0  # ...confirmed when no 16x16 RGB thumbnail pixel differs by more (0..255)
+    cross_split_duplicates: bool = True  # drop train images that (near-)duplicate a test image
+    min_sharpness: float = 10.0  # variance of the Laplacian, max over R, G, B (0..255 scale); 0 off
+    min_entropy: float = 0.05  # bits of the image's colour histogram (a blank image has 0); 0 off
+    # audio (user clips and synthesised ones)
+    min_audio_seconds: float = 0.3
+    silence_dbfs: float = -50.0  # a clip whose RMS level is below this is silent
+    max_clipped_fraction: float = 0.01  # fraction of samples at full scale (|x| >= 0.999)
+    # text (questions, answers, captions)
+    min_words: int = 2  # questions with fewer words are dropped (captions need 1, answers 1)
+    # the characters a text may hold after NFKC and lower-casing (whitespace is always fine)
+    alphabet: str = ("abcdefghijklmnopqrstuvwxyz0123456789" "àáâãäåæçèéêëìíîïñòóôõöøùúûüýÿœß"
+                     ".,;:!?'\"()[]-/&%+#@$*=<>_")
+    unknown_chars: str = "unk"  # characters outside `alphabet`: "unk" maps their words to [UNK], "drop" drops
+    max_unknown_fraction: float = 0.1  # ...and with "unk", a text with a larger fraction of them is dropped
+    # image <-> caption alignment, scored by a trained mindvl run
+    align_checkpoint: str = ""  # run folder, checkpoint folder or model.safetensors; "" turns it off
+    align_min_similarity: float = 0.0  # pairs whose cosine similarity is below this are dropped
 
     def validate(self) -> None:
-        pass
+        path = "data.cleaning"
+        _choice(f"{path}.hash", self.hash, ("phash", "dhash"))
+        if not -1 <= self.max_hash_distance <= 64:
+            raise ConfigError(f"{path}.max_hash_distance: expected a Hamming distance in [0, 64] or -1 (off), "
+                              f"got {self.max_hash_distance}")
+        if not 0.0 <= self.max_pixel_difference <= 255.0:
+            raise ConfigError(f"{path}.max_pixel_difference: expected a value in [0, 255], got "
+                              f"{self.max_pixel_difference}")
+        for name, high in (("min_sharpness", None), ("min_entropy", 24.0), ("min_audio_seconds", None)):
+            value = getattr(self, name)
+            if value < 0 or (high is not None and value > high):
+                raise ConfigError(f"{path}.{name}: expected a value >= 0{f' and <= {high}' if high else ''} "
+                                  f"(0 turns the check off), got {value}")
+        if self.silence_dbfs > 0:
+            raise ConfigError(f"{path}.silence_dbfs: expected a level <= 0 dBFS (for example -50), "
+                              f"got {self.silence_dbfs}")
+        for name in ("max_clipped_fraction", "max_unknown_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{path}.{name}: expected a fraction in [0, 1], got {getattr(self, name)}")
+        if self.min_words < 0:
+            raise ConfigError(f"{path}.min_words: expected >= 0, got {self.min_words}")
+        if not self.alphabet.strip():
+            raise ConfigError(f"{path}.alphabet: expected the characters a text may hold, got an empty string")
+        if self.alphabet != self.alphabet.lower():
+            raise ConfigError(f"{path}.alphabet: texts are lower-cased before the check, so upper-case "
+                              f"characters never match; give them in lower case")
+        _choice(f"{path}.unknown_chars", self.unknown_chars, ("unk", "drop"))
+        if not -1.0 <= self.align_min_similarity <= 1.0:
+            raise ConfigError(f"{path}.align_min_similarity: expected a cosine similarity in [-1, 1], "
+                              f"got {self.align_min_similarity}")
 
 
 @dataclass
@@ -182,7 +239,9 @@ class PackingConfig:
 @dataclass
 class DataConfig:
     root: str = "mindvl_data"  # where `mindvl data build` writes and training reads
+    source: str = "easy-vqa"  # "easy-vqa", or a folder in the layout of mindvl/data/userdata.py
     limit: int = 0  # at most this many source images per split (0: all)
+    shards: int = 1  # MindRecord files per split (contiguous sample_id ranges)
     train_voices: List[str] = field(default_factory=lambda: ["en-us", "en-gb", "en-us+f3", "en-gb-scotland+m3"])
     test_voices: List[str] = field(default_factory=lambda: ["en-us+f4", "en-gb-x-rp+m7"])
     speech_rates: List[int] = field(default_factory=lambda: [150, 175])  # words per minute
@@ -196,7 +255,9 @@ class DataConfig:
     packing: PackingConfig = field(default_factory=PackingConfig)
 
     def validate(self) -> None:
-        _positive(self, "data", ["batch_size", "num_workers"])
+        _positive(self, "data", ["batch_size", "num_workers", "shards"])
+        if not self.source.strip():
+            raise ConfigError("data.source: expected \"easy-vqa\" or the path of a data folder, got an empty string")
         if self.limit < 0:
             raise ConfigError(f"data.limit: expected >= 0 (0 means all), got {self.limit}")
         if not self.train_voices or not self.test_voices:

@@ -1,27 +1,43 @@
-"""`mindvl data build`: easy-VQA + synthesised spoken questions -> a cleaned MindRecord data root.
+"""`mindvl data build`: a source + synthesised spoken questions -> a cleaned, sharded MindRecord data root.
 
-The root holds tokenizer.json, meta.json, speech.mindrecord (the clip table), train.mindrecord,
-test.mindrecord (one row per image and question), quarantine/ (source images that failed to decode)
-and report.json (counts, skips by reason, timings, and the settings that produced them).
+Sources (data.source): "easy-vqa" (the PyPI package), or a folder of your own data in the layout of
+mindvl/data/userdata.py (`mindvl data build --from-folder DIR`).
 
-Bad inputs never stop the build; each is counted under a reason in the report:
-  bad_image          source images that are missing or do not decode (copied to quarantine/)
-  no_caption         images whose questions do not name both the shape and the colour
-  caption_conflict   images whose answers contradict each other about shape or colour
-  bad_audio          synthesised clips that are empty, silent or longer than preprocess.max_audio_frames
-  question_too_long  examples whose question exceeds preprocess.max_text_length tokens
-  no_audio           examples whose question has no usable clip in the split's voices
-  unknown_answer     examples whose answer is not one of easy-VQA's 13 answers
-  duplicate          repeated (image_id, question) examples
-Image reasons count images, bad_audio counts clips, the others count examples.
+A root holds
+  tokenizer.json            the word tokenizer over the kept questions, answers and captions
+  meta.json                 answers, questions, captions (ids index these), voices, preprocess, counts,
+                            "tables": every split's MindRecord files in row order (records.table_files)
+  train*.mindrecord(.db)    data.shards files per split, one row per (image, question): records.EXAMPLE_SCHEMA
+  test*.mindrecord(.db)
+  speech.mindrecord(.db)    one row per spoken question clip: records.SPEECH_SCHEMA
+  quarantine.jsonl          one line per dropped item: split, unit, source, reason, value, threshold
+  quarantine/               copies of corrupt source files
+  card.json                 the dataset card: counts, sources and licences, sha256 of every file, cleaning
+                            thresholds, mindvl version, build seconds
+  report.json               the BuildReport (counts, drops by reason and split, timings, settings)
 
-The build writes into a temporary sibling folder and renames it into place at the end, so an
-interrupted build never leaves a root that looks complete. A complete root built with the same settings
-is reused unless `force=True`.
+Stages: 1 texts are normalised and checked (cleaning.clean_text); 2 every image is decoded and measured,
+captioned, deduplicated (a duplicate's questions move to the image it copies) and, with
+data.cleaning.align_checkpoint, scored against its caption; 3 clips: user recordings are checked, every
+question still without one is synthesised in the split's voices, and every clip is checked as the loader
+will read it; 4 rows whose question has no clip are dropped and the rest are written in shards. Nothing a
+source holds stops a build: each bad item is dropped with a reason (cleaning.REASONS).
+
+Resumable: the build works in `.<root>.partial` next to the root. The speech table and every example shard
+is a unit with a done marker (its plan's digest and its files' sha256); a re-run with the same settings
+after an interruption re-plans (cheap), skips every unit whose marker still matches, writes the rest,
+and gives exactly the files an uninterrupted build gives. The finished folder is renamed into place, so a
+root that looks complete is complete; a complete root built with the same settings is reused unless
+`force=True` (which also discards a partial build).
+
+Deterministic: the same source, settings and code give byte-identical MindRecord files (and tokenizer,
+meta and quarantine). MindRecord stores no timestamps or absolute paths; its header and .db name the file's
+base name only, so shards are written under their final names.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -30,19 +46,27 @@ from collections import Counter, defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
+import numpy as np
 from tqdm import tqdm
 
+import mindvl
 from mindvl import preprocess as P
-from mindvl.config import Config, ConfigError
-from mindvl.data import easyvqa, records, speech
+from mindvl.config import CleaningConfig, Config, ConfigError
+from mindvl.data import cleaning, easyvqa, records, speech, userdata
+from mindvl.data.cleaning import Drop, Quarantine
+from mindvl.data.source import SPLITS, Source, SourceSplit
 
-FORMAT_VERSION = 1
-DATA_FILES = ("tokenizer.json", "meta.json", "speech.mindrecord", "speech.mindrecord.db", "train.mindrecord",
-              "train.mindrecord.db", "test.mindrecord", "test.mindrecord.db", "report.json")
-SKIP_REASONS = ("bad_image", "no_caption", "caption_conflict", "bad_audio", "question_too_long", "no_audio",
-                "unknown_answer", "duplicate")
+FORMAT_VERSION = 2
+# files every complete root holds; the split tables are listed in meta.json "tables" (see is_complete)
+DATA_FILES = ("tokenizer.json", "meta.json", "card.json", "report.json", "quarantine.jsonl",
+              "speech.mindrecord", "speech.mindrecord.db")
+SKIP_REASONS = tuple(cleaning.REASONS)
+USER_VOICE = "user"
+ESPEAK_LICENCE = {"name": "espeak-ng voices (espeakng-loader)", "license": "GPL-3.0-or-later",
+                  "url": "https://github.com/espeak-ng/espeak-ng", "content": "synthesised spoken questions"}
+_PARTIAL_STATE = (".done", ".lock", ".settings.json")  # bookkeeping of a partial build, removed at the end
 
 
 @dataclass
@@ -52,11 +76,14 @@ class BuildReport:
     root: str
     settings: Dict = field(default_factory=dict)
     counts: Dict[str, Dict[str, int]] = field(default_factory=dict)  # split -> {"images", "examples", ...}
-    skips: Dict[str, int] = field(default_factory=dict)  # reason -> count (see the module docstring)
-    skips_by_split: Dict[str, Dict[str, int]] = field(default_factory=dict)
+    skips: Dict[str, int] = field(default_factory=dict)  # reason -> items dropped (units: cleaning.REASONS)
+    skips_by_split: Dict[str, Dict[str, int]] = field(default_factory=dict)  # split -> reason -> count (non-zero)
     voices: Dict[str, List[str]] = field(default_factory=dict)  # split -> voices used
     rates: Dict[str, List[int]] = field(default_factory=dict)  # split -> speech rates used (words/minute)
-    quarantined: List[str] = field(default_factory=list)
+    quarantined: List[str] = field(default_factory=list)  # copies under quarantine/
+    resampled: List[Dict] = field(default_factory=list)  # user clips at another rate: split, source, from, to
+    alignment: Dict[str, Any] = field(default_factory=dict)  # scorer, threshold, score quantiles, dropped
+    resumed: List[str] = field(default_factory=list)  # units reused from an interrupted build
     seconds: Dict[str, float] = field(default_factory=dict)  # stage -> wall seconds, and "total"
     already_built: bool = False
 
@@ -69,37 +96,78 @@ class BuildReport:
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def summary(self) -> str:
-        lines = [f"data root {self.root}" + (" (already built)" if self.already_built else "")]
-        for split in easyvqa.SPLITS:
-            c = self.counts.get(split, {})
-            lines.append(f"  {split}: {c.get('examples', 0)} examples from {c.get('images_used', 0)}/"
-                         f"{c.get('images', 0)} images, {c.get('questions', 0)} questions, "
-                         f"voices {self.voices.get(split)} at {self.rates.get(split)} wpm")
-        lines.append(f"  speech clips: {self.counts.get('speech', {}).get('clips', 0)}")
-        skipped = {k: v for k, v in self.skips.items() if v}
-        lines.append(f"  skipped: {skipped or 'nothing'}")
-        if self.seconds:
-            lines.append(f"  seconds: {self.seconds}")
+        """A table of what each split kept and dropped (by reason, with the unit each reason counts)."""
+        head = f"data root {self.root}" + (" (already built)" if self.already_built else "")
+        if self.seconds.get("total"):
+            head += f", built in {self.seconds['total']:.1f} s"
+        rows: List[Tuple[str, List[Any]]] = []
+
+        def row(label: str, key: str) -> None:
+            rows.append((label, [self.counts.get(split, {}).get(key, 0) for split in SPLITS]))
+
+        row("source images", "images")
+        row("source examples", "source_examples")
+        row("kept images", "images_used")
+        row("kept examples", "examples")
+        row("kept questions", "questions")
+        row("kept captions", "captions")
+        row("kept clips", "clips")
+        row("shards", "shards")
+        dropped = [reason for reason in SKIP_REASONS if self.skips.get(reason)]
+        if dropped:
+            rows.append(("dropped:", []))
+            for reason in dropped:
+                rows.append((f"  {reason} ({cleaning.REASONS[reason][0]}s)",
+                             [self.skips_by_split.get(split, {}).get(reason, 0) for split in SPLITS]))
+        width = max(len(label) for label, _ in rows)
+        lines = [head, f"  {'':{width}}" + "".join(f"{split:>10}" for split in SPLITS)]
+        lines += [(f"  {label:{width}}" + "".join(f"{v:>10}" for v in values)).rstrip() for label, values in rows]
+        if not dropped:
+            lines.append("  dropped: nothing")
+        lines.append(f"  voices: train {self.voices.get('train')} at {self.rates.get('train')} wpm, "
+                     f"test {self.voices.get('test')} at {self.rates.get('test')} wpm")
+        if self.resampled:
+            rates = sorted({r["from"] for r in self.resampled})
+            lines.append(f"  resampled {len(self.resampled)} user clip(s) from {rates} Hz")
+        if self.alignment:
+            lines.append(f"  alignment: {self.alignment}")
+        if self.resumed:
+            lines.append(f"  resumed: reused {len(self.resumed)} finished unit(s) of an interrupted build")
+        dropped_total = sum(self.skips.values())
+        lines.append(f"  quarantine.jsonl: {dropped_total} record(s)"
+                     + (f"; {len(self.quarantined)} file(s) copied to quarantine/" if self.quarantined else ""))
         return "\n".join(lines)
 
 
-def build_settings(cfg: Config, limit: int) -> Dict:
-    """Everything that determines a build's content; a root is reused only if these match."""
+# ----------------------------------------------------------------------------- entry point
+
+def build_settings(cfg: Config, limit: int, source: Source) -> Dict:
+    """Everything that determines a build's content; a root (or a partial build) is reused only if these match."""
     return {
         "format": FORMAT_VERSION,
-        "source": "easy-vqa",
+        "source": source.name,
+        "source_fingerprint": source.fingerprint,
         "limit": int(limit),
+        "shards": int(cfg.data.shards),
         "train_voices": list(cfg.data.train_voices),
         "test_voices": list(cfg.data.test_voices),
         "speech_rates": [int(r) for r in cfg.data.speech_rates],
         "preprocess": P.preprocess_dict(cfg.preprocess),
+        "cleaning": dataclasses.asdict(cfg.data.cleaning),
     }
 
 
 def is_complete(root: Union[str, Path]) -> bool:
-    """True when `root` holds every file a finished build writes."""
+    """True when `root` holds every file a finished build writes (DATA_FILES and every table in meta.json)."""
     root = Path(root)
-    return all((root / name).is_file() for name in DATA_FILES)
+    if not all((root / name).is_file() for name in DATA_FILES):
+        return False
+    try:
+        tables = json.loads((root / "meta.json").read_text())["tables"]
+        names = [name for split in SPLITS for name in tables[split]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return all((root / name).is_file() and (root / f"{name}.db").is_file() for name in names)
 
 
 def read_report(root: Union[str, Path]) -> Optional[BuildReport]:
@@ -116,19 +184,29 @@ def rates_for_test_voices(rates: List[int]) -> List[int]:
     return [ordered[len(ordered) // 2]]
 
 
+def load_source(cfg: Config, limit: int) -> Source:
+    """The source data.source names: "easy-vqa" or a user folder."""
+    if cfg.data.source == "easy-vqa":
+        return easyvqa.load_source(limit)
+    return userdata.load_source(cfg.data.source, limit)
+
+
 def build_dataset(cfg: Config, root: Union[str, Path, None] = None, limit: Optional[int] = None,
                   progress: bool = True, force: bool = False) -> BuildReport:
-    """Build the data root `root` (default cfg.data.root) from easy-VQA; see the module docstring.
+    """Build the data root `root` (default cfg.data.root) from cfg.data.source; see the module docstring.
 
     `limit`: at most this many source images per split (default cfg.data.limit; 0: all), keeping every
-    question of the kept images.
+    question of the kept images. Raises ConfigError for settings a user must fix (unknown voice, a root
+    that is not a data set, a missing source folder, an unloadable alignment checkpoint), never for data.
     """
     started = time.perf_counter()
     root = Path(root if root is not None else cfg.data.root)
     limit = cfg.data.limit if limit is None else int(limit)
     if limit < 0:
         raise ConfigError(f"data.limit: expected >= 0 (0 means all), got {limit}")
-    settings = build_settings(cfg, limit)
+    source = load_source(cfg, limit)
+    source_seconds = round(time.perf_counter() - started, 2)
+    settings = build_settings(cfg, limit, source)
     if not force and is_complete(root):
         previous = read_report(root)
         if previous is not None and previous.settings == settings:
@@ -139,75 +217,127 @@ def build_dataset(cfg: Config, root: Union[str, Path, None] = None, limit: Optio
     _check_replaceable(root)
 
     root.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(root)
-    work = root.parent / f".{root.name}.partial-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
+    work = _open_partial(root, settings, force)
     try:
-        report = _build_into(work, cfg, settings, limit, progress)
-        report.root = str(root)
+        report = BuildReport(root=str(root), settings=settings)
+        report.seconds["sources"] = source_seconds
+        _build_into(work, cfg, source, report, progress)
         report.seconds["total"] = round(time.perf_counter() - started, 2)
         (work / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
+        _write_card(work, cfg, source, report)
+        for name in _PARTIAL_STATE:
+            _remove(work / name)
         _swap_into_place(work, root)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+    finally:
+        _remove(work / ".lock")  # an interrupted build keeps its finished units for the next run
     return report
 
 
 # ----------------------------------------------------------------------------- the build proper
 
-def _build_into(work: Path, cfg: Config, settings: Dict, limit: int, progress: bool) -> BuildReport:
-    pre = cfg.preprocess
-    report = BuildReport(root=str(work), settings=settings)
-    skips = {split: Counter() for split in (*easyvqa.SPLITS, "speech")}
+@dataclass
+class _Row:
+    """One (image, question) example on its way to a table."""
 
-    # 1. sources, vocabulary and ids (question and answer ids do not depend on `limit`)
-    with _stage(report.seconds, "sources"):
-        answers = easyvqa.answers()
-        sources = {split: easyvqa.load_split(split, limit) for split in easyvqa.SPLITS}
-        texts = easyvqa.all_texts()
-        questions = easyvqa.all_questions()
-        captions_of = {split: _captions(src, skips[split]) for split, src in sources.items()}
-        captions = sorted({c for per_split in captions_of.values() for c in per_split.values()})
-        tokenizer = P.build_word_tokenizer([*texts, *captions])
-        tokenizer.save(work / "tokenizer.json")
-        too_long = _too_long(tokenizer, questions, pre.max_text_length)
+    image_id: int
+    question: str  # cleaned
+    answer: str  # cleaned
+    caption: Optional[str]  # cleaned, given by the source; None: the image's caption
+    audio: Optional[str]  # a user recording of the question
+    ref: str  # where it came from
 
-    # 2. speech: every question an example will use, in every voice and rate of its split
+
+@dataclass
+class _Image:
+    image_id: int
+    ref: str
+    data: bytes
+    sha256: str  # of the encoded bytes (plan digests)
+    facts: cleaning.ImageFacts
+    rows: List[_Row]
+    caption: Optional[str] = None  # the image's caption (given or derived)
+
+
+def _build_into(work: Path, cfg: Config, source: Source, report: BuildReport, progress: bool) -> None:
+    pre, clean = cfg.preprocess, cfg.data.cleaning
+    quarantine = Quarantine()
+    quarantine.extend(source.drops)
+
+    # 1. texts: every question, answer and caption is normalised and checked once
+    with _stage(report.seconds, "text"):
+        texts = _TextCleaner(pre, clean)
+        answers = _answer_list(source, texts)
+        questions = sorted({q for q in (texts.get(x, "question") for x in source.questions) if q})
+        rows = {split: _rows(src, texts, set(answers), quarantine) for split, src in source.splits.items()}
+
+    # 2. images: decode and measure, caption, deduplicate (test first: it is the reference), align
+    with _stage(report.seconds, "images"):
+        images: Dict[str, Dict[int, _Image]] = {}
+        for split in ("test", "train"):
+            src = source.splits[split]
+            images[split] = _inspect_images(work, src, rows[split], pre, clean, quarantine, progress)
+        _deduplicate(images, clean, quarantine, near=False)
+        for split in ("test", "train"):
+            _caption_images(split, images[split], texts, quarantine)
+        _deduplicate(images, clean, quarantine, near=True)
+    if clean.align_checkpoint:
+        with _stage(report.seconds, "alignment"):
+            _align(images, clean, report, quarantine)
+
+    # 3. clips: user recordings, then espeak-ng for every used question still without a clip
     with _stage(report.seconds, "speech"):
-        used = {split: {q for q in src.questions if q not in too_long} for split, src in sources.items()}
-        jobs = _speech_jobs(cfg, questions, used)
-        clip_rows, bad_audio = _synthesize(jobs, questions, pre, progress)
-        skips["speech"]["bad_audio"] += bad_audio
-        records.write_table(work / "speech.mindrecord", records.SPEECH_SCHEMA, clip_rows, "spoken questions")
-        has_clip = {split: {r["question_id"] for r in clip_rows if r["split"] == split} for split in easyvqa.SPLITS}
+        question_ids = {q: i for i, q in enumerate(questions)}
+        final = {split: _final_rows(images[split], quarantine, split) for split in SPLITS}
+        clips = _speech_unit(work, cfg, final, question_ids, quarantine, report, progress)
 
-    # 3. examples: decode every image, drop what cannot be used, write one table per split
+    # 4. examples: rows whose question has no clip are dropped, the rest go into shards
+    kept: Dict[str, List[Tuple[_Image, _Row]]] = {}
+    for split in SPLITS:
+        spoken = {qid for qid, _, _, clip_split in clips if clip_split == split}
+        kept[split] = []
+        for image, row in final[split]:
+            if question_ids[row.question] in spoken:
+                kept[split].append((image, row))
+            else:
+                quarantine.add(split, row.ref, "no_audio", note=f"question {row.question!r}")
+    captions = sorted({row.caption for split in SPLITS for _, row in kept[split]})
+    caption_ids = {c: i for i, c in enumerate(captions)}
+    answer_ids = {a: i for i, a in enumerate(answers)}
+    tables: Dict[str, List[str]] = {}
     counts: Dict[str, Dict[str, int]] = {}
-    for split, src in sources.items():
+    for split in SPLITS:
+        table = kept[split]
         with _stage(report.seconds, f"write_{split}"):
-            used_questions: set = set()  # filled while the rows stream into the writer
-            rows, images_used = _examples(
-                work, src, captions_of[split], captions, questions, answers, too_long, has_clip[split], pre,
-                skips[split], report.quarantined, used_questions, progress)
-            written = records.write_table(work / f"{split}.mindrecord", records.EXAMPLE_SCHEMA, rows,
-                                          f"easy-VQA {split}")
-        counts[split] = {"images": len(src.image_paths), "images_used": images_used, "examples": written,
-                         "questions": len(used_questions),
-                         "captions": len(set(captions_of[split].values()))}
-    counts["speech"] = {"clips": len(clip_rows),
-                        **{f"{split}_clips": sum(r["split"] == split for r in clip_rows) for split in easyvqa.SPLITS}}
+            tables[split] = _write_shards(work, split, table, cfg.data.shards, question_ids, caption_ids,
+                                          answer_ids, report, progress)
+        counts[split] = {
+            "images": len(source.splits[split].image_paths),
+            "source_examples": len(source.splits[split].questions),
+            "images_used": len({image.image_id for image, _ in table}),
+            "examples": len(table),
+            "questions": len({row.question for _, row in table}),
+            "captions": len({row.caption for _, row in table}),
+            "clips": sum(clip_split == split for *_, clip_split in clips),
+            "shards": len(tables[split]),
+        }
+    counts["speech"] = {"clips": len(clips), **{f"{split}_clips": counts[split]["clips"] for split in SPLITS},
+                        "user_clips": sum(voice == USER_VOICE for _, voice, _, _ in clips)}
 
+    by_split = quarantine.counts()
     report.counts = counts
-    report.skips = {reason: sum(s[reason] for s in skips.values()) for reason in SKIP_REASONS}
-    report.skips_by_split = {split: {k: v for k, v in s.items() if v} for split, s in skips.items()}
+    report.skips = {reason: sum(c[reason] for c in by_split.values()) for reason in SKIP_REASONS}
+    report.skips_by_split = {split: {r: n for r, n in by_split.get(split, Counter()).items() if n} for split in SPLITS}
     report.voices = {"train": list(cfg.data.train_voices), "test": list(cfg.data.test_voices)}
     report.rates = {"train": sorted(int(r) for r in cfg.data.speech_rates),
                     "test": rates_for_test_voices(cfg.data.speech_rates)}
+    report.quarantined = sorted({d.copy for d in quarantine.drops if d.copy})
 
+    tokenizer = P.build_word_tokenizer([cleaning.vocabulary_text(t) for t in [*questions, *answers, *captions]])
+    tokenizer.save(work / "tokenizer.json")
+    quarantine.write(work / "quarantine.jsonl")
     meta = {
         "format": FORMAT_VERSION,
+        "source": source.name,
         "answers": answers,
         "questions": questions,
         "captions": captions,
@@ -215,125 +345,410 @@ def _build_into(work: Path, cfg: Config, settings: Dict, limit: int, progress: b
         "test_voices": report.voices["test"],
         "speech_rates": [int(r) for r in cfg.data.speech_rates],
         "test_speech_rates": report.rates["test"],
+        "user_voice": USER_VOICE,
         "preprocess": P.preprocess_dict(pre),
         "counts": counts,
+        "tables": tables,
     }
-    (work / "meta.json").write_text(json.dumps(meta, indent=2))
-    return report
+    (work / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False))
 
 
-def _captions(src: easyvqa.SourceSplit, skips: Counter) -> Dict[int, str]:
-    """image id -> caption for images whose questions name shape and colour; the rest are counted."""
-    pairs = defaultdict(list)
-    for q, a, image_id in zip(src.questions, src.answers, src.image_ids):
-        pairs[image_id].append((q, a))
-    captions = {}
-    for image_id in sorted(src.image_paths):
-        caption, reason = easyvqa.derive_caption(pairs.get(image_id, []))
-        if caption is None:
-            skips[reason] += 1
-        else:
-            captions[image_id] = caption
-    return captions
+# ----------------------------------------------------------------------------- 1. texts
+
+class _TextCleaner:
+    """Cleans each distinct (text, field) once; remembers every kept text for the tokenizer."""
+
+    def __init__(self, pre, clean: CleaningConfig) -> None:
+        self.limits = {"question": (pre.max_text_length, clean.min_words),
+                       "caption": (pre.max_text_length, 1),
+                       "answer": (pre.max_answer_length, 1)}
+        self.clean = clean
+        self.cache: Dict[Tuple[str, str], cleaning.TextCheck] = {}  # (raw text, field) -> result
+
+    def check(self, text: str, field_name: str) -> cleaning.TextCheck:
+        key = (text, field_name)
+        if key not in self.cache:
+            max_tokens, min_words = self.limits[field_name]
+            self.cache[key] = cleaning.clean_text(text, field_name, max_tokens, min_words, self.clean)
+        return self.cache[key]
+
+    def get(self, text: str, field_name: str) -> Optional[str]:
+        return self.check(text, field_name).text
 
 
-def _too_long(tokenizer: P.TextTokenizer, questions: List[str], max_length: int) -> set:
-    too_long = set()
-    for q in questions:
-        try:
-            tokenizer.encode(q, max_length)
-        except P.InputError:
-            too_long.add(q)
-    return too_long
+def _answer_list(source: Source, texts: _TextCleaner) -> List[str]:
+    """The answer list (answer_id indexes it): the source's answers that pass the checks, in its order."""
+    return list(dict.fromkeys(a for a in (texts.get(x, "answer") for x in source.answers) if a))
 
 
-def _speech_jobs(cfg: Config, questions: List[str], used: Dict[str, set]) -> List[Tuple[int, str, int, str]]:
-    """(question_id, voice, rate, split) for every clip to synthesise, each distinct one once."""
-    jobs = []
-    plan = {"train": (cfg.data.train_voices, sorted(int(r) for r in cfg.data.speech_rates)),
-            "test": (cfg.data.test_voices, rates_for_test_voices(cfg.data.speech_rates))}
-    for split, (voices, rates) in plan.items():
-        for qid in sorted(questions.index(q) for q in used[split]):
-            for voice in voices:
-                for rate in rates:
-                    jobs.append((qid, voice, rate, split))
-    return list(dict.fromkeys(jobs))
-
-
-def _synthesize(jobs, questions: List[str], pre, progress: bool) -> Tuple[List[Dict], int]:
-    rows, bad = [], 0
-    for qid, voice, rate, split in tqdm(jobs, desc="speech", unit="clip", disable=not progress):
-        audio = speech.synthesize(questions[qid], voice, rate, pre.sample_rate)
-        pcm = speech.to_pcm16(audio)
-        try:  # validate exactly what the loader will compute from the stored int16 clip
-            P.pad_mel(P.log_mel(speech.from_pcm16(pcm), pre, name=f"clip {voice}@{rate}"), pre)
-        except P.InputError:
-            bad += 1
+def _rows(src: SourceSplit, texts: _TextCleaner, allowed: Set[str], quarantine: Quarantine) -> Dict[int, List[_Row]]:
+    """image id -> its rows whose texts pass the checks, in source order; the others are dropped."""
+    by_image: Dict[int, List[_Row]] = defaultdict(list)
+    for i, (question, answer, image_id) in enumerate(zip(src.questions, src.answers, src.image_ids)):
+        ref = src.ref(i)
+        q, a = texts.check(question, "question"), texts.check(answer, "answer")
+        failed = q if q.text is None else a if a.text is None else None
+        if failed is not None:
+            quarantine.add(src.name, ref, failed.reason, failed.value, failed.threshold,
+                           note=f"{question!r}" if failed is q else f"answer {answer!r}")
             continue
-        rows.append({"question_id": qid, "voice": voice, "rate": rate, "split": split, "pcm": pcm})
-    return rows, bad
+        if a.text not in allowed:
+            quarantine.add(src.name, ref, "unknown_answer", a.text, note=f"not one of {len(allowed)} answers")
+            continue
+        caption = None
+        given = src.caption(i)
+        if given:
+            c = texts.check(given, "caption")
+            if c.text is None:
+                quarantine.add(src.name, ref, c.reason, c.value, c.threshold, note=f"caption {given!r}")
+            caption = c.text
+        by_image[image_id].append(_Row(image_id, q.text, a.text, caption, src.audio_path(i), ref))
+    return by_image
 
 
-def _examples(work: Path, src: easyvqa.SourceSplit, captions_of: Dict[int, str], captions: List[str],
-              questions: List[str], answers: List[str], too_long: set, has_clip: set, pre, skips: Counter,
-              quarantined: List[str], used_questions: set, progress: bool):
-    """Yield example rows lazily (the writer streams them); returns (row generator, used image count)."""
-    by_image = defaultdict(list)
-    for q, a, image_id in zip(src.questions, src.answers, src.image_ids):
-        by_image[image_id].append((q, a))
-    caption_ids = {c: i for i, c in enumerate(captions)}
-    question_ids = {q: i for i, q in enumerate(questions)}
-    answer_ids = {a: i for i, a in enumerate(answers)}
+# ----------------------------------------------------------------------------- 2. images
 
-    images: Dict[int, bytes] = {}
+def _inspect_images(work: Path, src: SourceSplit, rows: Dict[int, List[_Row]], pre, clean: CleaningConfig,
+                    quarantine: Quarantine, progress: bool) -> Dict[int, _Image]:
+    """Decode and measure every image of the split; unusable ones are dropped (corrupt ones copied)."""
+    kept: Dict[int, _Image] = {}
     for image_id in tqdm(sorted(src.image_paths), desc=f"images {src.name}", unit="img", disable=not progress):
-        path = Path(src.image_paths[image_id])
+        path, ref = Path(src.image_paths[image_id]), src.image_ref(image_id)
         try:
             data = path.read_bytes()
-            P.decode_image(data, pre, name=f"{src.name} image {image_id} ({path})")
-        except (OSError, P.InputError):
-            skips["bad_image"] += 1
-            _quarantine(work, src.name, image_id, path, quarantined)
+        except OSError as exc:
+            quarantine.add(src.name, ref, "image_missing", f"{type(exc).__name__}: {exc.strerror or exc}")
             continue
-        if image_id in captions_of:
-            images[image_id] = data
+        try:
+            facts = cleaning.inspect_image(data, clean.hash, name="image")
+            P.decode_image(data, pre, name="image")  # exactly what the loader will do
+        except P.InputError as exc:
+            copy = _quarantine_copy(work, f"{src.name}_{image_id}{path.suffix or '.bin'}", data)
+            quarantine.add(src.name, ref, "bad_image", str(exc), copy=copy)
+            continue
+        problem = cleaning.image_quality_problem(facts, clean)
+        if problem is not None:
+            quarantine.add(src.name, ref, *problem)
+            continue
+        kept[image_id] = _Image(image_id, ref, data, hashlib.sha256(data).hexdigest(), facts,
+                                list(rows.get(image_id, [])))
+    return kept
 
-    def rows():
-        seen = set()
-        sample_id = 0
-        for image_id in sorted(images):
-            for q, a in by_image.get(image_id, []):
-                key = (image_id, q)
-                if key in seen:
-                    skips["duplicate"] += 1
-                    continue
+
+def _caption_images(split: str, images: Dict[int, _Image], texts: _TextCleaner, quarantine: Quarantine) -> None:
+    """Give every image a caption (its first given one, else derived from its questions); drop the rest."""
+    for image_id in sorted(images):
+        image = images[image_id]
+        given = [row.caption for row in image.rows if row.caption]
+        if given:
+            image.caption = given[0]
+        else:
+            caption, reason = easyvqa.derive_caption([(row.question, row.answer) for row in image.rows])
+            if caption is not None:
+                caption = texts.get(caption, "caption")
+            if caption is None:
+                quarantine.add(split, image.ref, reason or "no_caption", len(image.rows),
+                               note="questions of the image" if image.rows else "the image has no questions")
+                del images[image_id]
+                continue
+            image.caption = caption
+        for row in image.rows:
+            row.caption = row.caption or image.caption
+
+
+def _answers_conflict(a: _Image, b: _Image) -> bool:
+    mine = {row.question: row.answer for row in a.rows}
+    return any(row.question in mine and mine[row.question] != row.answer for row in b.rows)
+
+
+def _deduplicate(images: Dict[str, Dict[int, _Image]], clean: CleaningConfig, quarantine: Quarantine,
+                 near: bool) -> None:
+    """Drop exact (near=False) or near (near=True) duplicate images; within a split the copy's rows move
+    to the image it copies (a repeated question is then dropped as `duplicate` by `_final_rows`).
+
+    The test split goes first and stays the reference: a train image that copies a test image is dropped
+    with its rows (it would leak the test set into training). Exact copies are merged before captioning
+    (they need no caption); near copies only when their captions agree and no shared question has another
+    answer, so two renderings that look alike but mean different things are never merged.
+    """
+    if (near and clean.max_hash_distance < 0) or (not near and not clean.exact_duplicates):
+        return
+    seen: Dict[str, Tuple[str, int]] = {}
+    index = cleaning.HashIndex(max(clean.max_hash_distance, 0))
+    for split in ("test", "train"):
+        for image_id in sorted(images[split]):
+            image = images[split][image_id]
+            match = _near_match(image, images, index, clean) if near else None
+            if not near and image.facts.pixel_sha256 in seen:
+                match = (seen[image.facts.pixel_sha256], "image_duplicate", 0, 0, "identical decoded pixels")
+            if match is not None and (match[0][0] == split or clean.cross_split_duplicates):
+                (other_split, other_id), reason, value, threshold, note = match
+                other = images[other_split][other_id]
+                leak = "" if other_split == split else f" ({other_split} split: dropped with its questions)"
+                quarantine.add(split, image.ref, reason, value, threshold, note=f"{note} as {other.ref}{leak}")
+                if other_split == split:
+                    for row in image.rows:
+                        row.image_id = other.image_id
+                    other.rows.extend(image.rows)
+                del images[split][image_id]
+                continue
+            seen.setdefault(image.facts.pixel_sha256, (split, image_id))
+            index.add((split, image_id), image.facts.hash)
+
+
+def _near_match(image: _Image, images: Dict[str, Dict[int, _Image]], index: cleaning.HashIndex,
+                clean: CleaningConfig):
+    """((split, id), reason, distance, threshold, note) of the closest earlier near-copy, or None."""
+    for (other_split, other_id), distance in sorted(index.query(image.facts.hash), key=lambda m: m[1]):
+        other = images[other_split][other_id]
+        diff = cleaning.thumbnail_difference(image.facts, other.facts)
+        if diff <= clean.max_pixel_difference and other.caption == image.caption \
+                and not _answers_conflict(other, image):
+            return ((other_split, other_id), "image_near_duplicate", distance, clean.max_hash_distance,
+                    f"{clean.hash} distance {distance}, thumbnail difference {diff:.0f}")
+    return None
+
+
+def _align(images: Dict[str, Dict[int, _Image]], clean: CleaningConfig, report: BuildReport,
+           quarantine: Quarantine) -> None:
+    """Score every (image, caption) pair with a trained run; drop the rows of pairs below the threshold."""
+    scorer = cleaning.AlignmentScorer(clean.align_checkpoint)
+    pairs = [(split, image_id, caption) for split in SPLITS for image_id in sorted(images[split])
+             for caption in dict.fromkeys(row.caption for row in images[split][image_id].rows)]
+    scores = scorer.score([images[s][i].data for s, i, _ in pairs], [c for _, _, c in pairs])
+    dropped = 0
+    for (split, image_id, caption), score in zip(pairs, scores):
+        if score < clean.align_min_similarity:
+            image = images[split][image_id]
+            quarantine.add(split, image.ref, "misaligned", round(float(score), 4), clean.align_min_similarity,
+                           note=f"caption {caption!r}")
+            image.rows = [row for row in image.rows if row.caption != caption]
+            dropped += 1
+    for split in SPLITS:
+        for image_id in [i for i, image in images[split].items() if not image.rows]:
+            del images[split][image_id]
+    quantiles = np.quantile(scores, [0.0, 0.1, 0.5, 0.9, 1.0]).round(4).tolist() if len(scores) else []
+    report.alignment = {"checkpoint": clean.align_checkpoint, "min_similarity": clean.align_min_similarity,
+                        "pairs": len(pairs), "dropped": dropped,
+                        "quantiles_0_10_50_90_100": quantiles}
+
+
+def _final_rows(images: Dict[int, _Image], quarantine: Quarantine, split: str) -> List[Tuple[_Image, _Row]]:
+    """The split's rows in image-id order; a repeated (image, question) is dropped (`duplicate`, or
+    `answer_conflict` when its answer differs from the first one)."""
+    out = []
+    for image_id in sorted(images):
+        image = images[image_id]
+        first: Dict[str, str] = {}
+        for row in image.rows:
+            if row.question in first:
+                reason = "duplicate" if first[row.question] == row.answer else "answer_conflict"
+                quarantine.add(split, row.ref, reason, note=f"image {image.ref}, question {row.question!r}, "
+                               f"answer {row.answer!r} (first answer {first[row.question]!r})")
+                continue
+            first[row.question] = row.answer
+            out.append((image, row))
+    return out
+
+
+# ----------------------------------------------------------------------------- 3. speech
+
+def _speech_unit(work: Path, cfg: Config, final: Dict[str, List[Tuple[_Image, _Row]]], question_ids: Dict[str, int],
+                 quarantine: Quarantine, report: BuildReport, progress: bool) -> List[Tuple[int, str, int, str]]:
+    """Write speech.mindrecord (or reuse it from an interrupted build); returns (qid, voice, rate, split) per clip."""
+    plan = _speech_plan(cfg, final, question_ids)
+    unit = _Unit(work, "speech", _digest(plan), [records.SPEECH_TABLE])
+    done = unit.finished()
+    if done is None:
+        rows, drops, resampled = _make_clips(work, cfg, plan, progress)
+        written = records.write_table(work / records.SPEECH_TABLE, records.SPEECH_SCHEMA, rows, "spoken questions")
+        index = [(r["question_id"], r["voice"], r["rate"], r["split"]) for r in rows]
+        done = unit.finish(written, {"clips": index, "drops": [dataclasses.asdict(d) for d in drops],
+                                     "resampled": resampled})
+    else:
+        report.resumed.append(unit.name)
+    quarantine.extend(cleaning.drop_from_dict(d) for d in done["payload"]["drops"])
+    report.resampled = list(done["payload"]["resampled"])
+    return [tuple(clip) for clip in done["payload"]["clips"]]
+
+
+def _speech_plan(cfg: Config, final: Dict[str, List[Tuple[_Image, _Row]]], question_ids: Dict[str, int]) -> Dict:
+    """User recordings per (split, question), and the questions espeak-ng must speak, in a fixed order."""
+    user: List[Tuple[str, int, str, str]] = []  # (split, qid, path, ref of its first use)
+    for split in SPLITS:
+        seen: Set[Tuple[int, str]] = set()
+        for _, row in final[split]:
+            key = (question_ids[row.question], row.audio)
+            if row.audio and key not in seen:
                 seen.add(key)
-                if q in too_long:
-                    skips["question_too_long"] += 1
-                elif question_ids[q] not in has_clip:
-                    skips["no_audio"] += 1
-                elif a not in answer_ids:
-                    skips["unknown_answer"] += 1
-                else:
-                    used_questions.add(question_ids[q])
-                    yield {"sample_id": sample_id, "image": images[image_id], "image_id": image_id,
-                           "question_id": question_ids[q], "caption_id": caption_ids[captions_of[image_id]],
-                           "answer_id": answer_ids[a]}
-                    sample_id += 1
-
-    total = sum(len(by_image.get(i, [])) for i in images)
-    return tqdm(rows(), total=total, desc=f"write {src.name}", unit="row", disable=not progress), len(images)
+                user.append((split, key[0], row.audio, row.ref))
+    used = {split: sorted({question_ids[row.question] for _, row in final[split]}) for split in SPLITS}
+    voices = {"train": (list(cfg.data.train_voices), sorted(int(r) for r in cfg.data.speech_rates)),
+              "test": (list(cfg.data.test_voices), rates_for_test_voices(cfg.data.speech_rates))}
+    questions = {i: q for q, i in question_ids.items()}
+    return {"user": sorted(user, key=lambda u: (SPLITS.index(u[0]), u[1], u[2])),
+            "user_files": {path: _file_digest(path) for _, _, path, _ in user},
+            "used": used, "voices": voices, "questions": {str(i): questions[i] for s in SPLITS for i in used[s]},
+            "preprocess": P.preprocess_dict(cfg.preprocess), "cleaning": dataclasses.asdict(cfg.data.cleaning)}
 
 
-def _quarantine(work: Path, split: str, image_id: int, path: Path, quarantined: List[str]) -> None:
-    folder = work / "quarantine"
-    folder.mkdir(exist_ok=True)
-    target = folder / f"{split}_{image_id}{path.suffix or '.bin'}"
+def _make_clips(work: Path, cfg: Config, plan: Dict, progress: bool) -> Tuple[List[Dict], List[Drop], List[Dict]]:
+    """Check user clips, synthesise the missing ones, check those; rows for speech.mindrecord in plan order."""
+    pre, clean = cfg.preprocess, cfg.data.cleaning
+    rows: List[Dict] = []
+    drops: List[Drop] = []
+    resampled: List[Dict] = []
+    has_user: Set[Tuple[str, int]] = set()
+    seen_pcm: Set[Tuple[str, int, str]] = set()
+    for split, qid, path, ref in plan["user"]:
+        source = f"{ref} {Path(path).name}"
+        if not Path(path).is_file():
+            drops.append(Drop(split, source, "audio_missing", "no such file"))
+            continue
+        try:
+            audio, rate = cleaning.read_audio(path, pre.sample_rate)
+        except P.InputError as exc:
+            drops.append(Drop(split, source, "bad_audio", str(exc),
+                              copy=_quarantine_copy(work, f"{split}_audio_{_slug(ref)}{Path(path).suffix}",
+                                                    Path(path).read_bytes())))
+            continue
+        problem = cleaning.audio_problem(audio, pre, clean, name=source)
+        if problem is not None:
+            copy = ""
+            if problem[0] in ("audio_nonfinite", "bad_audio"):
+                copy = _quarantine_copy(work, f"{split}_audio_{_slug(ref)}{Path(path).suffix}", Path(path).read_bytes())
+            drops.append(Drop(split, source, *problem, copy=copy))
+            continue
+        if rate != pre.sample_rate:
+            resampled.append({"split": split, "source": source, "from": rate, "to": pre.sample_rate})
+        pcm = speech.to_pcm16(audio)
+        key = (split, qid, hashlib.sha256(pcm).hexdigest())
+        if key in seen_pcm:
+            continue
+        seen_pcm.add(key)
+        words = len([t for t, _ in cleaning.word_tokens(plan["questions"][str(qid)]) if any(c.isalnum() for c in t)])
+        wpm = int(round(60.0 * words / (audio.size / pre.sample_rate)))
+        rows.append({"question_id": qid, "voice": USER_VOICE, "rate": wpm, "split": split, "pcm": pcm})
+        has_user.add((split, qid))
+
+    jobs = [(qid, voice, rate, split) for split in SPLITS for qid in plan["used"][split]
+            if (split, qid) not in has_user for voice in plan["voices"][split][0] for rate in plan["voices"][split][1]]
+    with tqdm(total=len(jobs), desc="speech", unit="clip", disable=not progress) as bar:
+        spoken = speech.synthesize_fresh([(plan["questions"][str(qid)], voice, rate) for qid, voice, rate, _ in jobs],
+                                         pre.sample_rate, workers=min(2, os.cpu_count() or 1),
+                                         on_voice_done=bar.update)
+    for (qid, voice, rate, split), (audio, error) in zip(jobs, spoken):
+        source = f"espeak-ng {voice} at {rate} wpm: {plan['questions'][str(qid)]!r}"
+        if audio is None:
+            drops.append(Drop(split, source, "bad_audio", error))
+            continue
+        pcm = speech.to_pcm16(audio)
+        problem = cleaning.audio_problem(speech.from_pcm16(pcm), pre, clean, name=source)  # as the loader reads it
+        if problem is not None:
+            drops.append(Drop(split, source, *problem))
+            continue
+        rows.append({"question_id": qid, "voice": voice, "rate": rate, "split": split, "pcm": pcm})
+    return rows, drops, resampled
+
+
+# ----------------------------------------------------------------------------- 4. shards
+
+def _write_shards(work: Path, split: str, table: List[Tuple[_Image, _Row]], shards: int,
+                  question_ids: Dict[str, int], caption_ids: Dict[str, int], answer_ids: Dict[str, int],
+                  report: BuildReport, progress: bool) -> List[str]:
+    """Write the split's rows into `shards` contiguous shards, skipping shards an interrupted build finished."""
+    names = records.shard_names(split, shards)
+    bar = tqdm(total=len(table), desc=f"write {split}", unit="row", disable=not progress)
+    for name, span in zip(names, records.shard_ranges(len(table), shards)):
+        ids = [(i, table[i][0].image_id, question_ids[table[i][1].question], caption_ids[table[i][1].caption],
+                answer_ids[table[i][1].answer]) for i in span]
+        plan = {"rows": [(*row, table[i][0].sha256) for row, i in zip(ids, span)]}
+        unit = _Unit(work, name, _digest(plan), [name])
+        if unit.finished() is not None:
+            report.resumed.append(name)
+            bar.update(len(span))
+            continue
+
+        def rows(ids=ids, span=span):
+            for (sample_id, image_id, qid, cid, aid), i in zip(ids, span):
+                bar.update(1)
+                yield {"sample_id": sample_id, "image": table[i][0].data, "image_id": image_id,
+                       "question_id": qid, "caption_id": cid, "answer_id": aid}
+
+        written = records.write_table(work / name, records.EXAMPLE_SCHEMA, rows(), f"{split} examples, {name}")
+        unit.finish(written, {})
+    bar.close()
+    return names
+
+
+class _Unit:
+    """A resumable piece of the build: its files plus a done marker (.done/<name>.json) that records the
+    digest of the plan it was written from and the sha256 of every file."""
+
+    def __init__(self, work: Path, name: str, plan_digest: str, tables: List[str]) -> None:
+        self.work, self.name, self.plan = work, name, plan_digest
+        self.files = [f for table in tables for f in (table, f"{table}.db")]
+        self.marker = work / ".done" / f"{name}.json"
+
+    def finished(self) -> Optional[Dict]:
+        """The marker, if this unit was finished from the same plan and its files are intact; else None."""
+        try:
+            done = json.loads(self.marker.read_text())
+            if done["plan"] == self.plan and all(records.file_sha256(self.work / f) == done["files"][f]
+                                                 for f in self.files):
+                return done
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return None
+
+    def finish(self, rows: int, payload: Dict) -> Dict:
+        done = {"unit": self.name, "plan": self.plan, "rows": rows, "payload": payload,
+                "files": {f: records.file_sha256(self.work / f) for f in self.files}}
+        self.marker.parent.mkdir(exist_ok=True)
+        tmp = self.marker.with_suffix(".tmp")
+        tmp.write_text(json.dumps(done))
+        os.replace(tmp, self.marker)
+        return done
+
+
+def _digest(plan: Any) -> str:
+    return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _file_digest(path: str) -> str:
     try:
-        shutil.copyfile(path, target)
-    except OSError:  # a missing source: record it anyway
-        target.write_bytes(b"")
-    quarantined.append(f"quarantine/{target.name}")
+        return records.file_sha256(path)
+    except OSError:
+        return "missing"
+
+
+# ----------------------------------------------------------------------------- the dataset card
+
+def _write_card(work: Path, cfg: Config, source: Source, report: BuildReport) -> None:
+    """card.json: what the data set is, where it came from under which licence, and a sha256 per file."""
+    files = {}
+    for path in sorted(p for p in work.rglob("*") if p.is_file()):
+        rel = path.relative_to(work).as_posix()
+        if rel.split("/")[0] in _PARTIAL_STATE or rel == "card.json":
+            continue
+        files[rel] = {"sha256": records.file_sha256(path), "bytes": path.stat().st_size}
+    sources = [*source.licences, {**ESPEAK_LICENCE, "voices": report.voices, "rates_wpm": report.rates}]
+    card = {
+        "name": f"mindvl data set from {source.name}",
+        "format": FORMAT_VERSION,
+        "mindvl_version": mindvl.__version__,
+        "sources": sources,
+        "counts": {split: {k: report.counts[split][k] for k in ("examples", "images_used", "questions", "captions",
+                                                                  "clips", "shards")} for split in SPLITS},
+        "speech_clips": report.counts["speech"],
+        "dropped": report.skips_by_split,
+        "cleaning": dataclasses.asdict(cfg.data.cleaning),
+        "preprocess": P.preprocess_dict(cfg.preprocess),
+        "limit": report.settings.get("limit", 0),
+        "build_seconds": report.seconds.get("total"),
+        "files": files,
+    }
+    (work / "card.json").write_text(json.dumps(card, indent=2, ensure_ascii=False))
 
 
 # ----------------------------------------------------------------------------- safety around the root
@@ -357,15 +772,43 @@ def _check_replaceable(root: Path) -> None:
                           f"choose another data.root or empty it")
 
 
-def _remove_stale_partials(root: Path) -> None:
-    for path in root.parent.glob(f".{root.name}.partial-*"):
-        try:
-            pid = int(path.name.rsplit("-", 1)[1])
-            os.kill(pid, 0)  # that build is still running: leave it alone
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except (ValueError, PermissionError):
-            continue
+def partial_folder(root: Union[str, Path]) -> Path:
+    """Where a build of `root` works until it renames the finished folder into place."""
+    root = Path(root)
+    return root.parent / f".{root.name}.partial"
+
+
+def _open_partial(root: Path, settings: Dict, force: bool) -> Path:
+    """The partial folder, kept when an interrupted build with the same settings left it, else fresh."""
+    work = partial_folder(root)
+    lock = work / ".lock"
+    if _alive_other(lock):
+        raise ConfigError(f"data.root: another build (pid {lock.read_text()}) is writing {work}; "
+                          f"wait for it or stop it")
+    try:
+        same = json.loads((work / ".settings.json").read_text()) == json.loads(json.dumps(settings))
+    except (OSError, ValueError):
+        same = False
+    if force or not same:
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(exist_ok=True)
+    lock.write_text(str(os.getpid()))
+    (work / ".settings.json").write_text(json.dumps(settings, indent=2))
+    return work
+
+
+def _alive_other(lock: Path) -> bool:
+    """True when `lock` names a running process other than this one."""
+    try:
+        pid = int(lock.read_text())
+        if pid == os.getpid():
+            return False
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # it exists, under another user
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _swap_into_place(work: Path, root: Path) -> None:
@@ -379,6 +822,24 @@ def _swap_into_place(work: Path, root: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists():
+        path.unlink()
+
+
+def _quarantine_copy(work: Path, name: str, data: bytes) -> str:
+    folder = work / "quarantine"
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_bytes(data)
+    return f"quarantine/{name}"
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in text).strip("_")
+
+
 @contextmanager
 def _stage(seconds: Dict[str, float], name: str):
     """Add the wall time of the block to seconds[name]."""
@@ -387,3 +848,4 @@ def _stage(seconds: Dict[str, float], name: str):
         yield
     finally:
         seconds[name] = round(seconds.get(name, 0.0) + time.perf_counter() - start, 2)
+

@@ -7,12 +7,14 @@ image<->text contrastive training without any extra labels.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import easy_vqa
 
-SPLITS = ("train", "test")
+from mindvl.data.source import SPLITS, Source, SourceSplit
+
+LICENCE = {"name": "easy-VQA", "license": "MIT", "url": "https://pypi.org/project/easy-vqa/",
+           "content": "64x64 PNG images of one coloured shape, questions and answers"}
 SHAPES = ("circle", "rectangle", "triangle")
 COLORS = ("black", "blue", "brown", "gray", "green", "red", "teal", "yellow")
 
@@ -25,17 +27,6 @@ _ASK_COLOR = re.compile(rf"^what (?:color is|is the color of) the (?P<shape>{_SH
 # yes/no questions name one shape ("a circle") or one colour ("a blue shape")
 _MENTION = re.compile(rf"\b(?P<color>{_COLOR_WORD}) shape\b|\b(?P<shape>{_SHAPE_WORD})\b")
 _NEGATED = re.compile(r"\bnot\b|^is no\b")
-
-
-@dataclass
-class SourceSplit:
-    """One split of the source, restricted to the kept images."""
-
-    name: str
-    questions: List[str]  # parallel lists, one entry per (image, question)
-    answers: List[str]
-    image_ids: List[int]
-    image_paths: Dict[int, str]  # every kept image id -> PNG path (also images without questions)
 
 
 def answers() -> List[str]:
@@ -60,22 +51,37 @@ def load_split(split: str, limit: int = 0) -> SourceSplit:
     keep = set(kept)
     rows = [(q, a, int(i)) for q, a, i in zip(questions, answers_, ids) if int(i) in keep]
     return SourceSplit(split, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
-                       {i: str(paths[i]) for i in kept})
+                       {i: str(paths[i]) for i in kept},
+                       image_refs={i: f"easy-vqa {split} image {i}" for i in kept})
+
+
+def load_source(limit: int = 0) -> Source:
+    """Both splits (see `load_split`), the question and answer lists, and the licence for card.json."""
+    splits = {split: load_split(split, limit) for split in SPLITS}
+    for split in splits.values():
+        counter = {}
+        refs = []
+        for i in split.image_ids:  # "easy-vqa train image 12 q3": the 4th question of image 12
+            refs.append(f"easy-vqa {split.name} image {i} q{counter.get(i, 0)}")
+            counter[i] = counter.get(i, 0) + 1
+        split.refs = refs
+    version = _version()
+    return Source(name="easy-vqa", splits=splits, questions=all_questions(), answers=answers(),
+                  licences=[{**LICENCE, "version": version}], fingerprint=f"easy-vqa {version}")
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("easy-vqa")
+    except metadata.PackageNotFoundError:  # pragma: no cover - imported above, so installed somehow
+        return "unknown"
 
 
 def all_questions() -> List[str]:
     """The distinct question strings of both splits, sorted (question_id indexes this list)."""
     return sorted({q for get in (easy_vqa.get_train_questions, easy_vqa.get_test_questions) for q in get()[0]})
-
-
-def all_texts() -> List[str]:
-    """Every question and answer in both splits: the fixed vocabulary the tokenizer is built from."""
-    texts = []
-    for get in (easy_vqa.get_train_questions, easy_vqa.get_test_questions):
-        questions, answers_, _ = get()
-        texts.extend(questions)
-        texts.extend(answers_)
-    return texts
 
 
 def derive_caption(pairs: Sequence[Tuple[str, str]]) -> Tuple[Optional[str], str]:

@@ -1,12 +1,22 @@
-"""MindRecord tables of a built data set: their schemas, a writer and a reader for the clip table.
+"""MindRecord tables of a built data set: their schemas, file names, a writer and readers.
 
 A data root holds
-  train.mindrecord / test.mindrecord   one row per (image, question): EXAMPLE_SCHEMA
-  speech.mindrecord                    one row per spoken question clip: SPEECH_SCHEMA
+  train / test examples   one row per (image, question): EXAMPLE_SCHEMA, in data.shards files per split:
+                          `train.mindrecord` when shards is 1, else `train-00000-of-00004.mindrecord`, ...
+                          each shard a contiguous range of sample_id (0..N-1 over the split)
+  speech.mindrecord       one row per spoken question clip: SPEECH_SCHEMA
 (each with its `.db` index file next to it). Clips are int16 PCM at the preprocess sample rate.
+meta.json "tables" lists every split's files in row order; `table_files` reads it.
+
+Each shard is a complete MindRecord set of its own (shard_num=1), so it can be written, verified and
+skipped independently; `MindDataset(table_files(root, split))` reads them as one data set. A file's
+header and its .db record the file's base name, so a shard must be written under its final name.
+Given the same rows, the writer produces byte-identical files (no timestamps or absolute paths inside).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Dict, Iterable, List, Union
 
@@ -15,7 +25,7 @@ HEADER_SIZE = 1 << 20
 
 EXAMPLE_SCHEMA = {
     "sample_id": {"type": "int64"},  # 0..N-1 in the split's row order: the id resume and sharding speak of
-    "image": {"type": "bytes"},  # the PNG as read from disk
+    "image": {"type": "bytes"},  # the encoded image as read from disk (PNG, JPEG, ...)
     "image_id": {"type": "int32"},
     "question_id": {"type": "int32"},  # index into meta.json "questions"
     "caption_id": {"type": "int32"},  # index into meta.json "captions"
@@ -25,21 +35,54 @@ EXAMPLE_COLUMNS = tuple(EXAMPLE_SCHEMA)
 
 SPEECH_SCHEMA = {
     "question_id": {"type": "int32"},
-    "voice": {"type": "string"},
-    "rate": {"type": "int32"},  # words per minute
+    "voice": {"type": "string"},  # an espeak-ng voice, or "user" for a recording that came with the data
+    "rate": {"type": "int32"},  # words per minute (measured for user recordings)
     "split": {"type": "string"},  # "train": a training voice, "test": a voice training never hears
     "pcm": {"type": "bytes"},  # little-endian int16 mono
 }
+SPEECH_TABLE = "speech.mindrecord"
+
+
+def shard_names(split: str, shards: int) -> List[str]:
+    """File names of a split's example shards, in row order."""
+    if shards == 1:
+        return [f"{split}.mindrecord"]
+    return [f"{split}-{i:05d}-of-{shards:05d}.mindrecord" for i in range(shards)]
+
+
+def shard_ranges(rows: int, shards: int) -> List[range]:
+    """Split row indices 0..rows-1 into `shards` contiguous ranges whose sizes differ by at most one."""
+    base, extra = divmod(rows, shards)
+    ranges, start = [], 0
+    for i in range(shards):
+        stop = start + base + (1 if i < extra else 0)
+        ranges.append(range(start, stop))
+        start = stop
+    return ranges
 
 
 def table_files(root: Union[str, Path], split: str) -> List[str]:
-    """The MindRecord file(s) holding `split` in a data root, in row order."""
-    return [str(Path(root) / f"{split}.mindrecord")]
+    """The MindRecord file(s) holding `split` ("train", "test" or "speech") in a data root, in row order.
+
+    Read from meta.json "tables" when the root has one; otherwise the single-file name (which may not
+    exist: the caller reports a missing root).
+    """
+    root = Path(root)
+    if split == "speech":
+        return [str(root / SPEECH_TABLE)]
+    try:
+        tables = json.loads((root / "meta.json").read_text())["tables"]
+        return [str(root / name) for name in tables[split]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return [str(root / f"{split}.mindrecord")]
 
 
 def write_table(path: Union[str, Path], schema: Dict, rows: Iterable[Dict], description: str,
                 chunk: int = 2048) -> int:
-    """Write `rows` (dicts matching `schema`) to one MindRecord file; returns the number written."""
+    """Write `rows` (dicts matching `schema`) to one MindRecord file; returns the number written.
+
+    An empty `rows` still writes a valid, empty table.
+    """
     from mindspore.mindrecord import FileWriter
 
     writer = FileWriter(str(path), shard_num=1, overwrite=True)
@@ -70,3 +113,19 @@ def read_table(path: Union[str, Path], columns: List[str] = None) -> List[Dict]:
         return [dict(row) for row in reader.get_next()]
     finally:
         reader.close()
+
+
+def read_split(root: Union[str, Path], split: str, columns: List[str] = None) -> List[Dict]:
+    """Every row of a split over all its shards, in sample_id order (small tables: evaluation, tests)."""
+    rows: List[Dict] = []
+    for path in table_files(root, split):
+        rows.extend(read_table(path, columns))
+    return rows
+
+
+def file_sha256(path: Union[str, Path], block: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(block), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

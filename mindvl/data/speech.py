@@ -6,14 +6,20 @@ language voice, optionally followed by `+variant` ("en-us", "en-gb-scotland+m3",
 languages come from `espeak_ListVoices`, the variants from `espeak-ng-data/voices/!v`.
 
 espeak-ng keeps global state, so the library is initialised once per process and calls are serialised
-with a lock; the build synthesises in worker processes when it wants parallelism.
+with a lock. That state also makes a clip depend on what the process spoke before it (the wave
+generator's phase and filters carry over) and on the clock (espeak-ng seeds its random generator, used
+by voice variants' breath and flutter, with time() at start-up). `synthesize_fresh` is the reproducible
+path the data build uses: every voice is spoken in a new process, in the order given, with the random
+generator reseeded before every clip from the clip's (text, voice, rate); the same jobs give the same
+samples in any process, on any number of workers.
 """
 from __future__ import annotations
 
 import ctypes
 import threading
+import zlib
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -61,6 +67,9 @@ class _Engine:
         lib.espeak_Synchronize.restype = ctypes.c_int
         lib.espeak_ListVoices.argtypes = [ctypes.c_void_p]
         lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_Voice))
+        self.can_seed = hasattr(lib, "espeak_ng_SetRandSeed")  # espeak-ng >= 1.52
+        if self.can_seed:
+            lib.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
         rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, str(self.data_path).encode(),
                                      _INITIALIZE_DONT_EXIT)
         if rate <= 0:
@@ -109,8 +118,10 @@ class _Engine:
                               f"{self.variants[:24]} (see mindvl.data.speech.list_variants())")
         return f"{identifier}+{variant}" if variant else identifier
 
-    def synth(self, text: str, voice: str, rate_wpm: int) -> np.ndarray:
+    def synth(self, text: str, voice: str, rate_wpm: int, seed: Optional[int] = None) -> np.ndarray:
         with self.lock:
+            if seed is not None and self.can_seed:
+                self.lib.espeak_ng_SetRandSeed(int(seed))
             if voice != self._current_voice:
                 resolved = self.resolve(voice)
                 if self.lib.espeak_SetVoiceByName(resolved.encode()) != _EE_OK:
@@ -171,16 +182,68 @@ def synthesize(text: str, voice: str = "en-us", rate_wpm: int = 175, sample_rate
     """Speak `text`; returns float32 mono in [-1, 1] at `sample_rate`, leading/trailing silence trimmed.
 
     An unknown voice raises `SpeechError` listing valid ones. Empty output (nothing to say) comes back as an
-    empty array; the caller decides whether that is an error.
+    empty array; the caller decides whether that is an error. Not reproducible sample for sample (see the
+    module docstring); `synthesize_fresh` is.
     """
+    engine = _engine()
+    return _finish(engine.synth(text, voice, rate_wpm), engine.sample_rate, sample_rate)
+
+
+def _finish(pcm: np.ndarray, native_rate: int, sample_rate: int) -> np.ndarray:
+    """espeak-ng's int16 output -> float32 at `sample_rate`, leading/trailing silence trimmed."""
     import librosa
 
-    engine = _engine()
-    pcm = engine.synth(text, voice, rate_wpm)
     audio = pcm.astype(np.float32) / 32768.0
-    if audio.size and sample_rate != engine.sample_rate:
-        audio = librosa.resample(audio, orig_sr=engine.sample_rate, target_sr=sample_rate).astype(np.float32)
+    if audio.size and sample_rate != native_rate:
+        audio = librosa.resample(audio, orig_sr=native_rate, target_sr=sample_rate).astype(np.float32)
     return trim_silence(np.clip(audio, -1.0, 1.0)).astype(np.float32)
+
+
+def clip_seed(text: str, voice: str, rate_wpm: int) -> int:
+    """The random seed a clip is spoken with: a function of the clip alone."""
+    return zlib.crc32(f"{voice}|{int(rate_wpm)}|{text}".encode("utf-8")) & 0x7FFFFFFF
+
+
+def _speak_voice(voice: str, items: Sequence[Tuple[str, int]]) -> Tuple[int, List[Tuple[Optional[bytes], str]]]:
+    """Worker: (native rate, [(int16 bytes or None, error)]) for `items` (text, rate) in one voice."""
+    engine = _engine()
+    out: List[Tuple[Optional[bytes], str]] = []
+    for text, rate in items:
+        try:
+            out.append((engine.synth(text, voice, rate, seed=clip_seed(text, voice, rate)).tobytes(), ""))
+        except SpeechError as exc:
+            out.append((None, str(exc)))
+    return engine.sample_rate, out
+
+
+def synthesize_fresh(jobs: Sequence[Tuple[str, str, int]], sample_rate: int = 16000, workers: int = 2,
+                     on_voice_done: Optional[Callable[[int], None]] = None) -> List[Tuple[Optional[np.ndarray], str]]:
+    """Speak every (text, voice, rate_wpm) job reproducibly: [(float32 clip or None, error)] in job order.
+
+    Each voice runs in a new process (spawned, so no state is inherited), speaking its jobs in the order
+    given, each clip reseeded with `clip_seed`; clips come back trimmed and resampled as `synthesize` does.
+    `on_voice_done(number of clips)` is called as each voice finishes (a progress bar).
+    """
+    import multiprocessing
+
+    by_voice: Dict[str, List[int]] = {}
+    for i, (_, voice, _) in enumerate(jobs):
+        by_voice.setdefault(voice, []).append(i)
+    results: List[Tuple[Optional[np.ndarray], str]] = [(None, "not spoken")] * len(jobs)
+    if not jobs:
+        return results
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(max(1, min(workers, len(by_voice))), maxtasksperchild=1) as pool:
+        pending = {voice: pool.apply_async(_speak_voice, (voice, [(jobs[i][0], jobs[i][2]) for i in indices]))
+                   for voice, indices in by_voice.items()}
+        for voice, indices in by_voice.items():
+            native_rate, spoken = pending[voice].get()
+            for i, (pcm, error) in zip(indices, spoken):
+                clip = None if pcm is None else _finish(np.frombuffer(pcm, np.int16), native_rate, sample_rate)
+                results[i] = (clip, error)
+            if on_voice_done is not None:
+                on_voice_done(len(indices))
+    return results
 
 
 def to_pcm16(audio: np.ndarray) -> bytes:

@@ -1,15 +1,18 @@
+import dataclasses
+import hashlib
 import json
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import easy_vqa
+import numpy as np
 import pytest
 
+import mindvl
 from mindvl.config import ConfigError
 from mindvl.data import build, records
 from mindvl.data.build import build_dataset
-
 
 
 def _source_pairs(split):
@@ -135,7 +138,10 @@ def test_an_interrupted_build_leaves_no_root_that_looks_complete(tmp_path, monke
     with pytest.raises(KeyboardInterrupt):
         build_dataset(cfg, progress=False)
     assert not (tmp_path / "root").exists()
-    assert list(tmp_path.iterdir()) == []  # the partial folder is gone too
+    partial = build.partial_folder(tmp_path / "root")
+    assert list(tmp_path.iterdir()) == [partial]  # kept for the next run to resume, hidden, and incomplete
+    assert partial.name.startswith(".") and not build.is_complete(partial)
+    assert not (partial / ".lock").exists()
 
 
 def test_an_unknown_voice_is_a_config_error_naming_the_key(tmp_path, make_config):
@@ -158,9 +164,143 @@ def test_over_long_questions_and_clips_are_counted_skips_not_failures(tmp_path, 
                       preprocess__max_text_length=10, preprocess__max_audio_frames=100)
     report = build_dataset(cfg, progress=False)
     assert report.skips["question_too_long"] > 0
-    assert report.skips["bad_audio"] > 0
+    assert report.skips["audio_too_long"] > 0
+    drops = [json.loads(line) for line in (tmp_path / "root" / "quarantine.jsonl").read_text().splitlines()]
+    too_long = [d for d in drops if d["reason"] == "audio_too_long"]
+    assert too_long and all(d["value"] > d["threshold"] == 2.0 for d in too_long)
     tokenizer_limit = cfg.preprocess.max_text_length - 2
     meta = json.loads((tmp_path / "root" / "meta.json").read_text())
     rows = records.read_table(tmp_path / "root" / "train.mindrecord", columns=["question_id"])
     assert rows
     assert all(len(meta["questions"][r["question_id"]].replace("?", " ?").split()) <= tokenizer_limit for r in rows)
+
+
+def _data_digests(root):
+    """sha256 of every data file of a root (not report.json and card.json, which hold timings)."""
+    root = Path(root)
+    meta = json.loads((root / "meta.json").read_text())
+    names = [n for split in ("train", "test") for n in meta["tables"][split]] + [records.SPEECH_TABLE]
+    names = [f for n in names for f in (n, f"{n}.db")] + ["meta.json", "tokenizer.json", "quarantine.jsonl"]
+    return {name: hashlib.sha256((root / name).read_bytes()).hexdigest() for name in names}
+
+
+def test_two_builds_into_different_roots_are_byte_identical(small_cfg, small_report, make_config, tmp_path):
+    again = build_dataset(make_config(tmp_path / "elsewhere" / "data"), progress=False)
+    assert not again.already_built
+    assert _data_digests(tmp_path / "elsewhere" / "data") == _data_digests(small_cfg.data.root)
+
+
+def test_a_resumed_build_skips_finished_shards_and_equals_an_uninterrupted_one(tmp_path, monkeypatch, make_config):
+    settings = {"data__limit": 6, "data__shards": 3, "data__train_voices": "[en-us]"}
+    cfg = make_config(tmp_path / "resumed", **settings)
+    original = records.write_table
+    written = []
+
+    def interrupt_third_train_shard(path, *args, **kwargs):
+        written.append(Path(path).name)
+        if Path(path).name == "train-00002-of-00003.mindrecord":
+            raise KeyboardInterrupt("simulated interrupt")
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(records, "write_table", interrupt_third_train_shard)
+    with pytest.raises(KeyboardInterrupt):
+        build_dataset(cfg, progress=False)
+    finished = ["speech.mindrecord", "train-00000-of-00003.mindrecord", "train-00001-of-00003.mindrecord"]
+    assert written == [*finished, "train-00002-of-00003.mindrecord"]
+    partial = build.partial_folder(tmp_path / "resumed")
+    before = {name: (partial / name).stat().st_mtime_ns for name in finished}
+
+    written.clear()
+    monkeypatch.setattr(records, "write_table", lambda path, *a, **k: written.append(Path(path).name) or
+                        original(path, *a, **k))
+    report = build_dataset(cfg, progress=False)
+    assert written == ["train-00002-of-00003.mindrecord", *records.shard_names("test", 3)]
+    assert report.resumed == ["speech", *finished[1:]]
+    assert {name: (tmp_path / "resumed" / name).stat().st_mtime_ns for name in finished} == before
+    assert not partial.exists() and not (tmp_path / "resumed" / ".done").exists()
+
+    clean = build_dataset(make_config(tmp_path / "clean", **settings), progress=False)
+    assert clean.resumed == [] and clean.counts == report.counts
+    assert _data_digests(tmp_path / "resumed") == _data_digests(tmp_path / "clean")
+    rows = records.read_split(tmp_path / "clean", "train", ["sample_id"])
+    assert [r["sample_id"] for r in rows] == list(range(report.counts["train"]["examples"]))
+
+
+def test_a_changed_shard_file_is_rewritten_on_resume(tmp_path, monkeypatch, make_config):
+    cfg = make_config(tmp_path / "root", data__limit=2, data__shards=2, data__train_voices="[en-us]")
+    original = records.write_table
+
+    def interrupt_test(path, *args, **kwargs):
+        if Path(path).name.startswith("test"):
+            raise KeyboardInterrupt("simulated interrupt")
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(records, "write_table", interrupt_test)
+    with pytest.raises(KeyboardInterrupt):
+        build_dataset(cfg, progress=False)
+    shard = build.partial_folder(tmp_path / "root") / "train-00001-of-00002.mindrecord"
+    shard.write_bytes(shard.read_bytes()[:-10])  # damaged after its done marker was written
+    monkeypatch.setattr(records, "write_table", original)
+    report = build_dataset(cfg, progress=False)
+    assert report.resumed == ["speech", "train-00000-of-00002.mindrecord"]
+    card = json.loads((tmp_path / "root" / "card.json").read_text())
+    assert card["files"]["train-00001-of-00002.mindrecord"]["sha256"] == records.file_sha256(
+        tmp_path / "root" / "train-00001-of-00002.mindrecord")
+
+
+def test_the_dataset_card_lists_sources_licences_counts_thresholds_and_every_file(small_cfg, small_report):
+    root = Path(small_cfg.data.root)
+    card = json.loads((root / "card.json").read_text())
+    licences = {s["name"]: s["license"] for s in card["sources"]}
+    assert licences == {"easy-VQA": "MIT", "espeak-ng voices (espeakng-loader)": "GPL-3.0-or-later"}
+    assert card["mindvl_version"] == mindvl.__version__ and card["build_seconds"] > 0
+    assert card["cleaning"] == dataclasses.asdict(small_cfg.data.cleaning)
+    for split in ("train", "test"):
+        assert card["counts"][split]["examples"] == small_report.counts[split]["examples"]
+        assert card["counts"][split]["shards"] == 1
+    on_disk = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} - {"card.json"}
+    assert set(card["files"]) == on_disk
+    for name, entry in card["files"].items():
+        assert entry["sha256"] == records.file_sha256(root / name) and entry["bytes"] == (root / name).stat().st_size
+
+
+def test_the_summary_is_a_table_of_kept_and_dropped_items_per_split(small_report):
+    text = small_report.summary()
+    lines = text.splitlines()
+    assert lines[1].split() == ["train", "test"]
+    kept = next(line for line in lines if line.strip().startswith("kept examples")).split()
+    assert kept[-2:] == [str(small_report.counts["train"]["examples"]), str(small_report.counts["test"]["examples"])]
+    dropped = {reason for reason, n in small_report.skips.items() if n}
+    for reason in dropped:
+        assert f"{reason} (" in text
+    assert dropped or "dropped: nothing" in text
+
+
+def test_an_alignment_checkpoint_drops_pairs_it_scores_below_the_threshold(trained_run, small_cfg, make_config,
+                                                                           tmp_path):
+    from mindvl.data.cleaning import AlignmentScorer
+
+    _, result = trained_run
+    root = Path(small_cfg.data.root)
+    meta = json.loads((root / "meta.json").read_text())
+    pairs = {}
+    for split in ("train", "test"):
+        for row in records.read_split(root, split, ["image_id", "image", "caption_id"]):
+            pairs.setdefault((split, int(row["image_id"])), (row["image"], meta["captions"][row["caption_id"]]))
+    keys = sorted(pairs)
+    scores = AlignmentScorer(result.output_dir).score([pairs[k][0] for k in keys], [pairs[k][1] for k in keys])
+    assert np.all(np.abs(scores) <= 1 + 1e-6)
+    threshold = float(np.round(np.median(scores), 4))
+    cfg = make_config(tmp_path / "root", data__cleaning__align_checkpoint=str(result.output_dir),
+                      data__cleaning__align_min_similarity=threshold)
+    report = build_dataset(cfg, progress=False)
+    drops = [json.loads(line) for line in (tmp_path / "root" / "quarantine.jsonl").read_text().splitlines()]
+    misaligned = {(d["split"], int(d["source"].split()[-1])): d for d in drops if d["reason"] == "misaligned"}
+    expected = {k for k, score in zip(keys, scores) if score < threshold}
+    assert expected and set(misaligned) == expected
+    for key, score in zip(keys, scores):
+        if key in misaligned:
+            assert abs(misaligned[key]["value"] - score) < 1e-3 and misaligned[key]["threshold"] == threshold
+    assert report.alignment["dropped"] == len(expected) and report.alignment["pairs"] == len(keys)
+    kept = {("train", int(r["image_id"])) for r in records.read_split(tmp_path / "root", "train", ["image_id"])}
+    assert kept == {k for k, score in zip(keys, scores) if k[0] == "train" and score >= threshold}
