@@ -2,16 +2,19 @@
 
 Two Conv1d + GELU (the second halves time), fixed sinusoidal positions, pre-LN blocks, final
 LayerNorm. Padding is made harmless rather than merely ignored: the mel is zeroed at padded frames
-(whatever the loader padded with), so a valid token's output depends on valid frames only and is the
-same in a padded batch and alone; the token mask is the frame mask at even frames (token i is centred
-on frame 2i of the stride-2 conv, whose receptive field beyond the last valid frame sees only zeros).
+(whatever the loader padded with) and so is the first conv's output, so a valid token's output depends
+on its clip's frames only, exactly as if zeros surrounded the clip. That is what lets several clips share
+a row (`construct_packed`, training): a clip at an even frame offset with a zero frame after it computes
+the same tokens as alone (mindvl/data/packing.py lays the rows out). Token i is centred on frame 2i of
+the stride-2 conv, so the token mask is the frame mask at even frames.
 """
 from mindspore import Tensor, nn, ops
 
 from .activation import create_activation
 from .linear import Conv1dMatMul
 from .embedding import sinusoids
-from .masks import padding_mask
+from .masks import padding_mask, segment_mask
+from .packed import gather_tokens, slot_valid
 from .transformer import TransformerStack
 
 
@@ -42,16 +45,42 @@ class AudioEncoder(nn.Cell):
         self.reduce_sum = ops.ReduceSum()
         self.maximum = ops.Maximum()
         self.div = ops.Div()
+        self.gather = ops.Gather()
+
+    def _front(self, mel, frame_valid):
+        """mel (rows, n_mels, T), frame_valid (rows, T) float {1, 0} -> conv tokens (rows, T/2, width).
+
+        Both convs see zeros wherever frame_valid is 0: the mel is zeroed there and so is conv1's output,
+        so conv2's window at a clip's edge reads what its own zero padding would give."""
+        x = self.transpose(self.mul(mel, self.expand_dims(frame_valid, 1)), (0, 2, 1))  # (rows, T, n_mels)
+        x = self.mul(self.act1(self.conv1(x)), self.expand_dims(frame_valid, 2))  # (rows, T, width)
+        return self.act2(self.conv2(x))  # (rows, T/2, width)
+
+    def _pool(self, tokens, token_valid):
+        """Mean of the valid tokens: (batch, N, width), (batch, N) float -> (batch, width)."""
+        weights = self.expand_dims(token_valid, 2)  # (batch, N, 1)
+        count = self.maximum(self.reduce_sum(weights, 1), 1.0)  # (batch, 1)
+        return self.div(self.reduce_sum(self.mul(tokens, weights), 1), count)
 
     def construct(self, mel, frame_mask):
-        frames = self.expand_dims(frame_mask, 1)  # (batch, 1, T)
-        x = self.transpose(self.mul(mel, frames), (0, 2, 1))  # (batch, T, n_mels)
-        x = self.act1(self.conv1(x))  # (batch, T, width)
-        x = self.act2(self.conv2(x))  # (batch, T/2, width)
+        x = self._front(mel, frame_mask)
         token_mask = frame_mask[:, ::2]  # (batch, T/2)
         x = self.dropout(self.add(x, self.positions[:x.shape[1]]))
         x = self.encoder(x, padding_mask(token_mask))
-        weights = self.expand_dims(token_mask, 2)  # (batch, T/2, 1)
-        count = self.maximum(self.reduce_sum(weights, 1), 1.0)  # (batch, 1)
-        pooled = self.div(self.reduce_sum(self.mul(x, weights), 1), count)
-        return x, token_mask, pooled
+        return x, token_mask, self._pool(x, token_mask)
+
+    def construct_packed(self, mel, frame_segment, positions, index):
+        """Packed rows of clips -> per-clip outputs, equal to `construct` on each clip alone.
+
+        mel (R, n_mels, T) float32: clips at even frame offsets, each followed by at least one zero frame
+        (or the row's end); frame_segment (R, T) int32: 1.. per clip at its frames, 0 elsewhere;
+        positions (R, T/2) int32: each token's position within its clip; index (B, Na) int32: the
+        flattened token position (r * T/2 + i) of token j of clip b, R * T/2 where clip b has no token j.
+        Returns (tokens (B, Na, width), zero where a clip has no token; pooled (B, width)).
+        """
+        frame_valid = ops.cast(frame_segment > 0, mel.dtype)
+        x = self._front(mel, frame_valid)
+        x = self.dropout(self.add(x, self.gather(self.positions, positions, 0)))
+        x = self.encoder(x, segment_mask(frame_segment[:, ::2]))  # token i <-> frame 2i
+        tokens = gather_tokens(x, index)
+        return tokens, self._pool(tokens, slot_valid(x, index))

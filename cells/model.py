@@ -16,22 +16,24 @@ from .vision import VisionEncoder
 
 
 class MultimodalModel(nn.Cell):
-    """construct(image, question_ids, question_mask, audio_mel, audio_mask, caption_ids, caption_mask,
-    answer_in, pack_index, pack_segment, pack_answer, cls_index, answer_index) ->
+    """construct(image, answer_in, <the packed columns>) ->
     (answer_logits (B, num_answers), lm_logits (B, La, vocab), image_emb, caption_emb, audio_emb,
      question_emb (each (B, embed_dim), unit length), scale_image_text, scale_audio_text (scalars,
      exp'd and clamped to <= 100)).
 
-    image (B, 3, S, S) float32 normalised; question_ids / caption_ids (B, L) int32 with float masks;
-    audio_mel (B, n_mels, T) float32 with frame mask (B, T); answer_in (B, La) int32 teacher-forced
-    answer ids. question_emb is the text projection of the question's pooled output (always computed,
-    whatever the fusion sees).
-
-    The fusion runs packed (FusionTransformer.construct_packed): pack_index, pack_segment, pack_answer
-    (R, S), cls_index (B,), answer_index (B, La) come from mindvl.data.packing.Packer, which also
-    expresses the per-sample question-modality choice (use_text / use_audio) by which text and audio
-    slots it includes. `fusion_inputs` (export) keeps the flags as masks over the padded layout; both
-    compute the same logits (tests/cells/test_packing.py).
+    image (B, 3, S, S) float32 normalised; answer_in (B, La) int32 teacher-forced answer ids. Everything
+    else arrives packed, in mindvl.data.packing.PACK_COLUMNS order (layouts in that module's docstring):
+      text_pack_ids, text_pack_positions, text_pack_segment, text_index: questions (index rows 0..B-1)
+        and captions (rows B..2B-1) in shared rows (TextEncoder.construct_packed);
+      audio_pack_mel, audio_pack_segment, audio_pack_positions, audio_index: the clips in shared rows
+        (AudioEncoder.construct_packed);
+      pack_index, pack_segment, pack_answer, cls_index, answer_index: the fusion sequences
+        (FusionTransformer.construct_packed), which also express the per-sample question-modality choice
+        (use_text / use_audio) by which text and audio slots they include.
+    question_emb is the text projection of the question's pooled output (always computed, whatever the
+    fusion sees). The packed layouts compute what the padded ones do (one sample per row, with masks):
+    `fusion_inputs` and the export wrappers keep the padded inputs and masks, and give the same logits
+    and embeddings (tests/cells/test_packed_model.py).
     """
 
     def __init__(self, model_cfg, pre):
@@ -81,22 +83,24 @@ class MultimodalModel(nn.Cell):
         return image_tokens, text_tokens, text_mask, audio_tokens, audio_token_mask
 
     # -- training graph ---------------------------------------------------------------------------
-    def construct(self, image, question_ids, question_mask, audio_mel, audio_mask, caption_ids, caption_mask,
-                  answer_in, pack_index, pack_segment, pack_answer, cls_index, answer_index):
+    def construct(self, image, answer_in, text_pack_ids, text_pack_positions, text_pack_segment, text_index,
+                  audio_pack_mel, audio_pack_segment, audio_pack_positions, audio_index, pack_index, pack_segment,
+                  pack_answer, cls_index, answer_index):
+        batch = image.shape[0]
         image_tokens, image_pooled = self.vision(image)
-        question_tokens, question_pooled = self.text(question_ids, question_mask)
-        audio_tokens, _, audio_pooled = self.audio(audio_mel, audio_mask)
-        _, caption_pooled = self.text(caption_ids, caption_mask)
+        text_tokens, text_pooled = self.text.construct_packed(text_pack_ids, text_pack_positions, text_pack_segment,
+                                                              text_index)  # (2B, Lt, width): questions, captions
+        audio_tokens, audio_pooled = self.audio.construct_packed(audio_pack_mel, audio_pack_segment,
+                                                                 audio_pack_positions, audio_index)
 
-        cls, answer_states = self.fusion.construct_packed(image_tokens, question_tokens, audio_tokens, answer_in,
+        cls, answer_states = self.fusion.construct_packed(image_tokens, text_tokens[:batch], audio_tokens, answer_in,
                                                           pack_index, pack_segment, pack_answer, cls_index,
                                                           answer_index)
 
         answer_logits = self.answer_head(cls)
         lm_logits = self.lm_head(answer_states)
         image_emb = self.image_proj(image_pooled)
-        caption_emb = self.text_proj(caption_pooled)
+        text_emb = self.text_proj(text_pooled)  # (2B, embed_dim)
         audio_emb = self.audio_proj(audio_pooled)
-        question_emb = self.text_proj(question_pooled)
-        return (answer_logits, lm_logits, image_emb, caption_emb, audio_emb, question_emb,
+        return (answer_logits, lm_logits, image_emb, text_emb[batch:], audio_emb, text_emb[:batch],
                 self.logit_scale_image_text(), self.logit_scale_audio_text())

@@ -3,12 +3,18 @@
 Embeddings = word + position + token type (always type 0: mindvl feeds single segments), then an
 embedding LayerNorm and the blocks. BERT is post-LN (`pre_norm: false`); pre-LN configs get a final
 LayerNorm from the stack instead. Keys follow BERT's names so its weights map one to one.
+
+Two layouts of the same computation: `construct` runs one padded sequence per row with a padding mask
+(deployment), `construct_packed` runs rows of several sequences with segment ids and per-sequence
+position ids (training; mindvl/data/packing.py). A sequence's tokens get the same embeddings and see
+the same keys in both, so both give the same token states and pooled output.
 """
 from mindspore import nn, ops
 
 from .embedding import Embedding
-from .masks import padding_mask
+from .masks import padding_mask, segment_mask
 from .norm import create_norm
+from .packed import gather_tokens
 from .transformer import TransformerStack
 
 
@@ -36,11 +42,26 @@ class TextEncoder(nn.Cell):
         self.encoder = TransformerStack(cfg, dropout)
         self.add = ops.Add()
 
-    def construct(self, ids, mask):
-        length = ids.shape[1]
-        positions = self.position_embeddings.weight[:length]  # (L, width)
+    def _embed(self, ids, positions):
+        """ids (batch, L) int32, positions (L, width) or (batch, L, width) -> (batch, L, width)."""
         token_type = self.token_type_embeddings.weight[0]  # (width,)
         x = self.add(self.add(self.word_embeddings(ids), positions), token_type)
-        x = self.dropout(self.embed_norm(x))
-        x = self.encoder(x, padding_mask(mask))
+        return self.dropout(self.embed_norm(x))
+
+    def construct(self, ids, mask):
+        positions = self.position_embeddings.weight[:ids.shape[1]]  # (L, width)
+        x = self.encoder(self._embed(ids, positions), padding_mask(mask))
         return x, x[:, 0]
+
+    def construct_packed(self, ids, positions, segment, index):
+        """Packed rows -> per-sequence outputs, equal to `construct` on each sequence alone.
+
+        ids, positions, segment: (R, S) int32 rows of several sequences (token ids, position within the
+        sequence, segment 1.. per sequence and 0 at padding); index (N, L) int32: the flattened row
+        position of token j of sequence n, R * S where sequence n has no token j (cells/packed.py).
+        Returns (tokens (N, L, width), zero where a sequence has no token; pooled (N, width) = [CLS]).
+        """
+        x = self._embed(ids, self.position_embeddings(positions))
+        x = self.encoder(x, segment_mask(segment))  # (R, S, width)
+        tokens = gather_tokens(x, index)
+        return tokens, tokens[:, 0]

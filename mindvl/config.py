@@ -217,23 +217,34 @@ class AugmentConfig:
 
 @dataclass
 class PackingConfig:
-    """Online packing of the fusion sequences of a batch into rows with segment ids (data.packing).
+    """Online packing of a batch's Transformer inputs into rows with segment ids (data.packing).
 
-    A batch's samples are packed into `length`-token rows; the number of rows is the smallest entry
-    of `rows` that holds the batch (or batch_size, one sample per row, as the last resort), so graph
-    mode compiles once per entry, never per batch. Disabled: one sample per row, padded to the
-    longest possible sample (the classic layout).
+    Three streams are packed (mindvl/data/packing.py): the fusion sequences into `length`-token rows,
+    the questions' and captions' tokens into `text_length`-token rows, the clips' mel frames into
+    `audio_frames`-frame rows. A stream's number of rows is the smallest entry of its bucket list
+    (`rows`, `text_rows`, `audio_rows`; empty: derived from batch_size) that holds the batch, else its
+    padded layout, so graph mode compiles once per bucket combination met, never per batch. Disabled:
+    one sample per row, padded to the longest possible sample (the classic layout).
     """
 
     enabled: bool = True
-    length: int = 128  # tokens per packed row; at least the longest possible sample
-    rows: List[int] = field(default_factory=list)  # row-count buckets; empty: derived from batch_size
+    length: int = 128  # fusion tokens per packed row; at least the longest possible sample
+    rows: List[int] = field(default_factory=list)  # fusion row-count buckets; empty: derived from batch_size
+    text_length: int = 32  # text tokens per packed row; at least preprocess.max_text_length
+    text_rows: List[int] = field(default_factory=list)  # text row-count buckets; empty: derived
+    audio_frames: int = 256  # mel frames per packed audio row; even, at least preprocess.max_audio_frames
+    audio_rows: List[int] = field(default_factory=list)  # audio row-count buckets; empty: derived
     log_every: int = 50  # steps between packing statistics in the log and TensorBoard
 
     def validate(self) -> None:
-        _positive(self, "data.packing", ["length", "log_every"])
-        if any(r <= 0 for r in self.rows) or sorted(set(self.rows)) != list(self.rows):
-            raise ConfigError(f"data.packing.rows: expected increasing positive row counts, got {self.rows}")
+        _positive(self, "data.packing", ["length", "text_length", "audio_frames", "log_every"])
+        if self.audio_frames % 2:
+            raise ConfigError(f"data.packing.audio_frames: expected an even number (clips start at even "
+                              f"frames: the audio encoder halves time), got {self.audio_frames}")
+        for name in ("rows", "text_rows", "audio_rows"):
+            rows = getattr(self, name)
+            if any(r <= 0 for r in rows) or sorted(set(rows)) != list(rows):
+                raise ConfigError(f"data.packing.{name}: expected increasing positive row counts, got {rows}")
 
 
 @dataclass

@@ -8,9 +8,9 @@ as LM tokens, and two flags saying which question modality the model sees. Every
 
 Pipeline: MindDataset (this rank's rows, in the order below) -> batch, whose workers decode and augment
 images -> a map whose workers build the audio columns -> a map whose workers build the text columns ->
-(training) a map that packs the batch's fusion sequences (mindvl/data/packing.py). Each stage has its
-own `data.num_workers` threads, so the three modalities are prepared in parallel, a batch at a time
-(a per-row map costs MindSpore ~200 us of conversions per row, more than the work itself).
+(training) a map that packs the batch's texts, clips and fusion sequences (mindvl/data/packing.py).
+Each stage has its own `data.num_workers` threads, so the three modalities are prepared in parallel, a
+batch at a time (a per-row map costs MindSpore ~200 us of conversions per row, more than the work itself).
 
 Order and randomness are functions of (data.seed, epoch, sample id) only, never of worker scheduling:
   - epoch e visits the rows in the permutation seeded by (seed, e); rank r of R takes its contiguous
@@ -39,14 +39,14 @@ import numpy as np
 
 from mindvl import preprocess as P
 from mindvl.config import Config, ConfigError, PreprocessConfig
-from mindvl.data.packing import PACK_COLUMNS, Packer
+from mindvl.data.packing import PACK_COLUMNS, PACK_INPUTS, Packer
 
 COLUMNS = ("sample_id", "image", "question_ids", "question_mask", "audio_mel", "audio_mask", "use_text",
            "use_audio", "caption_ids", "caption_mask", "answer", "answer_tokens", "question_group",
            "caption_group")
-# What the training graph consumes (mindvl.train.losses.MultimodalLoss), in its argument order.
-TRAIN_COLUMNS = ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "caption_ids",
-                 "caption_mask", "answer", "answer_tokens", "question_group", "caption_group", *PACK_COLUMNS)
+# What the training graph consumes (mindvl.train.losses.MultimodalLoss), in its argument order: the
+# questions, captions and clips reach it packed (PACK_COLUMNS), not padded.
+TRAIN_COLUMNS = ("image", "answer", "answer_tokens", "question_group", "caption_group", *PACK_COLUMNS)
 MODALITIES = ("mix", "text", "audio", "both")
 _FLAGS = ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0))  # (use_text, use_audio) for [text, audio, both]
 _CLIP, _MODALITY, _IMAGE, _AUDIO, _TEXT = range(5)  # purposes of per-sample random draws
@@ -332,14 +332,15 @@ _TEXT_OUTPUTS = ("question_ids", "question_mask", "caption_ids", "caption_mask",
 
 
 class _PackStage:
-    """Map: masks and modality flags -> the packed layout columns (mindvl/data/packing.py)."""
+    """Map: the text, audio and modality columns -> the same columns and the packed layouts
+    (mindvl/data/packing.py)."""
 
     def __init__(self, packer: Packer) -> None:
         self.packer = packer
 
-    def __call__(self, question_mask, audio_mask, use_text, use_audio):
-        packed = self.packer(question_mask, audio_mask, use_text, use_audio)
-        return (question_mask, audio_mask, use_text, use_audio, *packed.arrays)
+    def __call__(self, *columns):  # PACK_INPUTS, in order
+        packed = self.packer(*columns)
+        return (*columns, *packed.arrays)
 
 
 def _check_compatible(root: Path, meta: Dict, pre: PreprocessConfig) -> None:
@@ -401,9 +402,8 @@ def _pipeline(cfg: Config, split: str, files: List[str], rows: np.ndarray, epoch
                     output_columns=["sample_id", *_TEXT_OUTPUTS], **threads)
     columns = list(COLUMNS)
     if packer is not None:
-        data = data.map(_PackStage(packer), input_columns=["question_mask", "audio_mask", "use_text", "use_audio"],
-                        output_columns=["question_mask", "audio_mask", "use_text", "use_audio", *PACK_COLUMNS],
-                        **threads)
+        data = data.map(_PackStage(packer), input_columns=list(PACK_INPUTS),
+                        output_columns=[*PACK_INPUTS, *PACK_COLUMNS], **threads)
         columns += list(PACK_COLUMNS)
     return data.project(columns)
 

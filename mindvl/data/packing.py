@@ -1,35 +1,67 @@
-"""Online packing of fusion sequences into fixed-shape rows with segment ids.
+"""Online packing of every Transformer input of a batch into fixed-shape rows with segment ids.
 
-Every sample's fusion sequence is a subset of a fixed per-sample token table of `FusionLayout.length`
-slots, [CLS | image | question text | audio | answer]; which slots a sample uses depends on its question
-length, its clip length and which question modality it was given (text, audio or both). Padding every
-sample to the whole table wastes about half of the fusion Transformer's work on easy-VQA; packing
-places only the used slots of several samples one after another in `length`-token rows, with a segment
-id per sample, so that attention is block-diagonal (cells/masks.py: packed_prefix_lm_mask) and each
-sample computes exactly what it computes alone.
+Padding a batch to its longest possible sample wastes about half of the work on easy-VQA. Three streams
+are packed, each into rows of its own length, several samples per row, with a segment id per sample, so
+that attention is block-diagonal (cells/masks.py) and each sample computes exactly what it computes alone:
 
-Shapes stay static: the number of rows is the smallest entry of the bucket list that holds the batch
-(first-fit decreasing), so graph mode compiles once per bucket. With packing disabled the layout is the
-classic one (one sample per row, every slot present, unused ones masked), so the same graph code serves
-both and the benchmark compares them on equal terms.
+  text    every question's and every caption's valid tokens ([CLS] ... [SEP]) in `text_length`-token
+          rows, positions restarting at 0 per sequence (TextPacker);
+  audio   every clip's valid mel frames in `audio_frames`-frame rows, at even offsets with at least one
+          zero frame after each clip, so that the stride-2 conv front-end sees around a clip exactly the
+          zeros it sees around it alone, token positions restarting per clip (AudioPacker);
+  fusion  every sample's used slots of its fusion token table [CLS | image | text | audio | answer] in
+          `length`-token rows (FusionPacker).
+The vision encoder needs no packing: every image has the same number of patches.
 
-Arrays handed to the model (B samples, R rows of S tokens, P slots per sample, La answer slots):
-  pack_index (R, S) int32    slot b * P + p gathered into each row position (0 at padding)
-  pack_segment (R, S) int32  1, 2, ... per sample within a row; 0 at padding
-  pack_answer (R, S) float32 1 at answer slots (causal among themselves), 0 elsewhere
-  cls_index (B,) int32       r * S + s of each sample's CLS in the flattened rows
-  answer_index (B, La) int32 flattened row positions of each sample's answer slots
+Shapes stay static: a stream's row count is the smallest entry of its bucket list that holds the batch
+(first-fit decreasing), else the stream falls back to the padded layout, so graph mode compiles once per
+combination of buckets actually met (`Packer.shapes`), never per batch. With packing disabled every
+stream takes the padded layout (one sample per row, every slot present, unused ones masked), so the same
+graph code serves both and the benchmark compares them on equal terms.
+
+Arrays handed to the model, in PACK_COLUMNS order (B samples; Lt = max_text_length; Na = max_audio_frames
+/ 2 tokens per clip; La answer slots; P fusion table slots per sample):
+  text_pack_ids (Rt, Lx) int32        token ids of the text rows (0 at padding)
+  text_pack_positions (Rt, Lx) int32  position of each token within its sequence (0 at padding)
+  text_pack_segment (Rt, Lx) int32    1, 2, ... per sequence within a row; 0 at padding
+  text_index (2B, Lt) int32           flattened row position (r * Lx + s) of token j of question b (row b)
+                                      and of caption b (row B + b); Rt * Lx (the zero row) past the end
+  audio_pack_mel (Ra, n_mels, Tx) f32 the clips' mel frames, zero between and after clips
+  audio_pack_segment (Ra, Tx) int32   1, 2, ... per clip at its frames; 0 in gaps and padding; token i of
+                                      a row (centred on frame 2i) belongs to segment [r, 2i]
+  audio_pack_positions (Ra, Tx/2) i32 position of each token within its clip (0 at padding)
+  audio_index (B, Na) int32           flattened token position (r * Tx/2 + i) of token j of clip b;
+                                      Ra * Tx / 2 (the zero row) past the clip's end
+  pack_index (Rf, S) int32            fusion slot b * P + p gathered into each row position (0 at padding)
+  pack_segment (Rf, S) int32          1, 2, ... per sample within a row; 0 at padding
+  pack_answer (Rf, S) float32         1 at answer slots (causal among themselves), 0 elsewhere
+  cls_index (B,) int32                r * S + s of each sample's fusion CLS in the flattened rows
+  answer_index (B, La) int32          flattened row positions of each sample's answer slots
+"The zero row" is a row of zeros the encoders append after their flattened rows (cells/packed.py), so
+a slot a sample does not have reads zeros; the fusion never reads those slots.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from mindvl.config import Config, ConfigError
 
-PACK_COLUMNS = ("pack_index", "pack_segment", "pack_answer", "cls_index", "answer_index")
+# What the packer reads, in the order _PackStage hands the loader's columns to it.
+PACK_INPUTS = ("question_ids", "question_mask", "caption_ids", "caption_mask", "audio_mel", "audio_mask",
+               "use_text", "use_audio")
+TEXT_COLUMNS = ("text_pack_ids", "text_pack_positions", "text_pack_segment", "text_index")
+AUDIO_COLUMNS = ("audio_pack_mel", "audio_pack_segment", "audio_pack_positions", "audio_index")
+FUSION_COLUMNS = ("pack_index", "pack_segment", "pack_answer", "cls_index", "answer_index")
+PACK_COLUMNS = TEXT_COLUMNS + AUDIO_COLUMNS + FUSION_COLUMNS
+
+# Average share of the padded layout a sample uses, measured on easy-VQA (sizes the default row buckets):
+# a fusion sequence uses about half its table (one question modality out of two, shorter than the
+# maximum), a question + caption pair about half of 2 * max_text_length, a clip about 60% of its frames.
+FUSION_USE, TEXT_USE, AUDIO_USE = 0.5, 0.5, 0.6
+BUCKET_FILLS = (0.85, 0.7)  # row buckets hold a batch of average samples at these fill ratios
 
 
 @dataclass(frozen=True)
@@ -79,19 +111,197 @@ class FusionLayout:
 
 
 @dataclass
-class PackedBatch:
-    arrays: Tuple[np.ndarray, ...]  # in PACK_COLUMNS order
+class PackedStream:
+    """One stream's arrays (in its *_COLUMNS order) and how well its rows are used."""
+
+    arrays: Tuple[np.ndarray, ...]
     rows_used: int  # rows holding at least one sample
-    useful_tokens: int  # slots that hold a used token
+    useful_tokens: int  # row slots that hold a sample's token (audio: tokens, not frames)
+    capacity: int  # row slots in all
 
     @property
     def fill(self) -> float:
-        index = self.arrays[0]
-        return self.useful_tokens / index.size
+        return self.useful_tokens / max(self.capacity, 1)
+
+    @property
+    def shape(self) -> Tuple[int, int]:
+        """(rows, row length) of the stream's first array: what a graph compiles for."""
+        first = self.arrays[0]
+        return (first.shape[0], first.shape[-1])
 
 
-class Packer:
-    """Lays out a batch's used slots in rows; see the module docstring."""
+@dataclass
+class PackedBatch:
+    text: PackedStream
+    audio: PackedStream
+    fusion: PackedStream
+
+    @property
+    def arrays(self) -> Tuple[np.ndarray, ...]:
+        """Every column, in PACK_COLUMNS order."""
+        return self.text.arrays + self.audio.arrays + self.fusion.arrays
+
+    @property
+    def shapes(self) -> Tuple[Tuple[int, int], ...]:
+        """(text, audio, fusion) (rows, row length): one graph compilation per distinct value."""
+        return (self.text.shape, self.audio.shape, self.fusion.shape)
+
+
+class _Buckets:
+    """A stream's row-count buckets, those below `fallback` (the padded layout's row count) kept;
+    `pick(needed)` -> the smallest that holds `needed` rows, or None: take the padded layout."""
+
+    def __init__(self, rows: Sequence[int], fallback: int) -> None:
+        self.rows = sorted({int(r) for r in rows if r < fallback})
+
+    def pick(self, needed: int) -> Optional[int]:
+        return next((r for r in self.rows if r >= needed), None)
+
+
+def default_row_buckets(average: float, count: int, length: int) -> List[int]:
+    """Row buckets when the recipe names none: enough `length`-slot rows for `count` items of `average`
+    slots at each of BUCKET_FILLS; a batch that needs more falls back to the padded layout."""
+    need = count * average / length
+    return sorted({max(1, int(np.ceil(need / fill))) for fill in BUCKET_FILLS})
+
+
+def first_fit_decreasing(sizes: Sequence[int], capacity: int,
+                         gaps: Optional[Sequence[int]] = None) -> List[List[int]]:
+    """Bin packing: items (by index) into bins of `capacity`, longest first, ties by index.
+
+    gaps[i]: room item i leaves empty after itself if another item follows it in its bin (it need not
+    fit in the bin: an item fits when its own size does).
+    """
+    gaps = gaps if gaps is not None else [0] * len(sizes)
+    bins: List[List[int]] = []
+    free: List[int] = []
+    for item in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        for b, room in enumerate(free):
+            if sizes[item] <= room:
+                bins[b].append(item)
+                free[b] -= sizes[item] + gaps[item]
+                break
+        else:
+            bins.append([item])
+            free.append(capacity - sizes[item] - gaps[item])
+    return bins
+
+
+def _prefix_lengths(mask: np.ndarray, what: str) -> np.ndarray:
+    """(N, L) float {1, 0} masks whose ones come first -> (N,) int lengths; anything else is a bug upstream
+    (the packer copies a sample's first `length` entries)."""
+    lengths = (mask > 0).sum(axis=1)
+    if np.any((mask > 0) != (np.arange(mask.shape[1])[None] < lengths[:, None])):
+        raise ValueError(f"{what}: expected masks whose valid entries come first (as preprocess pads them)")
+    return lengths
+
+
+# ----------------------------------------------------------------------------- text
+
+class TextPacker:
+    """Packs `sequences` token sequences (questions then captions) of at most `max_length` tokens."""
+
+    def __init__(self, max_length: int, sequences: int, enabled: bool = True, length: int = 32,
+                 rows: Sequence[int] = ()) -> None:
+        if enabled and length < max_length:
+            raise ConfigError(f"data.packing.text_length: {length} is shorter than the longest text "
+                              f"(preprocess.max_text_length={max_length}); raise it to at least {max_length}")
+        self.max_length = int(max_length)
+        self.sequences = int(sequences)
+        self.enabled = bool(enabled)
+        self.length = int(length)
+        self.buckets = _Buckets(rows or default_row_buckets(TEXT_USE * max_length, sequences, length), sequences)
+
+    def shapes(self) -> List[Tuple[int, int]]:
+        """Every (rows, row length) a batch can take."""
+        packed = [(r, self.length) for r in self.buckets.rows] if self.enabled else []
+        return packed + [(self.sequences, self.max_length)]
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> PackedStream:
+        """ids (N, Lt) int32, mask (N, Lt) float32 -> PackedStream with TEXT_COLUMNS."""
+        lengths = _prefix_lengths(mask, "text masks")
+        bins = first_fit_decreasing(lengths.tolist(), self.length) if self.enabled else None
+        rows = self.buckets.pick(len(bins)) if bins is not None else None
+        if rows is None:  # the padded layout: sequence n alone in row n
+            bins, rows, length = [[n] for n in range(len(lengths))], len(lengths), self.max_length
+        else:
+            length = self.length
+        out_ids = np.zeros((rows, length), np.int32)
+        positions = np.zeros((rows, length), np.int32)
+        segment = np.zeros((rows, length), np.int32)
+        index = np.full(ids.shape, rows * length, np.int32)  # the zero row past the end
+        for r, members in enumerate(bins):
+            cursor = 0
+            for seg, n in enumerate(sorted(members), start=1):  # row order by sequence: deterministic
+                count = int(lengths[n])
+                out_ids[r, cursor:cursor + count] = ids[n, :count]
+                positions[r, cursor:cursor + count] = np.arange(count)
+                segment[r, cursor:cursor + count] = seg
+                index[n, :count] = r * length + cursor + np.arange(count)
+                cursor += count
+        return PackedStream((out_ids, positions, segment, index), len(bins), int(lengths.sum()), rows * length)
+
+
+# ----------------------------------------------------------------------------- audio
+
+class AudioPacker:
+    """Packs each of `batch` clips of at most `max_frames` mel frames into rows of `frames` frames.
+
+    A clip of f frames at frame offset o (even) owns tokens o/2 .. o/2 + ceil(f/2) - 1 of the encoder's
+    stride-2 output; the next clip starts at the first even frame after o + f, so at least one zero frame
+    follows every clip (the token after an even-length clip stays empty). cells/audio.py relies on it.
+    """
+
+    def __init__(self, max_frames: int, batch: int, enabled: bool = True, frames: int = 256,
+                 rows: Sequence[int] = ()) -> None:
+        if enabled and (frames < max_frames or frames % 2):
+            raise ConfigError(f"data.packing.audio_frames: expected an even number of frames of at least "
+                              f"preprocess.max_audio_frames={max_frames}, got {frames}")
+        self.max_frames = int(max_frames)
+        self.batch = int(batch)
+        self.enabled = bool(enabled)
+        self.frames = int(frames)
+        average = AUDIO_USE * max_frames / 2 + 0.5  # tokens, half the clips leaving an empty token after them
+        self.buckets = _Buckets(rows or default_row_buckets(average, batch, frames // 2), batch)
+
+    def shapes(self) -> List[Tuple[int, int]]:
+        packed = [(r, self.frames) for r in self.buckets.rows] if self.enabled else []
+        return packed + [(self.batch, self.max_frames)]
+
+    def __call__(self, mel: np.ndarray, mask: np.ndarray) -> PackedStream:
+        """mel (B, n_mels, T) float32, frame mask (B, T) float32 -> PackedStream with AUDIO_COLUMNS."""
+        frames = _prefix_lengths(mask, "audio frame masks")
+        tokens = (frames + 1) // 2  # token i is centred on frame 2i
+        bins = None
+        if self.enabled:
+            bins = first_fit_decreasing(tokens.tolist(), self.frames // 2, (1 - frames % 2).tolist())
+        rows = self.buckets.pick(len(bins)) if bins is not None else None
+        if rows is None:  # the padded layout: clip b alone in row b
+            bins, rows, length = [[b] for b in range(len(frames))], len(frames), self.max_frames
+        else:
+            length = self.frames
+        token_length = length // 2
+        out_mel = np.zeros((rows, mel.shape[1], length), np.float32)
+        segment = np.zeros((rows, length), np.int32)
+        positions = np.zeros((rows, token_length), np.int32)
+        index = np.full((len(frames), self.max_frames // 2), rows * token_length, np.int32)
+        for r, members in enumerate(bins):
+            cursor = 0  # in tokens; the clip starts at frame 2 * cursor
+            # in the order first-fit placed them: it counted every clip's trailing gap but the row's last
+            for seg, b in enumerate(members, start=1):
+                f, n = int(frames[b]), int(tokens[b])
+                out_mel[r, :, 2 * cursor:2 * cursor + f] = mel[b, :, :f]
+                segment[r, 2 * cursor:2 * cursor + f] = seg
+                positions[r, cursor:cursor + n] = np.arange(n)
+                index[b, :n] = r * token_length + cursor + np.arange(n)
+                cursor += n + 1 - f % 2  # past the zero frame(s) to the next even frame
+        return PackedStream((out_mel, segment, positions, index), len(bins), int(tokens.sum()), rows * token_length)
+
+
+# ----------------------------------------------------------------------------- fusion
+
+class FusionPacker:
+    """Lays out a batch's used fusion slots in rows; see the module docstring."""
 
     def __init__(self, layout: FusionLayout, batch_size: int, enabled: bool = True, length: int = 128,
                  rows: Sequence[int] = ()) -> None:
@@ -105,22 +315,15 @@ class Packer:
                 f"{layout.audio_tokens} audio + {layout.answer_tokens} answer); raise it to at least "
                 f"{layout.length}")
         self.length = int(length) if self.enabled else layout.length
-        buckets = [r for r in (rows or default_row_buckets(layout, self.batch_size, self.length))
-                   if r < self.batch_size]
-        self.rows = sorted(set(buckets)) + [self.batch_size] if self.enabled else [self.batch_size]
-
-    @classmethod
-    def from_config(cls, cfg: Config, batch_size: int = 0) -> "Packer":
-        packing = cfg.data.packing
-        return cls(FusionLayout.from_config(cfg), batch_size or cfg.data.batch_size, packing.enabled,
-                   packing.length, packing.rows)
+        buckets = rows or default_row_buckets(FUSION_USE * layout.length, self.batch_size, self.length)
+        self.rows = _Buckets(buckets, self.batch_size).rows + [self.batch_size] if self.enabled else [self.batch_size]
 
     def shapes(self) -> List[Tuple[int, int]]:
         """Every (rows, length) a batch can take: one graph compilation each."""
         return [(rows, self.length) for rows in self.rows]
 
     def __call__(self, question_mask: np.ndarray, audio_mask: np.ndarray, use_text: np.ndarray,
-                 use_audio: np.ndarray) -> PackedBatch:
+                 use_audio: np.ndarray) -> PackedStream:
         batch = question_mask.shape[0]
         slots = [self.layout.used_slots(question_mask[b], audio_mask[b], use_text[b], use_audio[b])
                  for b in range(batch)]
@@ -133,7 +336,7 @@ class Packer:
             bins, rows = [[b] for b in range(batch)], batch
         return self._place(slots, bins, rows)
 
-    def _padded(self, slots) -> PackedBatch:
+    def _padded(self, slots) -> PackedStream:
         """One sample per row over every slot (unused ones masked): the classic padded layout."""
         batch, length = len(slots), self.layout.length
         index = np.arange(batch * length, dtype=np.int32).reshape(batch, length)
@@ -147,9 +350,9 @@ class Packer:
             answer_index[b] = b * length + answer
         cls_index = np.arange(batch, dtype=np.int32) * length
         useful = int(segment.astype(bool).sum())
-        return PackedBatch((index, segment, answer_flag, cls_index, answer_index), batch, useful)
+        return PackedStream((index, segment, answer_flag, cls_index, answer_index), batch, useful, index.size)
 
-    def _place(self, slots, bins: List[List[int]], rows: int) -> PackedBatch:
+    def _place(self, slots, bins: List[List[int]], rows: int) -> PackedStream:
         length, table = self.length, self.layout.length
         index = np.zeros((rows, length), np.int32)
         segment = np.zeros((rows, length), np.int32)
@@ -169,32 +372,39 @@ class Packer:
                 answer_index[b] = r * length + cursor + n_prefix + np.arange(len(answer))
                 cursor += n
             useful += cursor
-        return PackedBatch((index, segment, answer_flag, cls_index, answer_index), len(bins), useful)
+        return PackedStream((index, segment, answer_flag, cls_index, answer_index), len(bins), useful, index.size)
 
 
-def first_fit_decreasing(sizes: Sequence[int], capacity: int) -> List[List[int]]:
-    """Bin packing: items (by index) into bins of `capacity`, longest first, ties by index."""
-    bins: List[List[int]] = []
-    free: List[int] = []
-    for item in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        for b, room in enumerate(free):
-            if sizes[item] <= room:
-                bins[b].append(item)
-                free[b] -= sizes[item]
-                break
-        else:
-            bins.append([item])
-            free.append(capacity - sizes[item])
-    return bins
+# ----------------------------------------------------------------------------- the three together
 
+class Packer:
+    """A batch's columns (PACK_INPUTS) -> PackedBatch (PACK_COLUMNS); see the module docstring."""
 
-def default_row_buckets(layout: FusionLayout, batch_size: int, length: int) -> List[int]:
-    """Row buckets when the recipe names none: enough rows for a batch of average samples at ~85% and
-    ~70% fill. An average sample uses about half its table (one question modality out of two, shorter
-    than the maximum), measured on easy-VQA; a batch that needs more falls back to batch_size rows."""
-    average = 0.5 * layout.length
-    need = batch_size * average / length
-    return sorted({max(1, int(np.ceil(need / fill))) for fill in (0.85, 0.7)})
+    def __init__(self, text: TextPacker, audio: AudioPacker, fusion: FusionPacker) -> None:
+        self.text, self.audio, self.fusion = text, audio, fusion
+
+    @classmethod
+    def from_config(cls, cfg: Config, batch_size: int = 0) -> "Packer":
+        packing, pre = cfg.data.packing, cfg.preprocess
+        batch = batch_size or cfg.data.batch_size
+        return cls(TextPacker(pre.max_text_length, 2 * batch, packing.enabled, packing.text_length,
+                              packing.text_rows),
+                   AudioPacker(pre.max_audio_frames, batch, packing.enabled, packing.audio_frames,
+                               packing.audio_rows),
+                   FusionPacker(FusionLayout.from_config(cfg), batch, packing.enabled, packing.length,
+                                packing.rows))
+
+    def shapes(self) -> Dict[str, List[Tuple[int, int]]]:
+        """Every (rows, row length) each stream can take; a graph compiles once per combination met."""
+        return {"text": self.text.shapes(), "audio": self.audio.shapes(), "fusion": self.fusion.shapes()}
+
+    def __call__(self, question_ids: np.ndarray, question_mask: np.ndarray, caption_ids: np.ndarray,
+                 caption_mask: np.ndarray, audio_mel: np.ndarray, audio_mask: np.ndarray, use_text: np.ndarray,
+                 use_audio: np.ndarray) -> PackedBatch:
+        """The loader's columns of one batch (shapes: mindvl.data.loader.create_dataset)."""
+        text = self.text(np.concatenate((question_ids, caption_ids)), np.concatenate((question_mask, caption_mask)))
+        return PackedBatch(text, self.audio(audio_mel, audio_mask),
+                           self.fusion(question_mask, audio_mask, use_text, use_audio))
 
 
 class PackingStats:

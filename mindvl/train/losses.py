@@ -75,15 +75,16 @@ class MultimodalLoss(nn.Cell):
         self.w_answer = weights.answer
         self.w_lm = weights.lm
 
-    def construct(self, image, question_ids, question_mask, audio_mel, audio_mask, caption_ids, caption_mask,
-                  answer, answer_tokens, question_group, caption_group, pack_index, pack_segment, pack_answer,
-                  cls_index, answer_index):
+    def construct(self, image, answer, answer_tokens, question_group, caption_group, text_pack_ids,
+                  text_pack_positions, text_pack_segment, text_index, audio_pack_mel, audio_pack_segment,
+                  audio_pack_positions, audio_index, pack_index, pack_segment, pack_answer, cls_index, answer_index):
         answer_in = answer_tokens[:, :-1]  # teacher forcing: predict token t+1 from tokens <= t
         answer_next = answer_tokens[:, 1:]
         (answer_logits, lm_logits, image_emb, caption_emb, audio_emb, question_emb,
          scale_image_text, scale_audio_text) = self.model(
-             image, question_ids, question_mask, audio_mel, audio_mask, caption_ids, caption_mask, answer_in,
-             pack_index, pack_segment, pack_answer, cls_index, answer_index)
+             image, answer_in, text_pack_ids, text_pack_positions, text_pack_segment, text_index, audio_pack_mel,
+             audio_pack_segment, audio_pack_positions, audio_index, pack_index, pack_segment, pack_answer,
+             cls_index, answer_index)
         contrastive = (self.contrastive(image_emb, caption_emb, scale_image_text, caption_group)
                        + self.contrastive(audio_emb, question_emb, scale_audio_text, question_group)) / 2
         answer = self.answer_loss(answer_logits, answer)

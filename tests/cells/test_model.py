@@ -1,6 +1,6 @@
 """The tiny MultimodalModel: output shapes, mask semantics (padding, prefix LM, modality switch),
 export wrappers equal to the training graph, stable parameter names. The training graph runs packed with
-the recipe's packing (tests/cells/test_packing.py covers packing itself).
+the recipe's packing (tests/cells/test_packed_model.py covers packing itself).
 
 One model and one batch per module; each graph compiles once (same shapes reuse the compiled graph).
 """
@@ -13,15 +13,14 @@ from mindspore import Tensor
 from mindvl.cells import (AnswerNet, AudioEmbedNet, GenerateNet, ImageEmbedNet, MultimodalModel, TextEmbedNet,
                           create_model)
 from mindvl.config import load_config
-from mindvl.data.packing import PACK_COLUMNS, Packer
+from mindvl.data.packing import PACK_COLUMNS, PACK_INPUTS, Packer
 
 ms.set_context(mode=ms.GRAPH_MODE)
 
 VOCAB, BATCH, TEXT_LEN, ANSWER_LEN = 50, 3, 14, 3
 FRAMES = load_config("tiny").preprocess.max_audio_frames
 FRAME_COUNTS = [121, FRAMES, 60]  # valid mel frames per sample: odd, full, short
-INPUT_NAMES = ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "caption_ids", "caption_mask",
-               "answer_in") + PACK_COLUMNS
+INPUT_NAMES = ("image", "answer_in") + PACK_COLUMNS
 EXPORT_INPUTS = ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "use_text", "use_audio")
 
 
@@ -40,15 +39,14 @@ def model(cfg):
 
 @pytest.fixture(scope="module")
 def batch(cfg):
-    """numpy inputs: sample 0 has padded text and audio, sample 1 is full, sample 2 is short; the packed
-    layout of their flags (use_text, use_audio) and masks."""
+    """numpy inputs: sample 0 has padded text and audio, sample 1 is full, sample 2 is short (the training
+    graph's packed columns: `packed`)."""
     rng = np.random.default_rng(0)
     size, n_mels = cfg.preprocess.image_size, cfg.preprocess.n_mels
     text_lengths, frame_counts = [9, TEXT_LEN, 5], FRAME_COUNTS
     question_mask = (np.arange(TEXT_LEN)[None] < np.array(text_lengths)[:, None]).astype(np.float32)
     audio_mask = (np.arange(FRAMES)[None] < np.array(frame_counts)[:, None]).astype(np.float32)
     use_text, use_audio = np.array([1, 1, 0], np.float32), np.array([1, 0, 1], np.float32)
-    packed = Packer.from_config(cfg, BATCH)(question_mask, audio_mask, use_text, use_audio)
     return {
         "image": rng.standard_normal((BATCH, 3, size, size)).astype(np.float32),
         "question_ids": (rng.integers(1, VOCAB, (BATCH, TEXT_LEN)) * question_mask).astype(np.int32),
@@ -60,8 +58,13 @@ def batch(cfg):
         "caption_ids": rng.integers(1, VOCAB, (BATCH, TEXT_LEN)).astype(np.int32),
         "caption_mask": np.ones((BATCH, TEXT_LEN), np.float32),
         "answer_in": rng.integers(1, VOCAB, (BATCH, ANSWER_LEN)).astype(np.int32),
-        **dict(zip(PACK_COLUMNS, packed.arrays)),
     }
+
+
+def packed(cfg, batch):
+    """`batch` and its packed layout with the recipe's packing: what the training graph takes."""
+    columns = Packer.from_config(cfg, BATCH)(*(batch[name] for name in PACK_INPUTS)).arrays
+    return {**batch, **dict(zip(PACK_COLUMNS, columns))}
 
 
 def run(net, inputs, names=INPUT_NAMES):
@@ -70,8 +73,8 @@ def run(net, inputs, names=INPUT_NAMES):
 
 
 @pytest.fixture(scope="module")
-def outputs(model, batch):
-    return run(model, batch)
+def outputs(cfg, model, batch):
+    return run(model, packed(cfg, batch))
 
 
 def changed(batch, **updates):
@@ -151,7 +154,7 @@ def test_parameter_names_are_stable_checkpoint_keys(model):
 
 # ------------------------------------------------------------------------------------------ masks
 
-def test_padded_question_tokens_and_audio_frames_change_nothing(model, batch, outputs):
+def test_padded_question_tokens_and_audio_frames_change_nothing(cfg, model, batch, outputs):
     def scramble_text(ids):
         ids[0, 9:] = 7
         ids[2, 5:] = 3
@@ -161,7 +164,14 @@ def test_padded_question_tokens_and_audio_frames_change_nothing(model, batch, ou
         mel[2, :, 60:] = -3.0
 
     new = changed(batch, question_ids=scramble_text, audio_mel=scramble_audio)
-    assert_all_close(run(model, new), outputs)
+    assert_all_close(run(model, packed(cfg, new)), outputs)  # training packs the valid entries only
+    # deployment reads the padded arrays: there the masks make their padding harmless
+    np.testing.assert_allclose(run(AnswerNet(model), new, EXPORT_INPUTS), run(AnswerNet(model), batch, EXPORT_INPUTS),
+                               atol=1e-5)
+    audio_tokens, token_mask, audio_pooled = run(model.audio, batch, ("audio_mel", "audio_mask"))
+    new_audio, _, new_pooled = run(model.audio, new, ("audio_mel", "audio_mask"))
+    np.testing.assert_allclose(new_audio[token_mask == 1], audio_tokens[token_mask == 1], atol=1e-5)
+    np.testing.assert_allclose(new_pooled, audio_pooled, atol=1e-5)
 
     text_tokens, _ = run(model.text, batch, ("question_ids", "question_mask"))
     new_text, _ = run(model.text, new, ("question_ids", "question_mask"))
@@ -169,32 +179,32 @@ def test_padded_question_tokens_and_audio_frames_change_nothing(model, batch, ou
     np.testing.assert_allclose(new_text[valid], text_tokens[valid], atol=1e-5)
 
 
-def test_later_answer_tokens_never_reach_earlier_positions_or_the_prefix(model, batch, outputs):
+def test_later_answer_tokens_never_reach_earlier_positions_or_the_prefix(cfg, model, batch, outputs):
     def last_token(ids):
         ids[:, -1] = (ids[:, -1] + 11) % VOCAB
 
-    new = run(model, changed(batch, answer_in=last_token))
+    new = run(model, packed(cfg, changed(batch, answer_in=last_token)))
     np.testing.assert_allclose(new[1][:, :-1], outputs[1][:, :-1], atol=1e-5)  # earlier LM positions
     np.testing.assert_allclose(new[0], outputs[0], atol=1e-5)  # CLS / answer logits
     assert np.abs(new[1][:, -1] - outputs[1][:, -1]).max() > 1e-4  # the changed position does move
 
 
-def test_use_text_zero_hides_the_question_text_from_the_answer(model, batch, outputs):
+def test_use_text_zero_hides_the_question_text_from_the_answer(cfg, model, batch, outputs):
     def new_question(ids):
         ids[:] = (ids + 13) % VOCAB
 
-    new = run(model, changed(batch, question_ids=new_question))
+    new = run(model, packed(cfg, changed(batch, question_ids=new_question)))
     np.testing.assert_allclose(new[0][2], outputs[0][2], atol=1e-5)  # sample 2: use_text = 0
     np.testing.assert_allclose(new[1][2], outputs[1][2], atol=1e-5)
     assert np.abs(new[0][:2] - outputs[0][:2]).max() > 1e-4  # samples 0, 1 read their text
     assert np.abs(new[5] - outputs[5]).max() > 1e-4  # question_emb always follows the text
 
 
-def test_use_audio_zero_hides_the_audio_from_the_answer(model, batch, outputs):
+def test_use_audio_zero_hides_the_audio_from_the_answer(cfg, model, batch, outputs):
     def new_audio(mel):
         mel[:] = -mel
 
-    new = run(model, changed(batch, audio_mel=new_audio))
+    new = run(model, packed(cfg, changed(batch, audio_mel=new_audio)))
     np.testing.assert_allclose(new[0][1], outputs[0][1], atol=1e-5)  # sample 1: use_audio = 0
     assert np.abs(new[0][[0, 2]] - outputs[0][[0, 2]]).max() > 1e-4
 

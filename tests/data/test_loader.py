@@ -174,6 +174,24 @@ def test_train_batches_carry_a_consistent_packed_layout(small_cfg, small_report)
     assert (segment > 0).sum() < len(sample_ids) * layout.length  # packing leaves out unused slots
 
 
+def test_packed_text_and_audio_columns_hold_the_batchs_valid_tokens_and_frames(small_cfg, small_report):
+    batch = next(iter(create_dataset(small_cfg, "train", packed=True).create_dict_iterator(num_epochs=1,
+                                                                                          output_numpy=True)))
+    pre, packing = small_cfg.preprocess, small_cfg.data.packing
+    assert batch["text_pack_ids"].shape[1] == packing.text_length
+    assert batch["audio_pack_mel"].shape[1:] == (pre.n_mels, packing.audio_frames)
+    flat_ids = np.concatenate((batch["text_pack_ids"].reshape(-1), [0]))  # + the zero row
+    texts = np.concatenate((batch["question_ids"], batch["caption_ids"]))
+    masks = np.concatenate((batch["question_mask"], batch["caption_mask"]))
+    np.testing.assert_array_equal(flat_ids[batch["text_index"]], texts * masks)
+    assert (batch["audio_pack_segment"] > 0).sum() == batch["audio_mask"].sum()  # every valid frame, once
+    mel = batch["audio_pack_mel"].transpose(0, 2, 1).reshape(-1, pre.n_mels)  # (rows * frames, n_mels)
+    for b in range(len(batch["sample_id"])):
+        start = 2 * batch["audio_index"][b, 0]  # flat token r * T/2 + i sits on flat frame r * T + 2i
+        frames = int(batch["audio_mask"][b].sum())
+        np.testing.assert_array_equal(mel[start:start + frames], batch["audio_mel"][b, :, :frames].T)
+
+
 def test_a_missing_data_root_says_how_to_build_it(small_cfg, tmp_path):
     cfg = dataclasses.replace(small_cfg, data=dataclasses.replace(small_cfg.data, root=str(tmp_path / "nothing")))
     with pytest.raises(DataRootError, match="mindvl data build --config"):

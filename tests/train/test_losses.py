@@ -59,6 +59,8 @@ def test_train_columns_name_the_loss_arguments_in_order_ending_with_the_packing_
     assert list(TRAIN_COLUMNS) == arguments
     assert TRAIN_COLUMNS[-len(PACK_COLUMNS):] == PACK_COLUMNS
     assert "use_text" not in TRAIN_COLUMNS and "use_audio" not in TRAIN_COLUMNS  # the packer applies them
+    for padded in ("question_ids", "question_mask", "caption_ids", "caption_mask", "audio_mel", "audio_mask"):
+        assert padded not in TRAIN_COLUMNS  # texts and clips reach the training graph packed only
 
 
 def test_warmup_cosine_rises_then_decays_to_min():
