@@ -3,7 +3,6 @@
 Retrieval runs over distinct items (each test image once, each test clip once) against the distinct
 candidate texts in the data set's meta, so duplicated questions do not inflate the figures.
 """
-from pathlib import Path
 from typing import Dict, Iterable, List, Sequence
 
 import mindspore as ms
@@ -12,7 +11,7 @@ import numpy as np
 from mindvl import preprocess
 from mindvl.config import Config
 from mindvl.data import load_meta, load_tokenizer
-from mindvl.data.records import read_table
+from mindvl.data.records import read_split
 
 
 def recall_at_k(similarity: np.ndarray, targets: np.ndarray, ks: Sequence[int] = (1, 5)) -> Dict[str, float]:
@@ -40,7 +39,7 @@ def embed_texts(text_net, cfg: Config, texts: Iterable[str]) -> np.ndarray:
 def image_to_caption(cfg: Config, image_net, text_net) -> Dict[str, float]:
     meta = load_meta(cfg.data.root)
     images, caption_ids = {}, {}
-    for row in read_table(Path(cfg.data.root) / "test.mindrecord", ["image_id", "image", "caption_id"]):
+    for row in read_split(cfg.data.root, "test", ["image_id", "image", "caption_id"]):
         image_id = int(row["image_id"])
         if image_id not in images:
             images[image_id] = preprocess.decode_image(row["image"], cfg.preprocess, f"test image {image_id}")
@@ -57,7 +56,7 @@ def image_to_caption(cfg: Config, image_net, text_net) -> Dict[str, float]:
 def audio_to_text(cfg: Config, audio_net, text_net) -> Dict[str, float]:
     meta = load_meta(cfg.data.root)
     mels, masks, targets = [], [], []
-    for row in read_table(Path(cfg.data.root) / "speech.mindrecord", ["question_id", "voice", "split", "pcm"]):
+    for row in read_split(cfg.data.root, "speech", ["question_id", "voice", "split", "pcm"]):
         if row["split"] != "test":
             continue
         name = f"test clip (question {row['question_id']}, voice {row['voice']})"

@@ -1,6 +1,5 @@
 """VQA accuracy of the answer classifier and of the generated answer text, per question modality."""
 from collections import Counter
-from pathlib import Path
 from typing import Dict, Sequence
 
 import mindspore as ms
@@ -9,7 +8,7 @@ from tqdm import tqdm
 
 from mindvl.config import Config
 from mindvl.data import create_dataset, load_meta, load_tokenizer
-from mindvl.data.records import read_table
+from mindvl.data.records import read_split
 
 ANSWER_KINDS = {"yes": "yes/no", "no": "yes/no", "circle": "shape", "rectangle": "shape", "triangle": "shape"}
 
@@ -42,7 +41,7 @@ def majority_baseline(cfg: Config) -> Dict[str, object]:
     """Accuracy on the test split of always answering the most frequent training answer."""
     answers = load_meta(cfg.data.root)["answers"]
     counts = {split: Counter(int(row["answer_id"]) for row in
-                             read_table(Path(cfg.data.root) / f"{split}.mindrecord", ["answer_id"]))
+                             read_split(cfg.data.root, split, ["answer_id"]))
               for split in ("train", "test")}
     majority = max(counts["train"], key=counts["train"].get)
     accuracy = counts["test"][majority] / max(sum(counts["test"].values()), 1)

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from mindvl.cells import create_model
 from mindvl.config import Config, ConfigError
-from mindvl.data import load_tokenizer
+from mindvl.data import load_meta, load_tokenizer
 from mindvl.data.loader import TRAIN_COLUMNS, TrainStream
 from mindvl.data.packing import PackingStats
 from mindvl.train.checkpoint import (CheckpointError, STATE_FILE, latest_checkpoint, load_model_weights,
@@ -42,13 +42,19 @@ class TrainResult:
     packing: Dict[str, object] = field(default_factory=dict)  # fill statistics over the whole run
 
 
-def bind_vocab(cfg: Config, vocab: int) -> Config:
-    """Set model.text.vocab_size from the data set's tokenizer (0 in a recipe means exactly this)."""
-    if cfg.model.text.vocab_size not in (0, vocab):
-        raise ConfigError(f"model.text.vocab_size: {cfg.model.text.vocab_size} does not match the tokenizer "
-                          f"of {cfg.data.root} ({vocab} tokens); set it to 0 to follow the data")
-    cfg.model.text.vocab_size = vocab
+def bind_data(cfg: Config, vocab: int, answers: int) -> Config:
+    """Set model.text.vocab_size and model.num_answers from the data set (0 in a recipe means exactly
+    this); a recipe value that disagrees with the data is an error, not a silent resize."""
+    _bind(cfg, cfg.model.text, "vocab_size", "model.text.vocab_size", vocab, "tokens in its tokenizer")
+    _bind(cfg, cfg.model, "num_answers", "model.num_answers", answers, "answers")
     return cfg
+
+
+def _bind(cfg: Config, section, name: str, key: str, value: int, what: str) -> None:
+    if getattr(section, name) not in (0, value):
+        raise ConfigError(f"{key}: {getattr(section, name)} does not match the data in {cfg.data.root} "
+                          f"({value} {what}); set it to 0 to follow the data")
+    setattr(section, name, value)
 
 
 class Trainer:
@@ -60,7 +66,7 @@ class Trainer:
         ms.set_context(mode=ms.GRAPH_MODE)
         ms.set_seed(cfg.train.seed)
         tokenizer = load_tokenizer(cfg.data.root)
-        self.cfg = bind_vocab(cfg, tokenizer.vocab_size)
+        self.cfg = bind_data(cfg, tokenizer.vocab_size, len(load_meta(cfg.data.root)["answers"]))
         self.progress = progress
         self.output_dir = Path(cfg.train.output_dir)
         self.stream = TrainStream(cfg)
@@ -191,4 +197,4 @@ def train(cfg: Config, progress: bool = True, resume: Optional[str] = None) -> T
     return result
 
 
-__all__ = ["Trainer", "TrainResult", "train", "bind_vocab"]
+__all__ = ["Trainer", "TrainResult", "train", "bind_data"]

@@ -101,3 +101,14 @@ def test_packing_statistics_are_reported(trained_run):
     assert 0.5 < result.packing["fill"] <= 1.0
     assert result.packing["samples_per_row"] > 1.0
     assert result.packing["batches"] == 30
+
+
+def test_model_sizes_follow_the_data_or_fail_clearly(make_config, tmp_path):
+    from mindvl.config import ConfigError
+    from mindvl.train.trainer import bind_data
+
+    cfg = make_config(tmp_path, model__num_answers=0)
+    bind_data(cfg, vocab=50, answers=40)
+    assert (cfg.model.text.vocab_size, cfg.model.num_answers) == (50, 40)
+    with pytest.raises(ConfigError, match=r"model.num_answers: 13 does not match .* \(40 answers\); set it to 0"):
+        bind_data(make_config(tmp_path), vocab=50, answers=40)
