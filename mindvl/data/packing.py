@@ -436,3 +436,31 @@ class PackingStats:
                 "samples_per_row": round(self.samples / max(self.rows_used, 1), 3),
                 "useful_tokens_per_batch": round(self.useful / max(self.batches, 1), 1),
                 "batches": self.batches, "row_buckets": dict(sorted(self.buckets.items()))}
+
+
+# The packed streams of a training batch: (its segment column, sequences per sample).
+PACKED_STREAMS = {"fusion": ("pack_segment", 1), "text": ("text_pack_segment", 2), "audio": ("audio_pack_segment", 1)}
+
+
+class PackingLog:
+    """PackingStats for every packed stream of the training batches (fusion, text, audio)."""
+
+    def __init__(self) -> None:
+        self.streams = {name: PackingStats() for name in PACKED_STREAMS}
+
+    def add(self, segments: Dict[str, np.ndarray], batch_size: int) -> None:
+        """`segments`: stream name -> its segment column of one batch (numpy)."""
+        for name, (_, per_sample) in PACKED_STREAMS.items():
+            self.streams[name].add(segments[name], batch_size * per_sample)
+
+    def reset(self) -> None:
+        for stats in self.streams.values():
+            stats.reset()
+
+    def summary(self) -> Dict[str, Dict[str, float]]:
+        return {name: stats.summary() for name, stats in self.streams.items()}
+
+    def describe(self) -> str:
+        parts = [f"{name} fill {s['fill']:.1%} ({s['samples_per_row']:.2f}/row, rows {s['row_buckets']})"
+                 for name, s in self.summary().items()]
+        return "packing: " + "; ".join(parts)

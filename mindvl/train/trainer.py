@@ -15,7 +15,7 @@ from mindvl.cells import create_model
 from mindvl.config import Config, ConfigError
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.data.loader import TRAIN_COLUMNS, TrainStream
-from mindvl.data.packing import PackingStats
+from mindvl.data.packing import PACKED_STREAMS, PackingLog
 from mindvl.train.checkpoint import (CheckpointError, STATE_FILE, latest_checkpoint, load_model_weights,
                                      load_optimizer_state, save_checkpoint)
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss
@@ -39,7 +39,7 @@ class TrainResult:
     final_losses: Dict[str, float] = field(default_factory=dict)  # mean over the last log window
     nonfinite_steps: int = 0  # steps whose loss was NaN/inf (left out of the logged means)
     start_step: int = 0  # > 0 when the run resumed from a checkpoint
-    packing: Dict[str, object] = field(default_factory=dict)  # fill statistics over the whole run
+    packing: Dict[str, object] = field(default_factory=dict)  # per stream: fill statistics over the whole run
 
 
 def bind_data(cfg: Config, vocab: int, answers: int) -> Config:
@@ -131,16 +131,17 @@ class Trainer:
         train_start = time.perf_counter()
         checkpoint = None
         packing = self.cfg.data.packing
-        run_packing, window_packing = PackingStats(), PackingStats()
+        run_packing, window_packing = PackingLog(), PackingLog()
         for step, _, batch in self._batches():
             start = time.perf_counter()
             loss, parts = self.train_step(*batch)
             values = np.concatenate([[loss.asnumpy()], parts.asnumpy()])
-            segments = batch[TRAIN_COLUMNS.index("pack_segment")].asnumpy()
+            segments = {name: batch[TRAIN_COLUMNS.index(column)].asnumpy()
+                        for name, (column, _) in PACKED_STREAMS.items()}
             run_packing.add(segments, batch_size)
             window_packing.add(segments, batch_size)
             if (step + 1) % packing.log_every == 0:
-                self._log_packing(writer, bar, window_packing.summary(), step + 1)
+                self._log_packing(writer, bar, window_packing, step + 1)
                 window_packing.reset()
             if step == self.start_step:
                 compile_seconds = time.perf_counter() - start
@@ -177,12 +178,12 @@ class Trainer:
             first_losses=first_losses, final_losses=losses, nonfinite_steps=nonfinite,
             start_step=self.start_step, packing=run_packing.summary())
 
-    def _log_packing(self, writer, bar, summary: Dict, step: int) -> None:
-        """Packing is never silently off: its fill and bucket use go to the log and TensorBoard."""
-        writer.add_scalar("data/packing_fill", summary["fill"], step)
-        writer.add_scalar("data/samples_per_row", summary["samples_per_row"], step)
-        message = (f"step {step}: packing fill {summary['fill']:.1%}, {summary['samples_per_row']:.2f} samples/row, "
-                   f"row buckets used {summary['row_buckets']}")
+    def _log_packing(self, writer, bar, packing: PackingLog, step: int) -> None:
+        """Packing is never silently off: each stream's fill and bucket use go to the log and TensorBoard."""
+        for name, summary in packing.summary().items():
+            writer.add_scalar(f"data/{name}_fill", summary["fill"], step)
+            writer.add_scalar(f"data/{name}_samples_per_row", summary["samples_per_row"], step)
+        message = f"step {step}: {packing.describe()}"
         if self.progress:
             bar.write(message)
         else:

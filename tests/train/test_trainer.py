@@ -98,9 +98,11 @@ def test_resume_without_a_checkpoint_is_a_clear_error(trained_run, tmp_path):
 
 def test_packing_statistics_are_reported(trained_run):
     _, result = trained_run
-    assert 0.5 < result.packing["fill"] <= 1.0
-    assert result.packing["samples_per_row"] > 1.0
-    assert result.packing["batches"] == 30
+    assert set(result.packing) == {"fusion", "text", "audio"}
+    for stream in result.packing.values():
+        assert 0.5 < stream["fill"] <= 1.0
+        assert stream["batches"] == 30
+    assert result.packing["fusion"]["samples_per_row"] > 1.0
 
 
 def test_model_sizes_follow_the_data_or_fail_clearly(make_config, tmp_path):
