@@ -12,7 +12,9 @@ Builds the data root if it is missing. Prints two tables:
      (vision, question, caption, audio, fusion). Both modes process exactly the same useful tokens per
      batch, so the useful-token rate ratio is the speed-up packing buys. Graph compilations: one per
      distinct (text, audio, fusion) shape combination met, each timed.
-The loader is kept out of the step timing: batches are read first, then the steps run.
+The loader is kept out of the step timing: batches are read first, then the steps run, in passes that
+alternate between the two modes (the median pass is reported), so a change in the machine's speed
+during the run affects both alike.
 """
 import argparse
 import os
@@ -32,7 +34,9 @@ def loader_rate(cfg, batches: int) -> float:
     start = time.perf_counter()
     for _ in range(batches):
         next(stream)
-    return batches * cfg.data.batch_size / (time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    stream.close()
+    return batches * cfg.data.batch_size / seconds
 
 
 STREAMS = (("text", "text_pack_segment", 1), ("audio", "audio_pack_segment", 2), ("fusion", "pack_segment", 1))
@@ -50,18 +54,20 @@ def useful_tokens(cfg, columns) -> int:
     return int(batch * image_tokens + sum((s > 0).sum() for s in stream_segments(columns).values()))
 
 
-def step_rate(cfg, steps: int):
-    """-> dict: stream shapes and fills, ms per step, samples/s, useful tokens/s, compilations and their s."""
+def prepare(cfg, steps: int) -> dict:
+    """A compiled trainer for `cfg` and `steps` batches read in advance, with their stream statistics."""
     from mindvl.data.loader import TRAIN_COLUMNS
     from mindvl.train.trainer import Trainer
 
     trainer = Trainer(cfg, progress=False)
     trainer.train_step.set_train(True)
     batches = []
-    for _, batch in trainer.stream:
+    stream = iter(trainer.stream)
+    for _, batch in stream:
         batches.append(batch)
-        if len(batches) == steps + 1:
+        if len(batches) == steps:
             break
+    stream.close()  # stop the pipeline's prefetching: it would compete with the timed steps
     numpy_columns = [dict(zip(TRAIN_COLUMNS, (t.asnumpy() for t in b))) for b in batches]
     segments = [stream_segments(c) for c in numpy_columns]
     combos = [tuple(s[name].shape for name, _, _ in STREAMS) for s in segments]
@@ -71,38 +77,55 @@ def step_rate(cfg, steps: int):
         loss, _ = trainer.train_step(*batches[combos.index(combo)])
         loss.asnumpy()
         compile_seconds.append(time.perf_counter() - start)
+    return {"step": trainer.train_step, "batches": batches, "batch_size": cfg.data.batch_size,
+            "shapes": {name: sorted({s[name].shape for s in segments}) for name, _, _ in STREAMS},
+            "fill": {name: np.mean([(s[name] > 0).mean() for s in segments]) for name, _, _ in STREAMS},
+            "useful": np.mean([useful_tokens(cfg, c) for c in numpy_columns]),
+            "compiles": len(compile_seconds), "compile_s": sum(compile_seconds), "seconds": []}
+
+
+def time_pass(mode: dict) -> None:
+    """One timed pass of train steps over the mode's batches; appends seconds per step."""
     start = time.perf_counter()
-    for batch in batches[1:]:
-        loss, _ = trainer.train_step(*batch)
+    for batch in mode["batches"]:
+        loss, _ = mode["step"](*batch)
     loss.asnumpy()
-    seconds = (time.perf_counter() - start) / steps
-    tokens = np.mean([useful_tokens(cfg, c) for c in numpy_columns[1:]])
-    return {"shapes": {name: sorted({s[name].shape for s in segments}) for name, _, _ in STREAMS},
-            "fill": {name: np.mean([(s[name] > 0).mean() for s in segments[1:]]) for name, _, _ in STREAMS},
-            "ms": seconds * 1000, "samples": cfg.data.batch_size / seconds, "tokens": tokens / seconds,
-            "useful": tokens, "compiles": len(compile_seconds), "compile_s": sum(compile_seconds)}
+    mode["seconds"].append((time.perf_counter() - start) / len(mode["batches"]))
+
+
+def rates(mode: dict) -> dict:
+    seconds = float(np.median(mode["seconds"]))
+    return {"ms": seconds * 1000, "samples": mode["batch_size"] / seconds, "tokens": mode["useful"] / seconds}
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="tiny")
     parser.add_argument("--data-root", default="mindvl_data")
-    parser.add_argument("--steps", type=int, default=20, help="timed train steps per mode")
+    parser.add_argument("--steps", type=int, default=10, help="train steps per timed pass")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="timed passes per mode, alternating padding and packing (the median is reported)")
     parser.add_argument("--loader-batches", type=int, default=30)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override for both modes, e.g. --set data.packing.audio_frames=192")
     parser.add_argument("--out", default="/tmp/mindvl_bench_run", help="scratch run folder")
     args = parser.parse_args(argv)
 
     from mindvl.config import load_config
     from mindvl.data.build import build_dataset
 
-    base = [f"data.root={args.data_root}", f"train.output_dir={args.out}"]
+    base = [f"data.root={args.data_root}", f"train.output_dir={args.out}", *args.overrides]
     cfg = load_config(args.config, base)
     build_dataset(cfg, progress=False)
     print(f"mindvl data-path benchmark: recipe {args.config}, batch {cfg.data.batch_size}, "
           f"{os.cpu_count()} CPU cores\n")
 
-    packed = step_rate(load_config(args.config, base + ["data.packing.enabled=true"]), args.steps)
-    padded = step_rate(load_config(args.config, base + ["data.packing.enabled=false"]), args.steps)
+    modes = {name: prepare(load_config(args.config, base + [f"data.packing.enabled={flag}"]), args.steps)
+             for name, flag in (("padding", "false"), ("packing", "true"))}
+    for _ in range(args.rounds):  # alternate, so drift in the machine's speed hits both modes alike
+        for mode in modes.values():
+            time_pass(mode)
+    padded, packed = ({**mode, **rates(mode)} for mode in modes.values())
 
     print("1. loader vs train step (samples/s)")
     print(f"   {'':28s} {'samples/s':>10s}")

@@ -501,6 +501,9 @@ class TrainStream:
                 self.position = DataPosition(self.position.epoch + 1, 0)
             epoch = self.position.epoch
             iterator = self._epoch(epoch, self.position.batch).create_dict_iterator(num_epochs=1)
-            for batch in iterator:
-                self.position = DataPosition(epoch, self.position.batch + 1)
-                yield batch["sample_id"].asnumpy(), tuple(batch[name] for name in TRAIN_COLUMNS)
+            try:
+                for batch in iterator:
+                    self.position = DataPosition(epoch, self.position.batch + 1)
+                    yield batch["sample_id"].asnumpy(), tuple(batch[name] for name in TRAIN_COLUMNS)
+            finally:  # closing the generator (end of training) stops the pipeline's prefetching workers
+                iterator.stop()

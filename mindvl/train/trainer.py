@@ -109,11 +109,15 @@ class Trainer:
     def _batches(self):
         """(step, sample ids, batch) from start_step to total_steps."""
         step = self.start_step
-        for sample_ids, batch in self.stream:
-            yield step, sample_ids, batch
-            step += 1
-            if step == self.total_steps:  # stop before the stream reads a batch no step will use
-                return
+        stream = iter(self.stream)
+        try:
+            for sample_ids, batch in stream:
+                yield step, sample_ids, batch
+                step += 1
+                if step == self.total_steps:  # stop before the stream reads a batch no step will use
+                    return
+        finally:
+            stream.close()
 
     def fit(self) -> TrainResult:
         self.output_dir.mkdir(parents=True, exist_ok=True)
