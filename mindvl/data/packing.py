@@ -438,20 +438,27 @@ class PackingStats:
                 "batches": self.batches, "row_buckets": dict(sorted(self.buckets.items()))}
 
 
-# The packed streams of a training batch: (its segment column, sequences per sample).
-PACKED_STREAMS = {"fusion": ("pack_segment", 1), "text": ("text_pack_segment", 2), "audio": ("audio_pack_segment", 1)}
+# The packed streams of a training batch: (its segment column, sequences per sample, step from one token
+# to the next along a row: audio segments are per mel frame and token i sits on frame 2i).
+PACKED_STREAMS = {"text": ("text_pack_segment", 2, 1), "audio": ("audio_pack_segment", 1, 2),
+                  "fusion": ("pack_segment", 1, 1)}
+
+
+def stream_segments(columns: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """Stream name -> its per-token segment ids (rows, tokens) from a batch's columns (numpy)."""
+    return {name: columns[column][:, ::step] for name, (column, _, step) in PACKED_STREAMS.items()}
 
 
 class PackingLog:
-    """PackingStats for every packed stream of the training batches (fusion, text, audio)."""
+    """PackingStats for every packed stream of the training batches (text, audio, fusion)."""
 
     def __init__(self) -> None:
         self.streams = {name: PackingStats() for name in PACKED_STREAMS}
 
-    def add(self, segments: Dict[str, np.ndarray], batch_size: int) -> None:
-        """`segments`: stream name -> its segment column of one batch (numpy)."""
-        for name, (_, per_sample) in PACKED_STREAMS.items():
-            self.streams[name].add(segments[name], batch_size * per_sample)
+    def add(self, columns: Dict[str, np.ndarray], batch_size: int) -> None:
+        """`columns`: at least the segment columns of one batch (numpy), by name."""
+        for name, segment in stream_segments(columns).items():
+            self.streams[name].add(segment, batch_size * PACKED_STREAMS[name][1])
 
     def reset(self) -> None:
         for stats in self.streams.values():

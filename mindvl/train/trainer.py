@@ -140,8 +140,8 @@ class Trainer:
             start = time.perf_counter()
             loss, parts = self.train_step(*batch)
             values = np.concatenate([[loss.asnumpy()], parts.asnumpy()])
-            segments = {name: batch[TRAIN_COLUMNS.index(column)].asnumpy()
-                        for name, (column, _) in PACKED_STREAMS.items()}
+            segments = {column: batch[TRAIN_COLUMNS.index(column)].asnumpy()
+                        for column, _, _ in PACKED_STREAMS.values()}
             run_packing.add(segments, batch_size)
             window_packing.add(segments, batch_size)
             if (step + 1) % packing.log_every == 0:
