@@ -12,9 +12,10 @@ Builds the data root if it is missing. Prints two tables:
      (vision, question, caption, audio, fusion). Both modes process exactly the same useful tokens per
      batch, so the useful-token rate ratio is the speed-up packing buys. Graph compilations: one per
      distinct (text, audio, fusion) shape combination met, each timed.
-The loader is kept out of the step timing: batches are read first, then the steps run, in passes that
-alternate between the two modes (the median pass is reported), so a change in the machine's speed
-during the run affects both alike.
+The loader is kept out of the step timing: batches are read first, then the steps run, in rounds of one
+pass per mode. Step times are the median pass; the speed-up is the median over rounds of the padded
+pass's time over the packed pass's (same useful tokens), with its range, because a shared machine's
+speed drifts by 10-20% between passes and a round's two passes see nearly the same machine.
 """
 import argparse
 import os
@@ -97,8 +98,8 @@ def main(argv=None) -> None:
     parser.add_argument("--config", default="tiny")
     parser.add_argument("--data-root", default="mindvl_data")
     parser.add_argument("--steps", type=int, default=10, help="train steps per timed pass")
-    parser.add_argument("--rounds", type=int, default=4,
-                        help="timed passes per mode, alternating padding and packing (the median is reported)")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="rounds of one timed pass per mode (medians are reported)")
     parser.add_argument("--loader-batches", type=int, default=30)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for both modes, e.g. --set data.packing.audio_frames=192")
@@ -120,6 +121,8 @@ def main(argv=None) -> None:
         for mode in modes.values():
             time_pass(mode)
     padded, packed = ({**mode, **rates(mode)} for mode in modes.values())
+    round_speedups = np.array(padded["seconds"]) / np.array(packed["seconds"])  # equal useful tokens per step
+    padded["speedup"], packed["speedup"] = 1.0, float(np.median(round_speedups))
 
     print("1. loader vs train step (samples/s)")
     print(f"   {'':28s} {'samples/s':>10s}")
@@ -137,8 +140,10 @@ def main(argv=None) -> None:
         for name in names:
             line += f"{', '.join(f'{r}x{s}' for r, s in result['shapes'][name]):>18s} {result['fill'][name]:6.1%}"
         print(line + f" {result['ms']:8.0f} {result['samples']:9.1f} {result['tokens']:12.0f} "
-                     f"{result['tokens'] / padded['tokens']:7.2f}x")
-    print(f"\n   useful tokens per batch: packing {packed['useful']:.0f}, padding {padded['useful']:.0f} "
+                     f"{result['speedup']:7.2f}x")
+    print(f"\n   speed-up per round (padded pass / packed pass): median {packed['speedup']:.2f}x, range "
+          f"{round_speedups.min():.2f}-{round_speedups.max():.2f}x over {len(round_speedups)} rounds of {args.steps} steps")
+    print(f"   useful tokens per batch: packing {packed['useful']:.0f}, padding {padded['useful']:.0f} "
           f"(the same batches: equal by construction)")
     for mode, result in (("padding", padded), ("packing", packed)):
         print(f"   compile, {mode}: {result['compiles']} graph(s), {result['compile_s']:.1f} s "

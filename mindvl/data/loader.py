@@ -39,7 +39,7 @@ import numpy as np
 
 from mindvl import preprocess as P
 from mindvl.config import Config, ConfigError, PreprocessConfig
-from mindvl.data.packing import PACK_COLUMNS, PACK_INPUTS, Packer
+from mindvl.data.packing import PACK_COLUMNS, PACK_INPUTS, Packer, SampleSizes
 
 COLUMNS = ("sample_id", "image", "question_ids", "question_mask", "audio_mel", "audio_mask", "use_text",
            "use_audio", "caption_ids", "caption_mask", "answer", "answer_tokens", "question_group",
@@ -381,6 +381,24 @@ def _open_split(cfg: Config, split: str) -> Tuple[Path, List[str], int]:
     return root, files, int(meta["counts"][split]["examples"])
 
 
+def sample_sizes(cfg: Config, split: str = "train") -> SampleSizes:
+    """Every example's question and caption token counts and its question's clip frame counts, read from
+    the data root without decoding any image or computing any mel: what sizes the packer's buckets."""
+    from mindvl.data import records
+
+    root, files, _ = _open_split(cfg, split)
+    tables = _Tables(root, cfg.preprocess, split)
+    rows = [row for path in files for row in records.read_table(path, ["question_id", "caption_id"])]
+    questions = {qid: int(tables.question(qid)[1].sum()) for qid in {int(r["question_id"]) for r in rows}}
+    captions = {cid: int(tables.caption(cid)[1].sum()) for cid in {int(r["caption_id"]) for r in rows}}
+    hop = cfg.preprocess.hop_length  # log_mel keeps samples // hop frames
+    frames = {qid: np.array([len(tables.pcm[c]) // 2 // hop for c in tables.clip_of(split, qid)])
+              for qid in questions}  # pcm16: two bytes per sample
+    return SampleSizes(np.array([questions[int(r["question_id"])] for r in rows]),
+                       np.array([captions[int(r["caption_id"])] for r in rows]),
+                       [frames[int(r["question_id"])] for r in rows], tuple(cfg.data.question_modality_mix))
+
+
 def _pipeline(cfg: Config, split: str, files: List[str], rows: np.ndarray, epoch: int, modality: str,
               batch_size: int, drop_remainder: bool, packer: Optional[Packer]):
     """The mindspore.dataset pipeline over `rows` (in that order); see the module docstring."""
@@ -433,7 +451,7 @@ def create_dataset(cfg: Config, split: str, *, shuffle: Optional[bool] = None, q
     drop_remainder = train if drop_remainder is None else bool(drop_remainder)
     batch_size = int(batch_size or cfg.data.batch_size)
     rows = epoch_order(count, cfg.data.seed, epoch, shuffle, shard_id, num_shards, equal_shards=drop_remainder)
-    packer = Packer.from_config(cfg, batch_size) if packed else None
+    packer = Packer.from_config(cfg, batch_size, sample_sizes(cfg, "train")) if packed else None
     return _pipeline(cfg, split, files, rows, epoch, question_modality, batch_size, drop_remainder, packer)
 
 
@@ -465,7 +483,7 @@ class TrainStream:
         if self.steps_per_epoch == 0:
             raise ConfigError(f"data.batch_size: {self.batch_size} x {self.num_shards} rank(s) is more than the "
                               f"{self.count} training examples in {cfg.data.root}; lower it or build more data")
-        self.packer = Packer.from_config(cfg)
+        self.packer = Packer.from_config(cfg, sizes=sample_sizes(cfg, "train"))
         self.position = DataPosition()
         if state is not None:
             self.load_state(state)

@@ -136,6 +136,7 @@ class Trainer:
         checkpoint = None
         packing = self.cfg.data.packing
         run_packing, window_packing = PackingLog(), PackingLog()
+        self._log(bar, self.stream.packer.describe())
         for step, _, batch in self._batches():
             start = time.perf_counter()
             loss, parts = self.train_step(*batch)
@@ -187,7 +188,9 @@ class Trainer:
         for name, summary in packing.summary().items():
             writer.add_scalar(f"data/{name}_fill", summary["fill"], step)
             writer.add_scalar(f"data/{name}_samples_per_row", summary["samples_per_row"], step)
-        message = f"step {step}: {packing.describe()}"
+        self._log(bar, f"step {step}: {packing.describe()}")
+
+    def _log(self, bar, message: str) -> None:
         if self.progress:
             bar.write(message)
         else:

@@ -7,7 +7,8 @@ import pytest
 
 from mindvl import preprocess as P
 from mindvl.data import COLUMNS, create_dataset, load_meta, load_tokenizer
-from mindvl.data.loader import TRAIN_COLUMNS, DataRootError, TrainStream, data_parallel_context, epoch_order
+from mindvl.data.loader import (TRAIN_COLUMNS, DataRootError, TrainStream, data_parallel_context, epoch_order,
+                                sample_sizes)
 from mindvl.data.packing import PACK_COLUMNS, FusionLayout
 from mindvl.data.records import read_table
 
@@ -64,6 +65,16 @@ def test_columns_decode_back_to_the_example(small_cfg, split_rows_of_test):
 
 def small_cfg_examples(cfg, split):
     return json.loads((Path(cfg.data.root) / "meta.json").read_text())["counts"][split]["examples"]
+
+
+def test_sample_sizes_are_the_lengths_the_pipeline_produces(small_cfg, split_rows_of_test):
+    """The packer's buckets are sized from these, read without decoding anything: they must agree."""
+    sizes = sample_sizes(small_cfg, "test")
+    rows = split_rows_of_test
+    np.testing.assert_array_equal(sizes.question_tokens, rows["question_mask"].sum(1))
+    np.testing.assert_array_equal(sizes.caption_tokens, rows["caption_mask"].sum(1))
+    for frames, mask in zip(sizes.clip_frames, rows["audio_mask"]):
+        assert mask.sum() in frames  # the clip the pipeline spoke is one of the question's clips
 
 
 def test_test_split_is_deterministic_and_train_audio_changes_between_epochs(small_cfg, split_rows_of_test):

@@ -3,7 +3,7 @@ import pytest
 
 from mindvl.config import ConfigError, load_config
 from mindvl.data.packing import (PACK_COLUMNS, PACK_INPUTS, AudioPacker, FusionLayout, FusionPacker, Packer,
-                                 PackingStats, TextPacker, first_fit_decreasing)
+                                 PackingStats, SampleSizes, TextPacker, calibrate_rows, pack_rows)
 
 LAYOUT = FusionLayout(image_tokens=5, text_tokens=6, audio_tokens=8, answer_tokens=3)  # 1 + 5 + 6 + 8 + 3 = 23
 
@@ -24,23 +24,34 @@ def _prefix_masks(lengths, width):
     return (np.arange(width)[None] < np.asarray(lengths)[:, None]).astype(np.float32)
 
 
-def test_first_fit_decreasing_fills_bins_without_overflow():
+def test_pack_rows_fills_rows_without_overflow():
     sizes = [7, 3, 9, 2, 5, 5, 1]
-    bins = first_fit_decreasing(sizes, 10)
-    assert sorted(i for b in bins for i in b) == list(range(len(sizes)))
-    assert all(sum(sizes[i] for i in b) <= 10 for b in bins)
-    assert len(bins) == 4  # 32 units need at least 4 bins of 10
-    assert bins == first_fit_decreasing(sizes, 10)  # deterministic
+    rows = pack_rows(sizes, 10)
+    assert sorted(i for r in rows for i in r) == list(range(len(sizes)))
+    assert all(sum(sizes[i] for i in r) <= 10 for r in rows)
+    assert len(rows) == 4  # 32 units need at least 4 rows of 10
+    assert rows == pack_rows(sizes, 10)  # deterministic
 
 
-def test_first_fit_decreasing_leaves_each_items_gap_before_the_next_item():
-    # 4 + gap 1 leaves room for 5 in a bin of 10; 5 + gap 1 leaves 4 (not 5); a gap need not fit itself
-    assert first_fit_decreasing([4, 5], 10, gaps=[1, 0]) == [[1, 0]]
-    assert first_fit_decreasing([5, 5], 10, gaps=[1, 1]) == [[0], [1]]
-    assert first_fit_decreasing([10], 10, gaps=[1]) == [[0]]
+def test_pack_rows_needs_fewer_rows_than_first_fit_decreasing():
+    # first-fit decreasing: [5, 4], [4, 3, 2], [2] -> 3 rows; the best subset per row: [5, 3, 2], [4, 4, 2]
+    assert pack_rows([3, 2, 4, 2, 5, 4], 10) == [[0, 1, 4], [2, 3, 5]]
 
 
-# ------------------------------------------------------------------------------------------ fusion
+def test_pack_rows_leaves_each_items_gap_before_the_next_item():
+    # 4 + gap 1 leaves room for 5 in a row of 10 (the gapped 4 goes last); 5 + gap 1 leaves 4, not 5;
+    # the gap after a row's last item costs nothing
+    assert pack_rows([4, 5], 10, gaps=[1, 0]) == [[1, 0]]
+    assert pack_rows([5, 5], 10, gaps=[1, 1]) == [[0], [1]]
+    assert pack_rows([5, 4], 10, gaps=[1, 1]) == [[0, 1]]
+    assert pack_rows([10], 10, gaps=[1]) == [[0]]
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        sizes, gaps = rng.integers(1, 11, 12).tolist(), rng.integers(0, 2, 12).tolist()
+        for row in pack_rows(sizes, 10, gaps):
+            assert sum(sizes[i] + gaps[i] for i in row[:-1]) + sizes[row[-1]] <= 10
+            assert all(gaps[i] == 0 for i in row[:-1]) or gaps[row[-1]] == 1  # a gapped item ends the row
+
 
 def test_used_slots_follow_masks_and_modality():
     qmask = np.array([1, 1, 1, 0, 0, 0], np.float32)
@@ -50,6 +61,14 @@ def test_used_slots_follow_masks_and_modality():
     prefix, _ = LAYOUT.used_slots(qmask, amask, 0.0, 1.0)
     assert prefix.tolist() == list(range(6)) + [12, 13, 14]
     assert answer.tolist() == [20, 21, 22]
+
+
+def test_slot_counts_from_lengths_equal_the_used_slots_from_masks():
+    inputs = _batch(np.random.default_rng(7), 40)
+    question_mask, audio_mask, use_text, use_audio = inputs
+    sizes = LAYOUT.size(question_mask.sum(1).astype(int), audio_mask.sum(1).astype(int), use_text, use_audio)
+    expected = [sum(map(len, LAYOUT.used_slots(*(x[b] for x in inputs)))) for b in range(40)]
+    np.testing.assert_array_equal(sizes, expected)
 
 
 def test_packed_layout_holds_every_used_slot_once_in_order():
@@ -79,7 +98,7 @@ def test_the_smallest_bucket_that_holds_the_batch_is_used_and_batch_rows_are_the
     rng = np.random.default_rng(1)
     inputs = _batch(rng, 12)
     roomy = FusionPacker(LAYOUT, 12, enabled=True, length=48, rows=[2, 5, 8])
-    need = len(first_fit_decreasing([sum(map(len, LAYOUT.used_slots(*(x[b] for x in inputs)))) for b in range(12)], 48))
+    need = len(pack_rows([sum(map(len, LAYOUT.used_slots(*(x[b] for x in inputs)))) for b in range(12)], 48))
     assert roomy(*inputs).arrays[0].shape[0] == min(r for r in roomy.rows if r >= need)
     tight = FusionPacker(LAYOUT, 12, enabled=True, length=48, rows=[1])
     assert tight.rows == [1, 12] and tight(*inputs).arrays[0].shape[0] == 12
@@ -278,6 +297,50 @@ def test_default_buckets_hold_a_typical_easy_vqa_batch_in_one_shape_per_stream()
         assert packed.audio.shape == packer.audio.shapes()[0]
         assert packed.text.fill > 0.8 and packed.audio.fill > 0.7
     del rng
+
+
+def test_calibrated_buckets_cover_nearly_every_batch_and_leave_headroom():
+    needed = [30] * 190 + [31] * 9 + [33]
+    assert calibrate_rows(needed) == [31, 37]  # the 99% quantile; the largest + 10%
+    assert calibrate_rows([12] * 10) == [12, 14]
+
+
+def _sizes(rng, count, question, caption, frames):
+    """SampleSizes of `count` examples with token and frame counts drawn from the given ranges."""
+    return SampleSizes(rng.integers(*question, count), rng.integers(*caption, count),
+                       [rng.integers(*frames, 3) for _ in range(count)], (0.4, 0.4, 0.2))
+
+
+def test_buckets_sized_from_the_data_hold_its_batches_and_follow_its_lengths():
+    cfg = load_config("tiny")
+    batch = cfg.data.batch_size
+    rng = np.random.default_rng(5)
+    short = _sizes(rng, 2000, (7, 13), (5, 6), (38, 123))  # easy-VQA-like
+    long = _sizes(rng, 2000, (10, 15), (10, 15), (90, 128))  # a user's longer captions and clips
+    packer = Packer.from_config(cfg, sizes=short)
+    held = {name: 0 for name in ("text", "audio", "fusion")}
+    draws = 100
+    needed = packer.needed_rows(short, draws, np.random.default_rng(11))  # batches the calibration never saw
+    for name in held:
+        first = packer.shapes()[name][0][0]
+        held[name] = np.mean(np.asarray(needed[name]) <= first)
+        assert first <= max(needed[name]) + 1  # no bucket far above what the data needs
+    assert min(held.values()) >= 0.95
+    # a real batch drawn from those sizes packs into the first buckets
+    drawn = short.draw(batch, np.random.default_rng(12))
+    question_ids, question_mask = _texts(drawn["question"])
+    caption_ids, caption_mask = _texts(drawn["caption"])
+    mel, audio_mask = _clips(drawn["frames"], cfg.preprocess.max_audio_frames, 1)
+    packed = packer(question_ids, question_mask, caption_ids, caption_mask, mel, audio_mask,
+                    drawn["use_text"], drawn["use_audio"])
+    shapes = packer.shapes()
+    assert packed.text.fill > 0.85 and packed.fusion.fill > 0.8
+    assert packed.shapes[0] in shapes["text"][:2] and packed.shapes[2] in shapes["fusion"][:2]
+    longer = Packer.from_config(cfg, sizes=long).shapes()
+    assert all(longer[name][0][0] > shapes[name][0][0] for name in shapes)
+    # buckets the recipe names win over the data's
+    fixed = load_config("tiny", ["data.packing.text_rows=[40]"])
+    assert Packer.from_config(fixed, sizes=short).shapes()["text"][0] == (40, fixed.data.packing.text_length)
 
 
 def test_packing_stats_report_fill_and_buckets():
