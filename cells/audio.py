@@ -15,6 +15,7 @@ from .linear import Conv1dMatMul
 from .embedding import sinusoids
 from .masks import padding_mask, segment_mask
 from .packed import gather_tokens, slot_valid
+from .pooling import MaskedMean
 from .transformer import TransformerStack
 
 
@@ -38,13 +39,11 @@ class AudioEncoder(nn.Cell):
         self.positions = Tensor(sinusoids(max_frames // 2, cfg.width))  # (max_frames/2, width)
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
         self.encoder = TransformerStack(cfg, dropout)
+        self.pool = MaskedMean()
         self.mul = ops.Mul()
         self.add = ops.Add()
         self.transpose = ops.Transpose()
         self.expand_dims = ops.ExpandDims()
-        self.reduce_sum = ops.ReduceSum()
-        self.maximum = ops.Maximum()
-        self.div = ops.Div()
         self.gather = ops.Gather()
 
     def _front(self, mel, frame_valid):
@@ -56,18 +55,12 @@ class AudioEncoder(nn.Cell):
         x = self.mul(self.act1(self.conv1(x)), self.expand_dims(frame_valid, 2))  # (rows, T, width)
         return self.act2(self.conv2(x))  # (rows, T/2, width)
 
-    def _pool(self, tokens, token_valid):
-        """Mean of the valid tokens: (batch, N, width), (batch, N) float -> (batch, width)."""
-        weights = self.expand_dims(token_valid, 2)  # (batch, N, 1)
-        count = self.maximum(self.reduce_sum(weights, 1), 1.0)  # (batch, 1)
-        return self.div(self.reduce_sum(self.mul(tokens, weights), 1), count)
-
     def construct(self, mel, frame_mask):
         x = self._front(mel, frame_mask)
         token_mask = frame_mask[:, ::2]  # (batch, T/2)
         x = self.dropout(self.add(x, self.positions[:x.shape[1]]))
         x = self.encoder(x, padding_mask(token_mask))
-        return x, token_mask, self._pool(x, token_mask)
+        return x, token_mask, self.pool(x, token_mask)
 
     def construct_packed(self, mel, frame_segment, positions, index):
         """Packed rows of clips -> per-clip outputs, equal to `construct` on each clip alone.
@@ -83,4 +76,4 @@ class AudioEncoder(nn.Cell):
         x = self.dropout(self.add(x, self.gather(self.positions, positions, 0)))
         x = self.encoder(x, segment_mask(frame_segment[:, ::2]))  # token i <-> frame 2i
         tokens = gather_tokens(x, index)
-        return tokens, self._pool(tokens, slot_valid(x, index))
+        return tokens, self.pool(tokens, slot_valid(x, index))

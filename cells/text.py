@@ -14,13 +14,16 @@ from mindspore import nn, ops
 from .embedding import Embedding
 from .masks import padding_mask, segment_mask
 from .norm import create_norm
-from .packed import gather_tokens
+from .packed import gather_tokens, slot_valid
+from .pooling import MaskedMean
 from .transformer import TransformerStack
 
 
 class TextEncoder(nn.Cell):
     """ids (batch, L) int32, mask (batch, L) float32 {1 token, 0 pad}, L <= cfg.max_positions ->
-    (tokens (batch, L, width), pooled (batch, width) = first ([CLS]) token output).
+    (tokens (batch, L, width), pooled (batch, width)): pooled is the [CLS] token's output
+    (`cfg.pooling: cls`, BERT) or the mean of the valid tokens (`mean`, sentence-transformers; they
+    L2-normalise it afterwards, as mindvl's contrastive heads do).
 
     Checkpoint keys: word_embeddings, position_embeddings, token_type_embeddings (`.weight`),
     embed_norm, encoder.blocks.i.…
@@ -40,6 +43,8 @@ class TextEncoder(nn.Cell):
         self.embed_norm = create_norm(cfg.width, cfg.norm_eps)
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
         self.encoder = TransformerStack(cfg, dropout)
+        self.mean_pooling = cfg.pooling == "mean"
+        self.pool = MaskedMean()
         self.add = ops.Add()
 
     def _embed(self, ids, positions):
@@ -51,7 +56,7 @@ class TextEncoder(nn.Cell):
     def construct(self, ids, mask):
         positions = self.position_embeddings.weight[:ids.shape[1]]  # (L, width)
         x = self.encoder(self._embed(ids, positions), padding_mask(mask))
-        return x, x[:, 0]
+        return x, self.pool(x, mask) if self.mean_pooling else x[:, 0]
 
     def construct_packed(self, ids, positions, segment, index):
         """Packed rows -> per-sequence outputs, equal to `construct` on each sequence alone.
@@ -59,9 +64,9 @@ class TextEncoder(nn.Cell):
         ids, positions, segment: (R, S) int32 rows of several sequences (token ids, position within the
         sequence, segment 1.. per sequence and 0 at padding); index (N, L) int32: the flattened row
         position of token j of sequence n, R * S where sequence n has no token j (cells/packed.py).
-        Returns (tokens (N, L, width), zero where a sequence has no token; pooled (N, width) = [CLS]).
+        Returns (tokens (N, L, width), zero where a sequence has no token; pooled (N, width)).
         """
         x = self._embed(ids, self.position_embeddings(positions))
         x = self.encoder(x, segment_mask(segment))  # (R, S, width)
         tokens = gather_tokens(x, index)
-        return tokens, tokens[:, 0]
+        return tokens, self.pool(tokens, slot_valid(x, index)) if self.mean_pooling else tokens[:, 0]

@@ -82,6 +82,11 @@ class VisionConfig(EncoderConfig):
 class TextConfig(EncoderConfig):
     vocab_size: int = 0  # 0: taken from the data set's tokenizer
     max_positions: int = 64
+    pooling: str = "cls"  # cls: the [CLS] output (BERT); mean: mean of the valid tokens (sentence-transformers)
+
+    def validate(self, path: str) -> None:
+        super().validate(path)
+        _choice(f"{path}.pooling", self.pooling, ("cls", "mean"))
 
 
 @dataclass
