@@ -34,6 +34,7 @@ setup(
         "tensorboardX>=2.6,<3",
         "easy-vqa==1.0",
         "espeakng-loader>=0.2.4,<0.3",
+        "onnx==1.17.0",  # reads the DINOv2 weights (mindvl convert dinov2); 1.17 is the last for numpy 1.x
     ],
     extras_require={"test": ["pytest>=8,<10"]},
     entry_points={"console_scripts": ["mindvl = mindvl.cli:main"]},

@@ -51,6 +51,13 @@ def _export(args) -> None:
     print(json.dumps(export_and_verify(cfg, model, args.out), indent=2))
 
 
+def _convert(args) -> None:
+    from mindvl.pretrained import convert
+    out = convert(args.source, args.out or f"pretrained/{args.source}", args.file)
+    config = json.loads((out / "config.json").read_text())
+    print(f"{args.source}: {config['parameters']:,} parameters ({config['kind']} encoder) -> {out}")
+
+
 def _quickstart(args) -> None:
     from mindvl.quickstart import run_quickstart
     run_quickstart(args.workdir, args.config, args.overrides)
@@ -93,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--out", default="export/answer.mindir", help="MindIR file to write")
         sub.set_defaults(func=func)
 
+    from mindvl.pretrained import SOURCES
+    convert = commands.add_parser("convert", help="convert published pretrained weights into a mindvl encoder",
+                                  description="sources: " + "; ".join(f"{k}: {v}" for k, v in SOURCES.items()))
+    convert.add_argument("source", choices=sorted(SOURCES))
+    convert.add_argument("--out", help="folder to write (default: pretrained/<source>)")
+    convert.add_argument("--file", help="the published file (default: the one in the installed wheel)")
+    convert.set_defaults(func=_convert)
+
     quick = commands.add_parser("quickstart", help="build data, train, evaluate, export and verify")
     _add_config_args(quick)
     quick.add_argument("--workdir", default="mindvl_quickstart", help="folder for data, run and export")
@@ -104,10 +119,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from mindvl.data.loader import DataRootError
     from mindvl.preprocess import InputError
+    from mindvl.pretrained import ConversionError
     from mindvl.train.checkpoint import CheckpointError
     try:
         args.func(args)
-    except (ConfigError, InputError, CheckpointError, DataRootError) as exc:
+    except (ConfigError, InputError, CheckpointError, DataRootError, ConversionError) as exc:
         print(f"mindvl: error: {exc}", file=sys.stderr)
         return 2
     return 0
