@@ -91,3 +91,12 @@ def test_the_cli_converts_and_reports_errors_in_one_line(minilm_files, tmp_path,
     assert main(["convert", "minilm", "--file", str(minilm_files / "tokenizer.json"), "--out",
                  str(tmp_path / "bad")]) == 2
     assert "tokenizer.json: not a readable safetensors file" in capsys.readouterr().err
+
+
+def test_mindvl_from_pretrained_builds_the_encoder_its_config_describes(converted):
+    import mindvl
+    from mindvl.cells.text import TextEncoder
+
+    encoder = mindvl.from_pretrained(converted("minilm"))
+    assert isinstance(encoder, TextEncoder) and encoder.width == 384 and not encoder.training
+    assert encoder.word_embeddings.weight.shape == (30522, 384)
