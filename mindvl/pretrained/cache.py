@@ -1,0 +1,94 @@
+"""Content-addressed cache of a frozen encoder's outputs, so it runs once per distinct input.
+
+A frozen encoder maps the same input to the same output for as long as its weights stay the same, so
+its outputs are stored under a key made of the weights' sha256 (from the converted folder's
+config.json), the input settings that change the output (image size, normalisation, ...) and the
+input's own bytes. Another checkpoint, another setting or another input is another key: a stale entry
+can never be read. Entries are .npy files written under a temporary name and renamed; an entry that
+does not load (a crash of another writer's disk, a truncated copy) is recomputed and counted.
+
+    cache = FeatureCache(root, "pretrained/dinov2", settings={"image_size": 112})
+    tokens = cache.get_or_compute([image_bytes, ...], encode_batch)  # encode_batch(list) -> array
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence, Union
+
+import numpy as np
+
+from .store import WEIGHTS_FILE, read_config
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    computed: int = 0
+    damaged: int = 0  # entries that did not load and were recomputed
+
+
+class FeatureCache:
+    """Outputs of one converted encoder under one set of input settings, stored under `root`."""
+
+    def __init__(self, root: Union[str, Path], encoder_dir: Union[str, Path], settings: Dict, dtype=np.float16,
+                 batch_size: int = 32) -> None:
+        weights = read_config(encoder_dir)["files"][WEIGHTS_FILE]
+        self.namespace = hashlib.sha256(
+            json.dumps({"weights": weights, "settings": settings, "dtype": np.dtype(dtype).name},
+                       sort_keys=True).encode()).hexdigest()
+        self.folder = Path(root) / self.namespace[:16]
+        self.dtype = np.dtype(dtype)
+        self.batch_size = int(batch_size)
+        self.stats = CacheStats()
+
+    def key(self, data: bytes) -> str:
+        return hashlib.sha256(self.namespace.encode() + bytes(data)).hexdigest()
+
+    def _path(self, key: str) -> Path:
+        return self.folder / key[:2] / f"{key}.npy"
+
+    def _load(self, path: Path):
+        try:
+            return np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, EOFError):
+            self.stats.damaged += 1
+            return None
+
+    def _store(self, path: Path, value: np.ndarray) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as handle:
+            np.save(handle, np.asarray(value, self.dtype))
+        os.replace(tmp, path)
+
+    def get_or_compute(self, inputs: Sequence[bytes],
+                       compute: Callable[[List[bytes]], np.ndarray]) -> List[np.ndarray]:
+        """The cached output for each input; missing ones are computed `batch_size` at a time with
+        `compute(list of inputs) -> array (n, ...)` and stored. Equal inputs are computed once."""
+        keys = [self.key(data) for data in inputs]
+        found: Dict[str, np.ndarray] = {}
+        for key in dict.fromkeys(keys):
+            value = self._load(self._path(key))
+            if value is not None:
+                found[key] = value
+        self.stats.hits += sum(key in found for key in keys)
+        missing = [key for key in dict.fromkeys(keys) if key not in found]
+        first_input: Dict[str, bytes] = {}
+        for key, data in zip(keys, inputs):
+            first_input.setdefault(key, data)
+        for start in range(0, len(missing), self.batch_size):
+            chunk = missing[start:start + self.batch_size]
+            outputs = np.asarray(compute([first_input[key] for key in chunk]))
+            if len(outputs) != len(chunk):
+                raise ValueError(f"feature cache: compute returned {len(outputs)} outputs for {len(chunk)} inputs")
+            for key, value in zip(chunk, outputs):
+                self._store(self._path(key), value)
+                found[key] = np.asarray(value, self.dtype)
+            self.stats.computed += len(chunk)
+        return [found[key] for key in keys]
