@@ -23,7 +23,7 @@ class MultiHeadAttention(nn.Cell):
     Returns (batch, seq, width).
     """
 
-    def __init__(self, width: int, heads: int, dropout: float = 0.0):
+    def __init__(self, width: int, heads: int, dropout: float = 0.0, lora_rank: int = 0, lora_alpha: float = 16.0):
         super().__init__()
         if width % heads:
             raise ValueError(f"attention width {width} is not divisible by heads={heads}")
@@ -31,9 +31,9 @@ class MultiHeadAttention(nn.Cell):
         self.heads = heads
         self.head_dim = width // heads
         self.scale = 1.0 / math.sqrt(self.head_dim)
-        self.q_proj = dense(width, width)
+        self.q_proj = dense(width, width, lora_rank=lora_rank, lora_alpha=lora_alpha)  # LoRA on q and v, as
         self.k_proj = dense(width, width)
-        self.v_proj = dense(width, width)
+        self.v_proj = dense(width, width, lora_rank=lora_rank, lora_alpha=lora_alpha)  # the LoRA paper does
         self.out_proj = dense(width, width)
         self.reshape = ops.Reshape()
         self.transpose = ops.Transpose()

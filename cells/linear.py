@@ -14,34 +14,73 @@ INIT_STD = 0.02  # BERT/ViT initialiser range
 
 
 class Linear(nn.Cell):
-    """(..., in) -> (..., out) = x @ weight.T + bias; weight (out, in), bias (out,)."""
+    """(..., in) -> (..., out) = x @ weight.T + bias; weight (out, in), bias (out,).
 
-    def __init__(self, in_width: int, out_width: int, has_bias: bool = True):
+    lora_rank > 0 adds a low-rank update (LoRA): + (alpha / rank) * (x @ lora_a.T) @ lora_b.T with
+    lora_a (rank, in) random and lora_b (out, rank) zero, so the layer starts as the plain one and a
+    frozen pretrained weight can be adapted by training lora_a and lora_b only. `merged_state` folds
+    the update into the weight for a graph without it.
+    """
+
+    def __init__(self, in_width: int, out_width: int, has_bias: bool = True, lora_rank: int = 0,
+                 lora_alpha: float = 16.0):
         super().__init__()
         self.in_width = in_width
         self.out_width = out_width
         self.has_bias = has_bias
+        self.lora_rank = int(lora_rank)
         self.weight = Parameter(initializer(TruncatedNormal(INIT_STD), (out_width, in_width)), name="weight")
         if has_bias:
             self.bias = Parameter(Tensor(np.zeros(out_width, np.float32)), name="bias")
+        if self.lora_rank > 0:
+            bound = 1.0 / np.sqrt(in_width)  # as nn.Linear's default init, which LoRA uses for A
+            lora_a = np.random.default_rng().uniform(-bound, bound, (self.lora_rank, in_width)).astype(np.float32)
+            self.lora_a = Parameter(Tensor(lora_a), name="lora_a")
+            self.lora_b = Parameter(Tensor(np.zeros((out_width, self.lora_rank), np.float32)), name="lora_b")
+            self.lora_scale = float(lora_alpha) / self.lora_rank
+            self.lora_matmul = ops.MatMul(transpose_b=True)
+            self.lora_mul = ops.Mul()
         self.matmul = ops.MatMul(transpose_b=True)
         self.add = ops.Add()
         self.reshape = ops.Reshape()
 
     def construct(self, x):
         leading = x.shape[:-1]
-        y = self.matmul(self.reshape(x, (-1, self.in_width)), self.weight)  # (rows, out)
+        x = self.reshape(x, (-1, self.in_width))
+        y = self.matmul(x, self.weight)  # (rows, out)
+        if self.lora_rank > 0:
+            update = self.lora_matmul(self.lora_matmul(x, self.lora_a), self.lora_b)  # (rows, out)
+            y = self.add(y, self.lora_mul(update, self.lora_scale))
         if self.has_bias:
             y = self.add(y, self.bias)
         return self.reshape(y, leading + (self.out_width,))
 
+    def merged_state(self) -> dict:
+        """{"weight", "bias"?} numpy with the LoRA update folded in: the same layer without LoRA."""
+        weight = self.weight.asnumpy()
+        if self.lora_rank > 0:
+            weight = weight + self.lora_scale * (self.lora_b.asnumpy() @ self.lora_a.asnumpy())
+        return {"weight": weight, **({"bias": self.bias.asnumpy()} if self.has_bias else {})}
+
     def extend_repr(self):
-        return f"in={self.in_width}, out={self.out_width}, bias={self.has_bias}"
+        return f"in={self.in_width}, out={self.out_width}, bias={self.has_bias}, lora_rank={self.lora_rank}"
 
 
-def dense(in_width: int, out_width: int, has_bias: bool = True) -> Linear:
-    """A Linear(in -> out) with weight ~ truncated normal(0.02) and zero bias."""
-    return Linear(in_width, out_width, has_bias)
+def dense(in_width: int, out_width: int, has_bias: bool = True, lora_rank: int = 0,
+          lora_alpha: float = 16.0) -> Linear:
+    """A Linear(in -> out) with weight ~ truncated normal(0.02) and zero bias (+ LoRA when lora_rank > 0)."""
+    return Linear(in_width, out_width, has_bias, lora_rank, lora_alpha)
+
+
+def merged_state(cell: nn.Cell) -> dict:
+    """`cell`'s parameters by name with every LoRA update folded into its weight and the LoRA tensors
+    left out: the state of the same cell built with lora_rank 0 (export, deployment)."""
+    state = {name: param.asnumpy() for name, param in cell.parameters_and_names()
+             if not name.rsplit(".", 1)[-1].startswith("lora_")}
+    for prefix, sub in cell.cells_and_names():
+        if isinstance(sub, Linear) and sub.lora_rank > 0:
+            state.update({f"{prefix}.{key}" if prefix else key: value for key, value in sub.merged_state().items()})
+    return state
 
 
 class Conv1dMatMul(nn.Cell):

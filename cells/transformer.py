@@ -50,11 +50,11 @@ class TransformerBlock(nn.Cell):
 
     def __init__(self, width: int, heads: int, mlp_ratio: float = 4.0, pre_norm: bool = True,
                  activation: str = "gelu", layer_scale: float = 0.0, norm_eps: float = 1e-6,
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, lora_rank: int = 0, lora_alpha: float = 16.0):
         super().__init__()
         self.pre_norm = pre_norm
         self.norm1 = create_norm(width, norm_eps)
-        self.attn = MultiHeadAttention(width, heads, dropout)
+        self.attn = MultiHeadAttention(width, heads, dropout, lora_rank, lora_alpha)
         self.norm2 = create_norm(width, norm_eps)
         self.mlp = MLP(width, int(round(width * mlp_ratio)), activation, dropout)
         if layer_scale > 0:
@@ -80,7 +80,7 @@ class TransformerStack(nn.Cell):
     """`cfg.layers` blocks (`blocks.0`, `blocks.1`, …) and, for pre-LN stacks, a final `norm`.
 
     cfg: an EncoderConfig (width, layers, heads, mlp_ratio, pre_norm, activation, layer_scale,
-    norm_eps). x (batch, seq, width), additive mask or None -> (batch, seq, width).
+    norm_eps, lora_rank, lora_alpha). x (batch, seq, width), additive mask or None -> (batch, seq, width).
     """
 
     def __init__(self, cfg, dropout: float = 0.0):
@@ -88,7 +88,7 @@ class TransformerStack(nn.Cell):
         self.width = cfg.width
         self.blocks = nn.CellList([
             TransformerBlock(cfg.width, cfg.heads, cfg.mlp_ratio, cfg.pre_norm, cfg.activation,
-                             cfg.layer_scale, cfg.norm_eps, dropout)
+                             cfg.layer_scale, cfg.norm_eps, dropout, cfg.lora_rank, cfg.lora_alpha)
             for _ in range(cfg.layers)
         ])
         # Post-LN blocks already end in a norm; pre-LN stacks need one on the way out.

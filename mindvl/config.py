@@ -65,9 +65,13 @@ class EncoderConfig:
     activation: str = "gelu"
     layer_scale: float = 0.0  # 0 disables LayerScale
     norm_eps: float = 1e-6
+    lora_rank: int = 0  # > 0: LoRA adapters of this rank on every attention's query and value projections
+    lora_alpha: float = 16.0  # LoRA update scale alpha / rank
 
     def validate(self, path: str) -> None:
         _positive(self, path, ["width", "layers", "heads", "mlp_ratio"])
+        if self.lora_rank < 0:
+            raise ConfigError(f"{path}.lora_rank: expected 0 (off) or a positive rank, got {self.lora_rank}")
         if self.width % self.heads:
             raise ConfigError(f"{path}.width: {self.width} is not divisible by {path}.heads={self.heads}")
         _choice(f"{path}.activation", self.activation, ("gelu", "gelu_tanh", "relu"))
