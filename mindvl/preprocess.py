@@ -29,10 +29,12 @@ from mindvl.config import PreprocessConfig
 if TYPE_CHECKING:  # PIL is imported lazily: the text-only paths never need it
     from PIL import Image
 
-__all__ = ["InputError", "decode_image", "open_image", "resize_image", "image_to_array", "log_mel", "pad_mel",
-           "load_wav", "audio_seconds", "TextTokenizer", "build_word_tokenizer", "SPECIAL_TOKENS"]
+__all__ = ["InputError", "decode_image", "open_image", "resize_image", "image_to_array", "log_mel", "whisper_log_mel",
+           "pad_mel", "load_wav", "audio_seconds", "TextTokenizer", "build_word_tokenizer", "SPECIAL_TOKENS"]
 
 SILENCE_PEAK = 1e-4  # a clip whose peak |amplitude| is below this is treated as silent
+# OpenAI Whisper's fixed front end (whisper_log_mel): 16 kHz, 25 ms windows, 10 ms hop, 30 s per window
+WHISPER_SAMPLE_RATE, WHISPER_N_FFT, WHISPER_HOP_LENGTH, WHISPER_WINDOW_SECONDS = 16000, 400, 160, 30
 
 
 class InputError(ValueError):
@@ -121,23 +123,53 @@ def _mel_filters(sample_rate: int, n_fft: int, n_mels: int) -> np.ndarray:
 
 def log_mel(waveform: np.ndarray, pre: PreprocessConfig, name: str = "audio") -> np.ndarray:
     """Mono float32 waveform at pre.sample_rate -> Whisper-style log-mel float32 (n_mels, len // hop_length)."""
-    import librosa
+    audio = _checked_waveform(waveform, pre.sample_rate, pre.hop_length, name)
+    return _whisper_log_mel(audio, pre.sample_rate, pre.n_fft, pre.hop_length, pre.n_mels)
 
+
+def whisper_log_mel(waveform: np.ndarray, sample_rate: int = WHISPER_SAMPLE_RATE, n_mels: int = 80,
+                    name: str = "audio") -> np.ndarray:
+    """What OpenAI Whisper (and WhisperFeatureExtractor) feed its encoder: mono float32 at 16 kHz ->
+    float32 (n_mels, 3000), one 30 s window.
+
+    The waveform is trimmed to 30 s or padded with zeros to 480000 samples before the STFT, as Whisper
+    does, so the padding is part of the spectrum and of the max - 8 clamp (it is not zero in the mel).
+    Give the encoder a frame mask of ones: Whisper attends to the padded frames too.
+    """
+    if sample_rate != WHISPER_SAMPLE_RATE:
+        raise InputError(f"{name}: Whisper's front end takes {WHISPER_SAMPLE_RATE} Hz audio, got {sample_rate} Hz; "
+                         f"resample it (load_wav(path, {WHISPER_SAMPLE_RATE}))")
+    audio = _checked_waveform(waveform, sample_rate, WHISPER_HOP_LENGTH, name)
+    samples = WHISPER_WINDOW_SECONDS * sample_rate
+    padded = np.zeros((samples,), np.float32)
+    padded[:min(audio.size, samples)] = audio[:samples]
+    return _whisper_log_mel(padded, sample_rate, WHISPER_N_FFT, WHISPER_HOP_LENGTH, n_mels)
+
+
+def _checked_waveform(waveform: np.ndarray, sample_rate: int, hop_length: int, name: str) -> np.ndarray:
+    """The waveform as float32 1-D, refusing what no log-mel can represent (InputError naming `name`)."""
     audio = np.asarray(waveform, dtype=np.float32)
     if audio.ndim != 1:
         raise InputError(f"{name}: expected a mono waveform (1-D), got shape {audio.shape}; average the channels")
-    if audio.size < pre.hop_length:
+    if audio.size < hop_length:
         raise InputError(f"{name}: the clip is empty or shorter than one frame ({audio.size} samples at "
-                         f"{pre.sample_rate} Hz); record at least {pre.hop_length / pre.sample_rate:.3f} s")
+                         f"{sample_rate} Hz); record at least {hop_length / sample_rate:.3f} s")
     if not np.all(np.isfinite(audio)):
         raise InputError(f"{name}: the waveform contains NaN or inf; check the decoder that produced it")
     peak = float(np.max(np.abs(audio)))
     if peak < SILENCE_PEAK:
         raise InputError(f"{name}: the clip is silent (peak {peak:.2e} < {SILENCE_PEAK:g}); record speech")
-    stft = librosa.stft(audio, n_fft=pre.n_fft, hop_length=pre.hop_length, window="hann", center=True,
+    return audio
+
+
+def _whisper_log_mel(audio: np.ndarray, sample_rate: int, n_fft: int, hop_length: int, n_mels: int) -> np.ndarray:
+    """Whisper's log-mel of a checked float32 waveform: (n_mels, len // hop_length)."""
+    import librosa
+
+    stft = librosa.stft(audio, n_fft=n_fft, hop_length=hop_length, window="hann", center=True,
                         pad_mode="reflect")  # (n_fft // 2 + 1, frames + 1)
     power = np.abs(stft[:, :-1]) ** 2  # Whisper drops the last frame
-    mel = _mel_filters(pre.sample_rate, pre.n_fft, pre.n_mels) @ power.astype(np.float32)  # (n_mels, frames)
+    mel = _mel_filters(sample_rate, n_fft, n_mels) @ power.astype(np.float32)  # (n_mels, frames)
     logmel = np.log10(np.maximum(mel, 1e-10))
     logmel = np.maximum(logmel, logmel.max() - 8.0)
     return ((logmel + 4.0) / 4.0).astype(np.float32)
