@@ -6,7 +6,8 @@ Each source's generator lives in ref_<source>.py and runs the reference runtime,
 transformers / torch (MiniLM, DINOv2 at 518), onnxruntime on the published ONNX graph (DINOv2 at 224),
 ctranslate2 (Whisper). Those runtimes are needed only here (`pip install torch==2.13.0
 "transformers<5" onnxruntime ctranslate2`), not by the package or its tests. Inputs are real: sentences,
-photos bundled with scikit-image, speech from easy-VQA's spoken questions and Debian test recordings.
+photos bundled with scikit-learn, speech from easy-VQA's spoken questions and a LibriVox reading from
+Debian's pocketsphinx-testdata (`apt-get install pocketsphinx-testdata`).
 """
 import sys
 from importlib import import_module
