@@ -22,6 +22,8 @@ class Linear(nn.Cell):
     the update into the weight for a graph without it.
     """
 
+    LORA_PREFIX = "lora_"  # the adapters' parameter names start with it
+
     def __init__(self, in_width: int, out_width: int, has_bias: bool = True, lora_rank: int = 0,
                  lora_alpha: float = 16.0):
         super().__init__()
@@ -76,7 +78,7 @@ def merged_state(cell: nn.Cell) -> dict:
     """`cell`'s parameters by name with every LoRA update folded into its weight and the LoRA tensors
     left out: the state of the same cell built with lora_rank 0 (export, deployment)."""
     state = {name: param.asnumpy() for name, param in cell.parameters_and_names()
-             if not name.rsplit(".", 1)[-1].startswith("lora_")}
+             if not name.rsplit(".", 1)[-1].startswith(Linear.LORA_PREFIX)}
     for prefix, sub in cell.cells_and_names():
         if isinstance(sub, Linear) and sub.lora_rank > 0:
             state.update({f"{prefix}.{key}" if prefix else key: value for key, value in sub.merged_state().items()})

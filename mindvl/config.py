@@ -99,11 +99,27 @@ class AudioConfig(EncoderConfig):
 
 
 @dataclass
+class PretrainedConfig:
+    """Converted pretrained encoders the model starts from (model.pretrained; `mindvl convert`).
+
+    A folder's config.json decides its encoder's shape (model.<kind> keeps only lora_rank and
+    lora_alpha), and the recipe's preprocess must feed the encoder what it was trained on; both are
+    checked when training starts (mindvl.pretrained.bind). A pretrained text encoder needs the data
+    tokenised with its own tokenizer, which `mindvl data build` does not offer yet.
+    """
+
+    vision: str = ""  # folder written by `mindvl convert dinov2`; "": the encoder trains from scratch
+    audio: str = ""  # folder written by `mindvl convert whisper-base`
+    freeze: bool = True  # keep their weights fixed; LoRA adapters (model.<kind>.lora_rank > 0) still train
+
+
+@dataclass
 class ModelConfig:
     vision: VisionConfig = field(default_factory=VisionConfig)
     text: TextConfig = field(default_factory=TextConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)
     fusion: EncoderConfig = field(default_factory=EncoderConfig)
+    pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
     embed_dim: int = 64  # contrastive embedding width
     num_answers: int = 13  # easy-VQA's; 0: the data set's answer count (meta.json), e.g. for --from-folder data
     logit_scale_init: float = 2.6593  # log(1 / 0.07), as CLIP

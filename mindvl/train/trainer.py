@@ -16,6 +16,7 @@ from mindvl.config import Config, ConfigError
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.data.loader import TRAIN_COLUMNS, TrainStream
 from mindvl.data.packing import PACKED_STREAMS, PackingLog
+from mindvl.pretrained.bind import bind_pretrained, load_pretrained
 from mindvl.train.checkpoint import (CheckpointError, STATE_FILE, latest_checkpoint, load_model_weights,
                                      load_optimizer_state, save_checkpoint)
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss
@@ -66,13 +67,14 @@ class Trainer:
         ms.set_context(mode=ms.GRAPH_MODE)
         ms.set_seed(cfg.train.seed)
         tokenizer = load_tokenizer(cfg.data.root)
-        self.cfg = bind_data(cfg, tokenizer.vocab_size, len(load_meta(cfg.data.root)["answers"]))
+        self.cfg = bind_pretrained(bind_data(cfg, tokenizer.vocab_size, len(load_meta(cfg.data.root)["answers"])))
         self.progress = progress
         self.output_dir = Path(cfg.train.output_dir)
         self.stream = TrainStream(cfg)
         self.steps_per_epoch = self.stream.steps_per_epoch
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.model = create_model(cfg.model, cfg.preprocess)
+        load_pretrained(self.model, cfg)  # before the optimizer: frozen encoder weights are not its business
         self.optimizer = create_optimizer(self.model, cfg.train, self.total_steps)
         self.loss_net = MultimodalLoss(self.model, cfg.train.loss_weights, tokenizer.pad_id)
         self.train_step = TrainStep(self.loss_net, self.optimizer, cfg.train.grad_clip)

@@ -1,0 +1,91 @@
+"""The pretrained-s recipe: converted DINOv2 and Whisper encoders loaded into the model, frozen (or
+adapted through LoRA only), under a fusion trained on real data; and its config checks."""
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from mindvl.config import ConfigError, load_config
+from mindvl.pretrained.bind import bind_pretrained
+
+from conftest import SMALL_MODEL, TEST_VOICES, TRAIN_VOICES  # noqa: E402  (tests/conftest.py)
+
+
+def _config(root, out, vision, audio, *extra):
+    return load_config("pretrained-s", [
+        f"data.root={root}", f"train.output_dir={out}", f"model.pretrained.vision={vision}",
+        f"model.pretrained.audio={audio}", f"data.train_voices=[{', '.join(TRAIN_VOICES)}]",
+        f"data.test_voices=[{', '.join(TEST_VOICES)}]", "data.speech_rates=[175]", "data.limit=8",
+        "data.batch_size=8", "data.num_workers=1", "train.max_steps=2", "train.warmup_steps=1",
+        "train.checkpoint_every=2", *[o for o in SMALL_MODEL if not o.startswith(("model.vision", "model.audio"))],
+        *extra])
+
+
+@pytest.fixture(scope="module")
+def data_root(converted, tmp_path_factory):
+    from mindvl.data.build import build_dataset
+
+    root = tmp_path_factory.mktemp("pretrained_data") / "root"
+    build_dataset(_config(root, "unused", converted("dinov2"), converted("whisper-base")), progress=False)
+    return root
+
+
+def _trainable(model):
+    """Names (paths in the model) of the parameters the optimizer updates."""
+    return {name for name, param in model.parameters_and_names() if param.requires_grad}
+
+
+def _train(converted, data_root, tmp_path, *extra):
+    from mindvl.train.trainer import Trainer
+
+    cfg = _config(data_root, tmp_path / "run", converted("dinov2"), converted("whisper-base"), *extra)
+    trainer = Trainer(cfg, progress=False)
+    return trainer, trainer.fit()
+
+
+def test_frozen_encoders_keep_their_converted_weights_while_the_rest_trains(converted, data_root, tmp_path):
+    trainer, result = _train(converted, data_root, tmp_path)
+    trainable = _trainable(trainer.model)
+    assert not any(name.startswith(("vision.", "audio.")) for name in trainable)
+    assert any(name.startswith("fusion.") for name in trainable)
+    assert np.isfinite(result.final_losses["loss"]) and result.nonfinite_steps == 0
+    saved = load_file(f"{result.checkpoint}/model.safetensors")
+    dinov2 = load_file(str(converted("dinov2") / "model.safetensors"))
+    whisper = load_file(str(converted("whisper-base") / "model.safetensors"))
+    for name in ("encoder.blocks.11.mlp.fc2.weight", "patch_embed.weight", "encoder.norm.bias"):
+        np.testing.assert_array_equal(saved[f"vision.{name}"], dinov2[name])
+    for name in ("conv1.weight", "encoder.blocks.5.attn.q_proj.weight"):
+        np.testing.assert_array_equal(saved[f"audio.{name}"], whisper[name])
+    assert saved["vision.pos_embed"].shape == (1, 1 + 8 * 8, 384)  # resized from 37 x 37 to 112 / 14
+    from mindvl.eval import load_trained
+
+    cfg, model = load_trained(result.output_dir)  # the run's config holds the shapes: no folder needed
+    assert (cfg.model.vision.width, cfg.model.audio.width) == (384, 512)
+    np.testing.assert_array_equal(model.vision.patch_embed.weight.asnumpy(), dinov2["patch_embed.weight"])
+
+
+def test_lora_adapters_are_the_only_encoder_weights_that_train(converted, data_root, tmp_path):
+    trainer, result = _train(converted, data_root, tmp_path, "model.vision.lora_rank=2")
+    encoder_trainable = sorted(name for name in _trainable(trainer.model) if name.startswith("vision."))
+    assert encoder_trainable and all(".lora_" in name for name in encoder_trainable)
+    saved = load_file(f"{result.checkpoint}/model.safetensors")
+    assert np.abs(saved["vision.encoder.blocks.0.attn.q_proj.lora_b"]).max() > 0  # it moved from zero
+    dinov2 = load_file(str(converted("dinov2") / "model.safetensors"))
+    np.testing.assert_array_equal(saved["vision.encoder.blocks.0.attn.q_proj.weight"],
+                                  dinov2["encoder.blocks.0.attn.q_proj.weight"])
+
+
+def test_the_recipe_checks_its_preprocess_against_the_encoders(converted):
+    vision, audio = converted("dinov2"), converted("whisper-base")
+    with pytest.raises(ConfigError, match="patch_size: 14 does not divide preprocess.image_size=100"):
+        load_config("pretrained-s", ["preprocess.image_size=100"])
+    for override, message in (("preprocess.image_mean=[0.5, 0.5, 0.5]", "set preprocess.image_mean: \\[0.485"),
+                              ("preprocess.hop_length=320", "set preprocess.hop_length: 160")):
+        cfg = load_config("pretrained-s", [f"model.pretrained.vision={vision}", f"model.pretrained.audio={audio}",
+                                           override])
+        with pytest.raises(ConfigError, match=message):
+            bind_pretrained(cfg)
+    swapped = load_config("pretrained-s", [f"model.pretrained.vision={audio}"])
+    with pytest.raises(ConfigError, match="is a converted audio encoder, not a vision one"):
+        bind_pretrained(swapped)
+    with pytest.raises(ConfigError, match="mindvl convert dinov2 --out"):
+        bind_pretrained(load_config("pretrained-s", ["model.pretrained.vision=/nonexistent/dinov2"]))
