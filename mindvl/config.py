@@ -105,10 +105,11 @@ class PretrainedConfig:
     A folder's config.json decides its encoder's shape (model.<kind> keeps only lora_rank and
     lora_alpha), and the recipe's preprocess must feed the encoder what it was trained on; both are
     checked when training starts (mindvl.pretrained.bind). A pretrained text encoder needs the data
-    tokenised with its own tokenizer, which `mindvl data build` does not offer yet.
+    built with its tokenizer (data.tokenizer: the same folder).
     """
 
     vision: str = ""  # folder written by `mindvl convert dinov2`; "": the encoder trains from scratch
+    text: str = ""  # folder written by `mindvl convert minilm`
     audio: str = ""  # folder written by `mindvl convert whisper-base`
     freeze: bool = True  # keep their weights fixed; LoRA adapters (model.<kind>.lora_rank > 0) still train
 
@@ -280,6 +281,9 @@ class PackingConfig:
 class DataConfig:
     root: str = "mindvl_data"  # where `mindvl data build` writes and training reads
     source: str = "easy-vqa"  # "easy-vqa", or a folder in the layout of mindvl/data/userdata.py
+    # "": a word tokenizer built over the data's texts; else a published tokenizer.json (or a converted
+    # text encoder's folder) that every text is tokenised with, e.g. for a pretrained text encoder
+    tokenizer: str = ""
     limit: int = 0  # at most this many source images per split (0: all)
     shards: int = 1  # MindRecord files per split (contiguous sample_id ranges)
     train_voices: List[str] = field(default_factory=lambda: ["en-us", "en-gb", "en-us+f3", "en-gb-scotland+m3"])

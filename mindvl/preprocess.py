@@ -224,6 +224,32 @@ class TextTokenizer:
         except Exception as exc:  # tokenizers raises a bare Exception for malformed JSON
             raise InputError(f"tokenizer {path}: not a valid tokenizer.json ({exc}); rebuild the data set") from exc
 
+    @classmethod
+    def pretrained(cls, path: Union[str, Path]) -> "TextTokenizer":
+        """A published tokenizer.json (e.g. MiniLM's WordPiece, or a converted text encoder's folder) with
+        [BOS] and [EOS] added after its vocabulary when it lacks them (the answer LM needs them; a text
+        encoder never sees them, so its embedding table keeps its size). Its own truncation and padding
+        are switched off: mindvl pads and checks lengths itself."""
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        path = path / "tokenizer.json" if path.is_dir() else path
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception for a missing or malformed file
+            raise InputError(f"tokenizer {path}: not a readable tokenizer.json ({exc}); pass the tokenizer.json of "
+                             f"a published model or a `mindvl convert` text folder") from exc
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        missing = [tok for tok in (BOS, EOS) if tokenizer.token_to_id(tok) is None]
+        if missing:
+            tokenizer.add_special_tokens(missing)
+        return cls(tokenizer)
+
+    def count(self, text: str) -> int:
+        """Tokens of `text` with the two special tokens around it ([CLS]/[SEP] or [BOS]/[EOS])."""
+        return len(self._ids(text, "text")) + 2
+
     def save(self, path: Union[str, Path]) -> None:
         self.tokenizer.save(str(path), pretty=True)
 

@@ -4,7 +4,8 @@ Sources (data.source): "easy-vqa" (the PyPI package), or a folder of your own da
 mindvl/data/userdata.py (`mindvl data build --from-folder DIR`).
 
 A root holds
-  tokenizer.json            the word tokenizer over the kept questions, answers and captions
+  tokenizer.json            the word tokenizer over the kept questions, answers and captions, or the
+                            published one named by data.tokenizer (+ [BOS]/[EOS]), lengths checked with it
   meta.json                 answers, questions, captions (ids index these), voices, preprocess, counts,
                             "tables": every split's MindRecord files in row order (records.table_files)
   train*.mindrecord(.db)    data.shards files per split, one row per (image, question): records.EXAMPLE_SCHEMA
@@ -154,7 +155,14 @@ def build_settings(cfg: Config, limit: int, source: Source) -> Dict:
         "speech_rates": [int(r) for r in cfg.data.speech_rates],
         "preprocess": P.preprocess_dict(cfg.preprocess),
         "cleaning": dataclasses.asdict(cfg.data.cleaning),
+        "tokenizer": _file_digest(_tokenizer_file(cfg)) if cfg.data.tokenizer else "word",
     }
+
+
+def _tokenizer_file(cfg: Config) -> Path:
+    """data.tokenizer as a tokenizer.json path (it may name a converted text encoder's folder)."""
+    path = Path(cfg.data.tokenizer)
+    return path / "tokenizer.json" if path.is_dir() else path
 
 
 def is_complete(root: Union[str, Path]) -> bool:
@@ -265,7 +273,8 @@ def _build_into(work: Path, cfg: Config, source: Source, report: BuildReport, pr
 
     # 1. texts: every question, answer and caption is normalised and checked once
     with _stage(report.seconds, "text"):
-        texts = _TextCleaner(pre, clean)
+        pretrained = P.TextTokenizer.pretrained(_tokenizer_file(cfg)) if cfg.data.tokenizer else None
+        texts = _TextCleaner(pre, clean, pretrained.count if pretrained else None)
         answers = _answer_list(source, texts)
         questions = sorted({q for q in (texts.get(x, "question") for x in source.questions) if q})
         rows = {split: _rows(src, texts, set(answers), quarantine) for split, src in source.splits.items()}
@@ -332,7 +341,8 @@ def _build_into(work: Path, cfg: Config, source: Source, report: BuildReport, pr
                     "test": rates_for_test_voices(cfg.data.speech_rates)}
     report.quarantined = sorted({d.copy for d in quarantine.drops if d.copy})
 
-    tokenizer = P.build_word_tokenizer([cleaning.vocabulary_text(t) for t in [*questions, *answers, *captions]])
+    tokenizer = pretrained or P.build_word_tokenizer([cleaning.vocabulary_text(t)
+                                                      for t in [*questions, *answers, *captions]])
     tokenizer.save(work / "tokenizer.json")
     quarantine.write(work / "quarantine.jsonl")
     meta = {
@@ -358,7 +368,8 @@ def _build_into(work: Path, cfg: Config, source: Source, report: BuildReport, pr
 class _TextCleaner:
     """Cleans each distinct (text, field) once; remembers every kept text for the tokenizer."""
 
-    def __init__(self, pre, clean: CleaningConfig) -> None:
+    def __init__(self, pre, clean: CleaningConfig, count_tokens=None) -> None:
+        self.count_tokens = count_tokens  # a pretrained tokenizer's count (special tokens included), or None
         self.limits = {"question": (pre.max_text_length, clean.min_words),
                        "caption": (pre.max_text_length, 1),
                        "answer": (pre.max_answer_length, 1)}
@@ -369,7 +380,8 @@ class _TextCleaner:
         key = (text, field_name)
         if key not in self.cache:
             max_tokens, min_words = self.limits[field_name]
-            self.cache[key] = cleaning.clean_text(text, field_name, max_tokens, min_words, self.clean)
+            self.cache[key] = cleaning.clean_text(text, field_name, max_tokens, min_words, self.clean,
+                                                  self.count_tokens)
         return self.cache[key]
 
     def get(self, text: str, field_name: str) -> Optional[str]:

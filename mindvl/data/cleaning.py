@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -392,10 +392,13 @@ class TextCheck:
     threshold: Any = None
 
 
-def clean_text(text: str, field: str, max_tokens: int, min_words: int, cfg: CleaningConfig) -> TextCheck:
+def clean_text(text: str, field: str, max_tokens: int, min_words: int, cfg: CleaningConfig,
+               count_tokens: Optional[Callable[[str], int]] = None) -> TextCheck:
     """Normalise and check one question / answer / caption (`field`).
 
-    max_tokens counts the two special tokens the encoder adds ([CLS]/[SEP] or [BOS]/[EOS]). Words holding
+    max_tokens counts the two special tokens the encoder adds ([CLS]/[SEP] or [BOS]/[EOS]); the tokens
+    are the word tokenizer's unless `count_tokens(text)` (special tokens included) counts them, as a
+    pretrained subword tokenizer does (data.tokenizer). Words holding
     characters outside cfg.alphabet become the [UNK] token (unknown_chars "unk", up to
     max_unknown_fraction of the non-space characters) or drop the text.
     """
@@ -404,8 +407,9 @@ def clean_text(text: str, field: str, max_tokens: int, min_words: int, cfg: Clea
     words = [t for t, _ in tokens if any(ch.isalnum() for ch in t)]
     if len(words) < max(min_words, 1):
         return TextCheck(None, f"{field}_too_short", len(words), max(min_words, 1))
-    if len(tokens) + 2 > max_tokens:
-        return TextCheck(None, f"{field}_too_long", len(tokens) + 2, max_tokens)
+    count = count_tokens(text) if count_tokens else len(tokens) + 2
+    if count > max_tokens:
+        return TextCheck(None, f"{field}_too_long", count, max_tokens)
     alphabet = set(cfg.alphabet)
     chars = [ch for ch in text if not ch.isspace()]
     unknown = [ch for ch in chars if ch not in alphabet]

@@ -1,8 +1,9 @@
 """A recipe that starts from converted encoders (model.pretrained): its model shape, checks and weights.
 
 `bind_pretrained(cfg)` runs before the model is built: each named folder's encoder config replaces
-model.<kind> (keeping the recipe's LoRA settings), and the recipe's preprocess is checked against what
-the encoder was trained on, each mismatch a ConfigError naming the key and the value to use. The run's
+model.<kind> (keeping the recipe's LoRA settings), and the recipe's preprocess (for text: the data's
+tokenizer) is checked against what the encoder was trained on, each mismatch a ConfigError naming the
+key and the value to use. The run's
 saved config then holds the resolved shapes, so evaluation and export rebuild the model without the
 folders. `load_pretrained(model, cfg)` copies the weights in (the vision positions resized to the
 recipe's image size) and, with model.pretrained.freeze, fixes every encoder weight but the LoRA
@@ -13,11 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict
 
-from mindvl.config import AudioConfig, Config, ConfigError, VisionConfig
+from mindvl.config import AudioConfig, Config, ConfigError, TextConfig, VisionConfig
 
 from .store import ConversionError, read_config
 
-KINDS = {"vision": VisionConfig, "audio": AudioConfig}
+KINDS = {"vision": VisionConfig, "text": TextConfig, "audio": AudioConfig}
+SOURCE_OF = {"vision": "dinov2", "text": "minilm", "audio": "whisper-base"}
 WHISPER_FRONT_END = ("sample_rate", "n_fft", "hop_length")
 
 
@@ -28,8 +30,8 @@ def _folders(cfg: Config) -> Dict[str, Path]:
 def _read(kind: str, folder: Path) -> Dict:
     key = f"model.pretrained.{kind}"
     if not folder.is_dir():
-        source = "dinov2" if kind == "vision" else "whisper-base"
-        raise ConfigError(f"{key}: {folder} does not exist; create it with `mindvl convert {source} --out {folder}`")
+        raise ConfigError(f"{key}: {folder} does not exist; create it with "
+                          f"`mindvl convert {SOURCE_OF[kind]} --out {folder}`")
     try:
         config = read_config(folder)
     except ConversionError as exc:
@@ -40,37 +42,62 @@ def _read(kind: str, folder: Path) -> Dict:
 
 
 def bind_pretrained(cfg: Config) -> Config:
-    """Set model.<kind> from each converted folder and check the preprocess settings against it."""
-    pre = cfg.preprocess
+    """Set model.<kind> from each converted folder and check the recipe against it."""
     for kind, folder in _folders(cfg).items():
         config = _read(kind, folder)
         current = getattr(cfg.model, kind)
-        setattr(cfg.model, kind, KINDS[kind](**config["encoder"], lora_rank=current.lora_rank,
-                                             lora_alpha=current.lora_alpha))
-        inputs = config["input"]
-        if kind == "vision":
-            patch = config["encoder"]["patch_size"]
-            if pre.image_size % patch:
-                raise ConfigError(f"preprocess.image_size: {pre.image_size} is not a multiple of the pretrained "
-                                  f"encoder's patch size {patch} ({folder}); use e.g. {patch * (pre.image_size // patch)}")
-            for key in ("image_mean", "image_std"):
-                if [round(v, 6) for v in getattr(pre, key)] != [round(v, 6) for v in inputs[key]]:
-                    raise ConfigError(f"preprocess.{key}: {getattr(pre, key)} but {folder} was trained with "
-                                      f"{inputs[key]}; set preprocess.{key}: {inputs[key]}")
-        else:
-            for key in (*WHISPER_FRONT_END, "n_mels"):
-                if getattr(pre, key) != inputs[key]:
-                    raise ConfigError(f"preprocess.{key}: {getattr(pre, key)} but {folder} takes {inputs[key]}; "
-                                      f"set preprocess.{key}: {inputs[key]}")
-            if pre.max_audio_frames > inputs["max_frames"]:
-                raise ConfigError(f"preprocess.max_audio_frames: {pre.max_audio_frames} is more than the "
-                                  f"{inputs['max_frames']} frames {folder} has positions for")
+        encoder = {**config["encoder"], "lora_rank": current.lora_rank, "lora_alpha": current.lora_alpha}
+        if kind == "text":  # the data's tokenizer may add [BOS]/[EOS] after the encoder's vocabulary
+            encoder["vocab_size"] = current.vocab_size
+        _CHECKS[kind](cfg, folder, config)
+        setattr(cfg.model, kind, KINDS[kind](**encoder))
     return cfg
+
+
+def _check_vision(cfg: Config, folder: Path, config: Dict) -> None:
+    pre, inputs, patch = cfg.preprocess, config["input"], config["encoder"]["patch_size"]
+    if pre.image_size % patch:
+        raise ConfigError(f"preprocess.image_size: {pre.image_size} is not a multiple of the pretrained "
+                          f"encoder's patch size {patch} ({folder}); use e.g. {patch * (pre.image_size // patch)}")
+    for key in ("image_mean", "image_std"):
+        if [round(v, 6) for v in getattr(pre, key)] != [round(v, 6) for v in inputs[key]]:
+            raise ConfigError(f"preprocess.{key}: {getattr(pre, key)} but {folder} was trained with "
+                              f"{inputs[key]}; set preprocess.{key}: {inputs[key]}")
+
+
+def _check_audio(cfg: Config, folder: Path, config: Dict) -> None:
+    pre, inputs = cfg.preprocess, config["input"]
+    for key in (*WHISPER_FRONT_END, "n_mels"):
+        if getattr(pre, key) != inputs[key]:
+            raise ConfigError(f"preprocess.{key}: {getattr(pre, key)} but {folder} takes {inputs[key]}; "
+                              f"set preprocess.{key}: {inputs[key]}")
+    if pre.max_audio_frames > inputs["max_frames"]:
+        raise ConfigError(f"preprocess.max_audio_frames: {pre.max_audio_frames} is more than the "
+                          f"{inputs['max_frames']} frames {folder} has positions for")
+
+
+def _check_tokenizer(cfg: Config, folder: Path, config: Dict) -> None:
+    """The data must be tokenised with the encoder's own tokenizer: same tokens, same ids."""
+    from tokenizers import Tokenizer
+
+    data_file = Path(cfg.data.root) / "tokenizer.json"
+    ours = Tokenizer.from_file(str(data_file)).get_vocab(with_added_tokens=True)
+    theirs = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab(with_added_tokens=True)
+    if any(ours.get(token) != i for token, i in theirs.items()):
+        raise ConfigError(f"data.tokenizer: the data in {cfg.data.root} was not tokenised with {folder}'s tokenizer; "
+                          f"rebuild it with `mindvl data build --config <recipe> --set data.tokenizer={folder} "
+                          f"--force`")
+
+
+_CHECKS = {"vision": _check_vision, "text": _check_tokenizer, "audio": _check_audio}
 
 
 def load_pretrained(model, cfg: Config) -> int:
     """Copy each converted encoder's weights into `model` (a MultimodalModel built from the bound config)
     and freeze them if the recipe says so; returns the number of weights loaded."""
+    import numpy as np
+    from mindspore import Tensor
+
     from mindvl.cells.linear import Linear
 
     from .store import from_pretrained
@@ -87,7 +114,15 @@ def load_pretrained(model, cfg: Config) -> int:
         for name, param in target.items():
             if name in adapters:
                 continue
-            param.set_data(source[name].data)
+            value = source[name].asnumpy()
+            if value.shape != tuple(param.shape):
+                if name != "word_embeddings.weight" or value.shape[1:] != tuple(param.shape[1:]) \
+                        or value.shape[0] > param.shape[0]:
+                    raise ConfigError(f"model.pretrained.{kind}: {folder} holds {name} of shape {value.shape}, the "
+                                      f"model's is {tuple(param.shape)}")
+                # tokens the data's tokenizer added ([BOS], [EOS]) keep their fresh rows: the encoder never sees them
+                value = np.concatenate([value, param.asnumpy()[value.shape[0]:]])
+            param.set_data(Tensor(value))
             if cfg.model.pretrained.freeze:
                 param.requires_grad = False
             loaded += int(param.size)

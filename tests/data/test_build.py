@@ -304,3 +304,29 @@ def test_an_alignment_checkpoint_drops_pairs_it_scores_below_the_threshold(train
     assert report.alignment["dropped"] == len(expected) and report.alignment["pairs"] == len(keys)
     kept = {("train", int(r["image_id"])) for r in records.read_split(tmp_path / "root", "train", ["image_id"])}
     assert kept == {k for k, score in zip(keys, scores) if k[0] == "train" and score >= threshold}
+
+
+def test_a_published_tokenizer_tokenises_the_data_and_checks_its_lengths(tmp_path, make_config, converted):
+    """data.tokenizer: MiniLM's WordPiece (from a converted folder) + [BOS]/[EOS]; lengths in its tokens."""
+    from tokenizers import Tokenizer
+
+    from mindvl.data import load_meta, load_tokenizer
+
+    folder = converted("minilm")
+    cfg = make_config(tmp_path / "root", data__limit=3, data__train_voices="[en-us]", data__tokenizer=str(folder))
+    build_dataset(cfg, progress=False)
+    tokenizer, minilm = load_tokenizer(cfg.data.root), Tokenizer.from_file(str(folder / "tokenizer.json"))
+    minilm.no_padding()  # the published file pads to 128
+    assert (tokenizer.bos_id, tokenizer.eos_id) == (30522, 30523) and tokenizer.cls_id == 101
+    question = load_meta(cfg.data.root)["questions"][0]
+    ids, mask = tokenizer.encode(question, cfg.preprocess.max_text_length)
+    assert ids[:int(mask.sum())].tolist() == minilm.encode(question).ids  # [CLS] wordpieces [SEP], as MiniLM
+    # the limit counts WordPiece tokens, [CLS] and [SEP] included: questions of 10 tokens are dropped at 9
+    short = make_config(tmp_path / "short", data__limit=3, data__train_voices="[en-us]",
+                        data__tokenizer=str(folder), preprocess__max_text_length=9)
+    report = build_dataset(short, progress=False)
+    assert report.skips["question_too_long"] > 0
+    drops = [json.loads(line) for line in (Path(short.data.root) / "quarantine.jsonl").read_text().splitlines()]
+    assert {d["value"] for d in drops if d["reason"] == "question_too_long"} >= {10}
+    kept = load_meta(short.data.root)["questions"]
+    assert kept and all(tokenizer.count(q) <= 9 for q in kept)

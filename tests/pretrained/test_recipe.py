@@ -1,5 +1,5 @@
-"""The pretrained-s recipe: converted DINOv2 and Whisper encoders loaded into the model, frozen (or
-adapted through LoRA only), under a fusion trained on real data; and its config checks."""
+"""The pretrained-s recipe: converted DINOv2, MiniLM and Whisper encoders loaded into the model, frozen
+(or adapted through LoRA only), under a fusion trained on real data; and its config checks."""
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -10,13 +10,15 @@ from mindvl.pretrained.bind import bind_pretrained
 from conftest import SMALL_MODEL, TEST_VOICES, TRAIN_VOICES  # noqa: E402  (tests/conftest.py)
 
 
-def _config(root, out, vision, audio, *extra):
+def _config(root, out, converted, *extra):
+    vision, text, audio = converted("dinov2"), converted("minilm"), converted("whisper-base")
     return load_config("pretrained-s", [
         f"data.root={root}", f"train.output_dir={out}", f"model.pretrained.vision={vision}",
+        f"model.pretrained.text={text}", f"data.tokenizer={text}",
         f"model.pretrained.audio={audio}", f"data.train_voices=[{', '.join(TRAIN_VOICES)}]",
         f"data.test_voices=[{', '.join(TEST_VOICES)}]", "data.speech_rates=[175]", "data.limit=8",
         "data.batch_size=8", "data.num_workers=1", "train.max_steps=2", "train.warmup_steps=1",
-        "train.checkpoint_every=2", *[o for o in SMALL_MODEL if not o.startswith(("model.vision", "model.audio"))],
+        "train.checkpoint_every=2", *[o for o in SMALL_MODEL if not o.startswith(("model.vision", "model.text", "model.audio"))],
         *extra])
 
 
@@ -25,7 +27,7 @@ def data_root(converted, tmp_path_factory):
     from mindvl.data.build import build_dataset
 
     root = tmp_path_factory.mktemp("pretrained_data") / "root"
-    build_dataset(_config(root, "unused", converted("dinov2"), converted("whisper-base")), progress=False)
+    build_dataset(_config(root, "unused", converted), progress=False)
     return root
 
 
@@ -37,7 +39,7 @@ def _trainable(model):
 def _train(converted, data_root, tmp_path, *extra):
     from mindvl.train.trainer import Trainer
 
-    cfg = _config(data_root, tmp_path / "run", converted("dinov2"), converted("whisper-base"), *extra)
+    cfg = _config(data_root, tmp_path / "run", converted, *extra)
     trainer = Trainer(cfg, progress=False)
     return trainer, trainer.fit()
 
@@ -45,7 +47,7 @@ def _train(converted, data_root, tmp_path, *extra):
 def test_frozen_encoders_keep_their_converted_weights_while_the_rest_trains(converted, data_root, tmp_path):
     trainer, result = _train(converted, data_root, tmp_path)
     trainable = _trainable(trainer.model)
-    assert not any(name.startswith(("vision.", "audio.")) for name in trainable)
+    assert not any(name.startswith(("vision.", "text.", "audio.")) for name in trainable)
     assert any(name.startswith("fusion.") for name in trainable)
     assert np.isfinite(result.final_losses["loss"]) and result.nonfinite_steps == 0
     saved = load_file(f"{result.checkpoint}/model.safetensors")
@@ -55,11 +57,16 @@ def test_frozen_encoders_keep_their_converted_weights_while_the_rest_trains(conv
         np.testing.assert_array_equal(saved[f"vision.{name}"], dinov2[name])
     for name in ("conv1.weight", "encoder.blocks.5.attn.q_proj.weight"):
         np.testing.assert_array_equal(saved[f"audio.{name}"], whisper[name])
+    minilm = load_file(str(converted("minilm") / "model.safetensors"))
+    np.testing.assert_array_equal(saved["text.encoder.blocks.3.mlp.fc1.weight"], minilm["encoder.blocks.3.mlp.fc1.weight"])
+    words = minilm["word_embeddings.weight"]  # the data's [BOS]/[EOS] rows come after the encoder's 30522
+    assert saved["text.word_embeddings.weight"].shape == (30524, 384)
+    np.testing.assert_array_equal(saved["text.word_embeddings.weight"][:30522], words)
     assert saved["vision.pos_embed"].shape == (1, 1 + 8 * 8, 384)  # resized from 37 x 37 to 112 / 14
     from mindvl.eval import load_trained
 
     cfg, model = load_trained(result.output_dir)  # the run's config holds the shapes: no folder needed
-    assert (cfg.model.vision.width, cfg.model.audio.width) == (384, 512)
+    assert (cfg.model.vision.width, cfg.model.text.width, cfg.model.audio.width) == (384, 384, 512)
     np.testing.assert_array_equal(model.vision.patch_embed.weight.asnumpy(), dinov2["patch_embed.weight"])
 
 
@@ -81,7 +88,7 @@ def test_the_recipe_checks_its_preprocess_against_the_encoders(converted):
     for override, message in (("preprocess.image_mean=[0.5, 0.5, 0.5]", "set preprocess.image_mean: \\[0.485"),
                               ("preprocess.hop_length=320", "set preprocess.hop_length: 160")):
         cfg = load_config("pretrained-s", [f"model.pretrained.vision={vision}", f"model.pretrained.audio={audio}",
-                                           override])
+                                           "model.pretrained.text=''", override])
         with pytest.raises(ConfigError, match=message):
             bind_pretrained(cfg)
     swapped = load_config("pretrained-s", [f"model.pretrained.vision={audio}"])
@@ -89,3 +96,10 @@ def test_the_recipe_checks_its_preprocess_against_the_encoders(converted):
         bind_pretrained(swapped)
     with pytest.raises(ConfigError, match="mindvl convert dinov2 --out"):
         bind_pretrained(load_config("pretrained-s", ["model.pretrained.vision=/nonexistent/dinov2"]))
+
+
+def test_a_pretrained_text_encoder_needs_the_data_tokenised_with_its_tokenizer(converted, small_cfg, small_report):
+    cfg = load_config("pretrained-s", [f"data.root={small_cfg.data.root}", "model.pretrained.vision=''",
+                                       "model.pretrained.audio=''", f"model.pretrained.text={converted('minilm')}"])
+    with pytest.raises(ConfigError, match="data.tokenizer: the data in .* was not tokenised with"):
+        bind_pretrained(cfg)
