@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from mindvl.pretrained import SOURCES
     convert = commands.add_parser("convert", help="convert published pretrained weights into a mindvl encoder",
-                                  description="sources: " + "; ".join(f"{k}: {v}" for k, v in SOURCES.items()))
+                                  description="sources: " + "; ".join(f"{k}: {text}" for k, (_, text) in SOURCES.items()))
     convert.add_argument("source", choices=sorted(SOURCES))
     convert.add_argument("--out", help="folder to write (default: pretrained/<source>)")
     convert.add_argument("--file", help="the published file (default: the one in the installed wheel)")
