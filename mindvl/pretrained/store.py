@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
@@ -51,6 +52,18 @@ def sha256(path: Union[str, Path]) -> str:
     from mindvl.data.records import file_sha256
 
     return file_sha256(path)
+
+
+@lru_cache(maxsize=64)
+def _sha256_of_version(path: str, size: int, mtime_ns: int) -> str:
+    return sha256(path)
+
+
+def _current_sha256(path: Path) -> str:
+    """sha256 of a file, hashed once per (path, size, modification time): a converted folder is verified
+    by every reader (binding, loading, the feature cache), and its weights are ~90 MB."""
+    stat = path.stat()
+    return _sha256_of_version(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
 
 
 class TensorSource:
@@ -137,7 +150,7 @@ def read_config(path: Union[str, Path]) -> Dict:
         raise ConversionError(f"{config_file}: format {config.get('format')!r} / kind {config.get('kind')!r} "
                               f"is not a mindvl converted encoder ({FORMAT}); convert it again")
     for name, digest in config["files"].items():
-        if not (path / name).is_file() or sha256(path / name) != digest:
+        if not (path / name).is_file() or _current_sha256(path / name) != digest:
             raise ConversionError(f"{path / name}: missing or its sha256 differs from config.json; the folder "
                                   f"is damaged, convert it again")
     return config
