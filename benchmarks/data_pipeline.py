@@ -51,7 +51,6 @@ def useful_tokens(cfg, columns) -> int:
 
 def prepare(cfg, steps: int) -> dict:
     """A compiled trainer for `cfg` and `steps` batches read in advance, with their stream statistics."""
-    from mindvl.data.loader import TRAIN_COLUMNS
     from mindvl.train.trainer import Trainer
 
     trainer = Trainer(cfg, progress=False)
@@ -63,7 +62,7 @@ def prepare(cfg, steps: int) -> dict:
         if len(batches) == steps:
             break
     stream.close()  # stop the pipeline's prefetching: it would compete with the timed steps
-    numpy_columns = [dict(zip(TRAIN_COLUMNS, (t.asnumpy() for t in b))) for b in batches]
+    numpy_columns = [dict(zip(trainer.stream.columns, (t.asnumpy() for t in b))) for b in batches]
     segments = [stream_segments(c) for c in numpy_columns]
     combos = [tuple(s[name].shape for name in PACKED_STREAMS) for s in segments]
     compile_seconds = []

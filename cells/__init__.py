@@ -2,12 +2,13 @@
 from .activation import create_activation
 from .attention import MultiHeadAttention
 from .audio import AudioEncoder
+from .eval_nets import EncodeNet, StateAnswerNet, StateGenerateNet
 from .export_nets import AnswerNet, AudioEmbedNet, GenerateNet, ImageEmbedNet, TextEmbedNet
 from .factory import create_model
 from .fusion import FusionTransformer
 from .heads import ContrastiveHead, LogitScale, NormDenseHead
 from .masks import MASK_VALUE, padding_mask, prefix_lm_mask, segment_mask
-from .model import MultimodalModel
+from .model import MultimodalModel, TokenInputModel
 from .norm import LayerNorm, create_norm
 from .text import TextEncoder
 from .transformer import TransformerBlock, TransformerStack
@@ -15,8 +16,9 @@ from .vision import VisionEncoder, conv_weight_to_matmul
 
 __all__ = [
     "create_activation", "MultiHeadAttention", "AudioEncoder", "AnswerNet", "AudioEmbedNet", "GenerateNet",
+    "EncodeNet", "StateAnswerNet", "StateGenerateNet",
     "ImageEmbedNet", "TextEmbedNet", "create_model", "FusionTransformer", "NormDenseHead", "ContrastiveHead",
     "LogitScale", "MASK_VALUE", "padding_mask", "prefix_lm_mask", "segment_mask",
-    "MultimodalModel", "LayerNorm", "create_norm", "TextEncoder", "TransformerBlock", "TransformerStack",
+    "MultimodalModel", "TokenInputModel", "LayerNorm", "create_norm", "TextEncoder", "TransformerBlock", "TransformerStack",
     "VisionEncoder", "conv_weight_to_matmul",
 ]

@@ -64,10 +64,14 @@ class AudioEncoder(nn.Cell):
 
     def construct(self, mel, frame_mask):
         x = self._front(mel, frame_mask)
-        token_mask = frame_mask[:, ::2]  # (batch, T/2)
+        token_mask = self.token_mask(frame_mask)  # (batch, T/2)
         x = self.dropout(self.add(x, self.positions[:x.shape[1]]))
         x = self.encoder(x, padding_mask(token_mask))
         return x, token_mask, self.pool(x, token_mask)
+
+    def token_mask(self, frame_mask):
+        """(batch, T) frame mask -> (batch, T/2) token mask: token i is centred on frame 2i."""
+        return frame_mask[:, ::2]
 
     def construct_packed(self, mel, frame_segment, positions, index):
         """Packed rows of clips -> per-clip outputs, equal to `construct` on each clip alone.

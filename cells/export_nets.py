@@ -19,8 +19,7 @@ class AnswerNet(nn.Cell):
     def construct(self, image, question_ids, question_mask, audio_mel, audio_mask, use_text, use_audio):
         inputs = self.model.fusion_inputs(image, question_ids, question_mask, audio_mel, audio_mask,
                                           use_text, use_audio)
-        cls = self.model.fusion.construct_prefix(*inputs)
-        return self.softmax(self.model.answer_head(cls))
+        return self.softmax(self.model.answer_logits(*inputs))
 
 
 class GenerateNet(nn.Cell):
@@ -38,8 +37,7 @@ class GenerateNet(nn.Cell):
                   answer_in):
         inputs = self.model.fusion_inputs(image, question_ids, question_mask, audio_mel, audio_mask,
                                           use_text, use_audio)
-        _, answer_states = self.model.fusion(*inputs, answer_in)
-        return self.model.lm_head(answer_states)
+        return self.model.lm_logits(*inputs, answer_in)
 
 
 class ImageEmbedNet(nn.Cell):

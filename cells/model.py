@@ -16,7 +16,7 @@ from .vision import VisionEncoder
 
 
 class MultimodalModel(nn.Cell):
-    """construct(image, answer_in, <the packed columns>) ->
+    """construct(answer_in, image, <the packed columns>) ->
     (answer_logits (B, num_answers), lm_logits (B, La, vocab), image_emb, caption_emb, audio_emb,
      question_emb (each (B, embed_dim), unit length), scale_image_text, scale_audio_text (scalars,
      exp'd and clamped to <= 100)).
@@ -53,6 +53,7 @@ class MultimodalModel(nn.Cell):
         self.lm_head = NormDenseHead(model_cfg.fusion.width, model_cfg.text.vocab_size, model_cfg.fusion.norm_eps)
         self.mul = ops.Mul()
         self.expand_dims = ops.ExpandDims()
+        self.concat = ops.Concat(axis=0)
 
     # -- pieces the export wrappers reuse ---------------------------------------------------------
     def embed_image(self, image):
@@ -70,33 +71,76 @@ class MultimodalModel(nn.Cell):
         _, _, pooled = self.audio(mel, frame_mask)
         return self.audio_proj(pooled)
 
-    def fusion_inputs(self, image, question_ids, question_mask, audio_mel, audio_mask, use_text, use_audio):
-        """Encode image and question; switch the question modalities per sample through the masks.
-
-        -> (image_tokens, text_tokens, text_mask, audio_tokens, audio_token_mask) for the fusion.
-        """
+    def encode(self, image, question_ids, question_mask, audio_mel, audio_mask):
+        """Each encoder's states in the padded layout: (image_tokens (B, 1 + N, vision width),
+        question_tokens (B, Lt, text width), audio_tokens (B, T/2, audio width))."""
         image_tokens, _ = self.vision(image)
-        text_tokens, _ = self.text(question_ids, question_mask)
-        audio_tokens, audio_token_mask, _ = self.audio(audio_mel, audio_mask)
+        question_tokens, _ = self.text(question_ids, question_mask)
+        audio_tokens, _, _ = self.audio(audio_mel, audio_mask)
+        return image_tokens, question_tokens, audio_tokens
+
+    def fusion_states(self, image_tokens, question_tokens, question_mask, audio_tokens, audio_mask, use_text,
+                      use_audio):
+        """Encoder states (computed, or cached for frozen encoders) and the padded masks (audio_mask per
+        frame) -> the fusion's inputs, the question modalities switched per sample through the masks:
+        (image_tokens, text_tokens, text_mask, audio_tokens, audio_token_mask)."""
         text_mask = self.mul(question_mask, self.expand_dims(use_text, 1))
-        audio_token_mask = self.mul(audio_token_mask, self.expand_dims(use_audio, 1))
-        return image_tokens, text_tokens, text_mask, audio_tokens, audio_token_mask
+        audio_token_mask = self.mul(self.audio.token_mask(audio_mask), self.expand_dims(use_audio, 1))
+        return image_tokens, question_tokens, text_mask, audio_tokens, audio_token_mask
+
+    def fusion_inputs(self, image, question_ids, question_mask, audio_mel, audio_mask, use_text, use_audio):
+        """Encode image and question, then `fusion_states`."""
+        image_tokens, question_tokens, audio_tokens = self.encode(image, question_ids, question_mask, audio_mel,
+                                                                  audio_mask)
+        return self.fusion_states(image_tokens, question_tokens, question_mask, audio_tokens, audio_mask, use_text,
+                                  use_audio)
+
+    def answer_logits(self, image_tokens, text_tokens, text_mask, audio_tokens, audio_token_mask):
+        """Fusion inputs -> (B, num_answers) answer-classifier logits (the prefix alone, no answer tokens)."""
+        return self.answer_head(self.fusion.construct_prefix(image_tokens, text_tokens, text_mask, audio_tokens,
+                                                             audio_token_mask))
+
+    def lm_logits(self, image_tokens, text_tokens, text_mask, audio_tokens, audio_token_mask, answer_in):
+        """Fusion inputs + teacher-forced answer ids (B, La) -> (B, La, vocab) LM logits."""
+        _, answer_states = self.fusion(image_tokens, text_tokens, text_mask, audio_tokens, audio_token_mask,
+                                       answer_in)
+        return self.lm_head(answer_states)
 
     # -- training graph ---------------------------------------------------------------------------
-    def construct(self, image, answer_in, text_pack_ids, text_pack_positions, text_pack_segment, text_index,
+    def construct(self, answer_in, image, text_pack_ids, text_pack_positions, text_pack_segment, text_index,
                   audio_pack_mel, audio_pack_segment, audio_pack_positions, audio_index, pack_index, pack_segment,
                   pack_answer, cls_index, answer_index):
-        batch = image.shape[0]
         image_tokens, image_pooled = self.vision(image)
         text_tokens, text_pooled = self.text.construct_packed(text_pack_ids, text_pack_positions, text_pack_segment,
                                                               text_index)  # (2B, Lt, width): questions, captions
         audio_tokens, audio_pooled = self.audio.construct_packed(audio_pack_mel, audio_pack_segment,
                                                                  audio_pack_positions, audio_index)
+        return self.fuse(answer_in, image_tokens, image_pooled, text_tokens[:image.shape[0]], text_pooled,
+                         audio_tokens, audio_pooled, pack_index, pack_segment, pack_answer, cls_index, answer_index)
 
-        cls, answer_states = self.fusion.construct_packed(image_tokens, text_tokens[:batch], audio_tokens, answer_in,
+    def construct_from_tokens(self, answer_in, image_tokens, question_tokens, question_mask, caption_tokens,
+                              caption_mask, audio_tokens, audio_mask, pack_index, pack_segment, pack_answer,
+                              cls_index, answer_index):
+        """`construct` starting from the encoders' outputs (frozen encoders whose outputs were cached,
+        mindvl.pretrained.tokens): image_tokens (B, 1 + N, vision width); question_tokens and
+        caption_tokens (B, Lt, text width) with masks (B, Lt); audio_tokens (B, T/2, audio width) with
+        the frame mask (B, T); zeros at padded slots, as the packed encoders give them. The pooled
+        vectors come from the encoders' own pooling, so the outputs are `construct`'s."""
+        question_pooled = self.text.pooled(question_tokens, question_mask)
+        caption_pooled = self.text.pooled(caption_tokens, caption_mask)
+        audio_pooled = self.audio.pool(audio_tokens, self.audio.token_mask(audio_mask))
+        return self.fuse(answer_in, image_tokens, self.vision.pooled(image_tokens), question_tokens,
+                         self.concat((question_pooled, caption_pooled)), audio_tokens, audio_pooled, pack_index,
+                         pack_segment, pack_answer, cls_index, answer_index)
+
+    def fuse(self, answer_in, image_tokens, image_pooled, question_tokens, text_pooled, audio_tokens, audio_pooled,
+             pack_index, pack_segment, pack_answer, cls_index, answer_index):
+        """Encoder outputs -> the training outputs (class docstring); text_pooled (2B, width) holds the
+        questions' then the captions' pooled vectors."""
+        batch = image_tokens.shape[0]
+        cls, answer_states = self.fusion.construct_packed(image_tokens, question_tokens, audio_tokens, answer_in,
                                                           pack_index, pack_segment, pack_answer, cls_index,
                                                           answer_index)
-
         answer_logits = self.answer_head(cls)
         lm_logits = self.lm_head(answer_states)
         image_emb = self.image_proj(image_pooled)
@@ -104,3 +148,17 @@ class MultimodalModel(nn.Cell):
         audio_emb = self.audio_proj(audio_pooled)
         return (answer_logits, lm_logits, image_emb, text_emb[batch:], audio_emb, text_emb[:batch],
                 self.logit_scale_image_text(), self.logit_scale_audio_text())
+
+
+class TokenInputModel(nn.Cell):
+    """The training graph of `model` from cached encoder outputs (MultimodalModel.construct_from_tokens).
+
+    It shares the model's parameters under the model's own names (auto_prefix=False), so checkpoints,
+    evaluation and export use the full model unchanged."""
+
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, *inputs):
+        return self.model.construct_from_tokens(*inputs)

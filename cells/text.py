@@ -56,7 +56,12 @@ class TextEncoder(nn.Cell):
     def construct(self, ids, mask):
         positions = self.position_embeddings.weight[:ids.shape[1]]  # (L, width)
         x = self.encoder(self._embed(ids, positions), padding_mask(mask))
-        return x, self.pool(x, mask) if self.mean_pooling else x[:, 0]
+        return x, self.pooled(x, mask)
+
+    def pooled(self, tokens, valid):
+        """tokens (batch, L, width), valid (batch, L) -> (batch, width): the sentence vector of the
+        token states (also applied to cached states, mindvl.pretrained.tokens)."""
+        return self.pool(tokens, valid) if self.mean_pooling else tokens[:, 0]
 
     def construct_packed(self, ids, positions, segment, index):
         """Packed rows -> per-sequence outputs, equal to `construct` on each sequence alone.
@@ -69,4 +74,4 @@ class TextEncoder(nn.Cell):
         x = self._embed(ids, self.position_embeddings(positions))
         x = self.encoder(x, segment_mask(segment))  # (R, S, width)
         tokens = gather_tokens(x, index)
-        return tokens, self.pool(tokens, slot_valid(x, index)) if self.mean_pooling else tokens[:, 0]
+        return tokens, self.pooled(tokens, slot_valid(x, index))

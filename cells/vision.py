@@ -104,4 +104,8 @@ class VisionEncoder(nn.Cell):
         cls = self.tile(self.cls_token, (image.shape[0], 1, 1))  # (batch, 1, width)
         x = self.dropout(self.add(self.concat((cls, patches)), self.pos_embed))
         x = self.encoder(x, None)
-        return x, x[:, 0]
+        return x, self.pooled(x)
+
+    def pooled(self, tokens):
+        """(batch, 1 + N, width) -> (batch, width): the CLS token's state (also of cached states)."""
+        return tokens[:, 0]

@@ -112,6 +112,9 @@ class PretrainedConfig:
     text: str = ""  # folder written by `mindvl convert minilm`
     audio: str = ""  # folder written by `mindvl convert whisper-base`
     freeze: bool = True  # keep their weights fixed; LoRA adapters (model.<kind>.lora_rank > 0) still train
+    # Folder of the frozen encoders' cached outputs (mindvl.pretrained.tokens): training runs each encoder
+    # once per distinct input instead of at every step. "": run them at every step.
+    cache: str = ""
 
 
 @dataclass

@@ -101,3 +101,27 @@ def converted(tmp_path_factory):
         return folders[source]
 
     return get
+
+
+def pretrained_config(root, out, converted, *extra):
+    """The pretrained-s recipe over the small data set at `root` (8 images), output and token cache under
+    `out`, with the small fusion and 2 training steps; `extra`: more overrides."""
+    vision, text, audio = converted("dinov2"), converted("minilm"), converted("whisper-base")
+    return load_config("pretrained-s", [
+        f"data.root={root}", f"train.output_dir={out}", f"model.pretrained.cache={out}/cache",
+        f"model.pretrained.vision={vision}", f"model.pretrained.text={text}", f"data.tokenizer={text}",
+        f"model.pretrained.audio={audio}", f"data.train_voices=[{', '.join(TRAIN_VOICES)}]",
+        f"data.test_voices=[{', '.join(TEST_VOICES)}]", "data.speech_rates=[175]", "data.limit=8",
+        "data.batch_size=8", "data.num_workers=1", "train.max_steps=2", "train.warmup_steps=1",
+        "train.checkpoint_every=2", *[o for o in SMALL_MODEL if not o.startswith(("model.vision", "model.text", "model.audio"))],
+        *extra])
+
+
+@pytest.fixture(scope="session")
+def pretrained_data(converted, tmp_path_factory):
+    """The small data set tokenised with MiniLM's tokenizer (what pretrained-s needs)."""
+    from mindvl.data.build import build_dataset
+
+    root = tmp_path_factory.mktemp("pretrained_data") / "root"
+    build_dataset(pretrained_config(root, "unused", converted), progress=False)
+    return root

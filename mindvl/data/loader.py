@@ -39,14 +39,21 @@ import numpy as np
 
 from mindvl import preprocess as P
 from mindvl.config import Config, ConfigError, PreprocessConfig
-from mindvl.data.packing import PACK_COLUMNS, PACK_INPUTS, Packer, SampleSizes
+from mindvl.data.packing import FUSION_COLUMNS, PACK_COLUMNS, PACK_INPUTS, Packer, SampleSizes
 
 COLUMNS = ("sample_id", "image", "question_ids", "question_mask", "audio_mel", "audio_mask", "use_text",
            "use_audio", "caption_ids", "caption_mask", "answer", "answer_tokens", "question_group",
            "caption_group")
 # What the training graph consumes (mindvl.train.losses.MultimodalLoss), in its argument order: the
-# questions, captions and clips reach it packed (PACK_COLUMNS), not padded.
-TRAIN_COLUMNS = ("image", "answer", "answer_tokens", "question_group", "caption_group", *PACK_COLUMNS)
+# labels, then the model's inputs, where questions, captions and clips arrive packed (PACK_COLUMNS).
+LABEL_COLUMNS = ("answer", "answer_tokens", "question_group", "caption_group")
+MODEL_COLUMNS = ("image", *PACK_COLUMNS)
+TRAIN_COLUMNS = LABEL_COLUMNS + MODEL_COLUMNS
+# The same from cached frozen-encoder states (model.pretrained.cache; cells.TokenInputModel): the encoders'
+# outputs per sample, zero at padding, and the fusion's packing.
+TOKEN_COLUMNS = ("image_tokens", "question_tokens", "question_mask", "caption_tokens", "caption_mask",
+                 "audio_tokens", "audio_mask", *FUSION_COLUMNS)
+TOKEN_TRAIN_COLUMNS = LABEL_COLUMNS + TOKEN_COLUMNS
 MODALITIES = ("mix", "text", "audio", "both")
 _FLAGS = ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0))  # (use_text, use_audio) for [text, audio, both]
 _CLIP, _MODALITY, _IMAGE, _AUDIO, _TEXT = range(5)  # purposes of per-sample random draws
@@ -196,8 +203,9 @@ class _Tables:
 class _Stage:
     """A picklable batch transform: carries settings only and loads `_Tables` once per process."""
 
-    def __init__(self, root: Union[str, Path], cfg: Config, split: str, epoch: int) -> None:
+    def __init__(self, root: Union[str, Path], cfg: Config, split: str, epoch: int, tokens=None) -> None:
         self.root = str(root)
+        self.tokens = tokens  # EncoderTokens: the stage hands on cached encoder states instead of inputs
         self.pre = cfg.preprocess
         self.augment = cfg.data.augment
         self.seed = int(cfg.data.seed)
@@ -233,7 +241,8 @@ class _Stage:
 
 
 class _ImageStage(_Stage):
-    """Batch op: encoded images -> float32 (B, 3, S, S); random-resized-crop, flip, jitter in training."""
+    """Batch op: encoded images -> float32 (B, 3, S, S); random-resized-crop, flip, jitter in training.
+    With cached states: (B, 1 + N, vision width)."""
 
     def __call__(self, images, sample_ids, batch_info=None):
         from mindvl.data.augment import augment_image
@@ -241,7 +250,9 @@ class _ImageStage(_Stage):
         pixels = []
         for data, sample_id in zip(images, sample_ids):
             name = f"{self.split} sample {int(sample_id)} image"
-            if self.augmenting:
+            if self.tokens is not None:
+                pixels.append(self.tokens.image(_as_bytes(data), name))
+            elif self.augmenting:
                 img = P.open_image(_as_bytes(data), name=name)
                 img = augment_image(img, self.augment, self.pre.image_size,
                                     _generator(self.seed, self.epoch, int(sample_id), _IMAGE))
@@ -252,7 +263,8 @@ class _ImageStage(_Stage):
 
 
 class _AudioStage(_Stage):
-    """Map: question ids -> the padded log-mel of one spoken clip (B, n_mels, T) and frame mask (B, T)."""
+    """Map: question ids -> the padded log-mel of one spoken clip (B, n_mels, T) and frame mask (B, T).
+    With cached states: the clip's states (B, T/2, audio width) instead of the mel."""
 
     def __call__(self, sample_ids, question_ids):
         tables = self.tables
@@ -263,7 +275,10 @@ class _AudioStage(_Stage):
                 clip = clips[_mix(self.seed, self.epoch, sample_id, _CLIP) % len(clips)]
             else:
                 clip = clips[sample_id % len(clips)]
-            mel, mask = self._perturbed(tables, clip, sample_id) if self._perturbs() else tables.mel(clip)
+            if self.tokens is not None:
+                mel, mask = self.tokens.clip(tables.pcm[clip], tables.names[clip]), tables.mel(clip)[1]
+            else:
+                mel, mask = self._perturbed(tables, clip, sample_id) if self._perturbs() else tables.mel(clip)
             mels.append(mel)
             masks.append(mask)
         return sample_ids, question_ids, np.stack(mels), np.stack(masks)
@@ -289,8 +304,8 @@ class _AudioStage(_Stage):
 class _TextStage(_Stage):
     """Map: ids -> question / caption tokens and masks, answer class and tokens, groups, modality flags."""
 
-    def __init__(self, root, cfg: Config, split: str, epoch: int, modality: str) -> None:
-        super().__init__(root, cfg, split, epoch)
+    def __init__(self, root, cfg: Config, split: str, epoch: int, modality: str, tokens=None) -> None:
+        super().__init__(root, cfg, split, epoch, tokens)
         self.modality = modality
         self.cumulative_mix = np.cumsum(np.asarray(cfg.data.question_modality_mix, np.float64)).tolist()
 
@@ -315,7 +330,14 @@ class _TextStage(_Stage):
                                 ("caption_group", np.int32(cid)), ("use_text", np.float32(use_text)),
                                 ("use_audio", np.float32(use_audio))):
                 columns[name].append(value)
-        return (sample_ids, *(np.stack(columns[name]) for name in _TEXT_OUTPUTS))
+            if self.tokens is not None:
+                columns["question_tokens"].append(self.tokens.text(q_ids, q_mask, f"question {qid}"))
+                columns["caption_tokens"].append(self.tokens.text(c_ids, c_mask, f"caption {cid}"))
+        return (sample_ids, *(np.stack(columns[name]) for name in self.outputs))
+
+    @property
+    def outputs(self) -> Tuple[str, ...]:
+        return _TEXT_OUTPUTS + (_TOKEN_TEXT_OUTPUTS if self.tokens is not None else ())
 
     def _flags(self, sample_id: int) -> Tuple[float, float]:
         if self.modality != "mix":
@@ -329,18 +351,31 @@ class _TextStage(_Stage):
 
 _TEXT_OUTPUTS = ("question_ids", "question_mask", "caption_ids", "caption_mask", "answer", "answer_tokens",
                  "question_group", "caption_group", "use_text", "use_audio")
+_TOKEN_TEXT_OUTPUTS = ("question_tokens", "caption_tokens")
 
 
 class _PackStage:
     """Map: the text, audio and modality columns -> the same columns and the packed layouts
-    (mindvl/data/packing.py)."""
+    (mindvl/data/packing.py); with cached encoder states only the fusion is packed (FUSION_COLUMNS)."""
 
-    def __init__(self, packer: Packer) -> None:
+    def __init__(self, packer: Packer, fusion_only: bool = False) -> None:
         self.packer = packer
+        self.fusion_only = fusion_only
 
-    def __call__(self, *columns):  # PACK_INPUTS, in order
-        packed = self.packer(*columns)
+    @property
+    def inputs(self) -> Tuple[str, ...]:
+        return _FUSION_PACK_INPUTS if self.fusion_only else PACK_INPUTS
+
+    @property
+    def outputs(self) -> Tuple[str, ...]:
+        return FUSION_COLUMNS if self.fusion_only else PACK_COLUMNS
+
+    def __call__(self, *columns):  # self.inputs, in order
+        packed = self.packer.fusion(*columns) if self.fusion_only else self.packer(*columns)
         return (*columns, *packed.arrays)
+
+
+_FUSION_PACK_INPUTS = ("question_mask", "audio_mask", "use_text", "use_audio")  # FusionPacker's arguments
 
 
 def _check_compatible(root: Path, meta: Dict, pre: PreprocessConfig) -> None:
@@ -400,8 +435,9 @@ def sample_sizes(cfg: Config, split: str = "train") -> SampleSizes:
 
 
 def _pipeline(cfg: Config, split: str, files: List[str], rows: np.ndarray, epoch: int, modality: str,
-              batch_size: int, drop_remainder: bool, packer: Optional[Packer]):
-    """The mindspore.dataset pipeline over `rows` (in that order); see the module docstring."""
+              batch_size: int, drop_remainder: bool, packer: Optional[Packer], tokens=None):
+    """The mindspore.dataset pipeline over `rows` (in that order); see the module docstring. With
+    `tokens` (EncoderTokens) the stages hand on cached encoder states and the columns are TOKEN_COLUMNS'."""
     import mindspore.dataset as ds
 
     from mindvl.data import records
@@ -409,27 +445,53 @@ def _pipeline(cfg: Config, split: str, files: List[str], rows: np.ndarray, epoch
     root = Path(cfg.data.root)
     workers = max(1, min(int(cfg.data.num_workers), os.cpu_count() or 1))
     threads = {"num_parallel_workers": workers, "python_multiprocessing": False}
+    image, audio = ("image_tokens", "audio_tokens") if tokens is not None else ("image", "audio_mel")
     data = ds.MindDataset(files, columns_list=list(records.EXAMPLE_COLUMNS),
                           sampler=ds.SubsetSampler([int(i) for i in rows]))
-    data = data.batch(batch_size, drop_remainder=drop_remainder, per_batch_map=_ImageStage(root, cfg, split, epoch),
-                      input_columns=["image", "sample_id"], output_columns=["image", "sample_id"], **threads)
-    data = data.map(_AudioStage(root, cfg, split, epoch), input_columns=["sample_id", "question_id"],
-                    output_columns=["sample_id", "question_id", "audio_mel", "audio_mask"], **threads)
-    data = data.map(_TextStage(root, cfg, split, epoch, modality),
-                    input_columns=["sample_id", "question_id", "caption_id", "answer_id"],
-                    output_columns=["sample_id", *_TEXT_OUTPUTS], **threads)
+    data = data.batch(batch_size, drop_remainder=drop_remainder,
+                      per_batch_map=_ImageStage(root, cfg, split, epoch, tokens),
+                      input_columns=["image", "sample_id"], output_columns=[image, "sample_id"], **threads)
+    data = data.map(_AudioStage(root, cfg, split, epoch, tokens), input_columns=["sample_id", "question_id"],
+                    output_columns=["sample_id", "question_id", audio, "audio_mask"], **threads)
+    text = _TextStage(root, cfg, split, epoch, modality, tokens)
+    data = data.map(text, input_columns=["sample_id", "question_id", "caption_id", "answer_id"],
+                    output_columns=["sample_id", *text.outputs], **threads)
     columns = list(COLUMNS)
+    if tokens is not None:
+        columns = [{"image": image, "audio_mel": audio}.get(name, name) for name in columns] + list(_TOKEN_TEXT_OUTPUTS)
     if packer is not None:
-        data = data.map(_PackStage(packer), input_columns=list(PACK_INPUTS),
-                        output_columns=[*PACK_INPUTS, *PACK_COLUMNS], **threads)
-        columns += list(PACK_COLUMNS)
+        pack = _PackStage(packer, fusion_only=tokens is not None)
+        data = data.map(pack, input_columns=list(pack.inputs), output_columns=[*pack.inputs, *pack.outputs],
+                        **threads)
+        columns += list(pack.outputs)
     return data.project(columns)
+
+
+def split_inputs(cfg: Config, split: str = "train") -> Tuple[List[bytes], List, List[bytes]]:
+    """What the encoders see over a split, each distinct input once: encoded images, (ids, mask) of the
+    questions and captions, and every clip of those questions in that split (int16). A training rank
+    needs them all: its share of the rows changes from epoch to epoch."""
+    from mindvl.data import records
+
+    root, files, _ = _open_split(cfg, split)
+    tables = _Tables(root, cfg.preprocess, split)
+    rows = [row for path in files for row in records.read_table(path, ["image", "question_id", "caption_id"])]
+    images = list({_as_bytes(row["image"]): None for row in rows})
+    questions = sorted({int(row["question_id"]) for row in rows})
+    captions = sorted({int(row["caption_id"]) for row in rows})
+    texts = [tables.question(qid) for qid in questions] + [tables.caption(cid) for cid in captions]
+    clips = [tables.pcm[clip] for qid in questions for clip in tables.clip_of(split, qid)]
+    return images, texts, clips
 
 
 def create_dataset(cfg: Config, split: str, *, shuffle: Optional[bool] = None, question_modality: str = "mix",
                    batch_size: Optional[int] = None, drop_remainder: Optional[bool] = None, epoch: int = 0,
-                   shard_id: Optional[int] = None, num_shards: Optional[int] = None, packed: bool = False):
+                   shard_id: Optional[int] = None, num_shards: Optional[int] = None, packed: bool = False,
+                   tokens=None):
     """One epoch of batches over `split` with the columns in `COLUMNS` (+ `PACK_COLUMNS` if `packed`).
+    With `tokens` (EncoderTokens, filled for the split): the cached encoder states instead of the
+    encoders' inputs, image -> image_tokens, audio_mel -> audio_tokens, plus question_tokens and
+    caption_tokens (+ FUSION_COLUMNS if `packed`).
 
     Shapes (B = batch, S = image_size, Lt = max_text_length, Ta = max_audio_frames, La = max_answer_length):
       sample_id i64 (B,); image f32 (B,3,S,S); question_ids i32 (B,Lt); question_mask f32 (B,Lt);
@@ -452,7 +514,7 @@ def create_dataset(cfg: Config, split: str, *, shuffle: Optional[bool] = None, q
     batch_size = int(batch_size or cfg.data.batch_size)
     rows = epoch_order(count, cfg.data.seed, epoch, shuffle, shard_id, num_shards, equal_shards=drop_remainder)
     packer = Packer.from_config(cfg, batch_size, sample_sizes(cfg, "train")) if packed else None
-    return _pipeline(cfg, split, files, rows, epoch, question_modality, batch_size, drop_remainder, packer)
+    return _pipeline(cfg, split, files, rows, epoch, question_modality, batch_size, drop_remainder, packer, tokens)
 
 
 # ----------------------------------------------------------------------------- training stream
@@ -468,14 +530,17 @@ class DataPosition:
 class TrainStream:
     """Packed training batches forever, from a resumable position (see the module docstring).
 
-    Iterating yields (sample_ids (B,) numpy, tuple of mindspore Tensors in TRAIN_COLUMNS order) and
-    advances `position` before each yield, so `state()` taken after a step describes exactly the
-    batches consumed.
+    Iterating yields (sample_ids (B,) numpy, tuple of mindspore Tensors in `columns` order: TRAIN_COLUMNS,
+    or TOKEN_TRAIN_COLUMNS when `tokens` (mindvl.pretrained.tokens.EncoderTokens, filled) hands on cached
+    encoder states) and advances `position` before each yield, so `state()` taken after a step describes
+    exactly the batches consumed.
     """
 
     def __init__(self, cfg: Config, shard_id: Optional[int] = None, num_shards: Optional[int] = None,
-                 state: Optional[Dict] = None) -> None:
+                 state: Optional[Dict] = None, tokens=None) -> None:
         self.cfg = cfg
+        self.tokens = tokens
+        self.columns = TOKEN_TRAIN_COLUMNS if tokens is not None else TRAIN_COLUMNS
         self.shard_id, self.num_shards = data_parallel_context(shard_id, num_shards)
         _, self.files, self.count = _open_split(cfg, "train")
         self.batch_size = cfg.data.batch_size
@@ -511,7 +576,8 @@ class TrainStream:
     def _epoch(self, epoch: int, start_batch: int):
         rows = epoch_order(self.count, self.cfg.data.seed, epoch, True, self.shard_id, self.num_shards)
         rows = rows[start_batch * self.batch_size:self.steps_per_epoch * self.batch_size]
-        return _pipeline(self.cfg, "train", self.files, rows, epoch, "mix", self.batch_size, True, self.packer)
+        return _pipeline(self.cfg, "train", self.files, rows, epoch, "mix", self.batch_size, True, self.packer,
+                         self.tokens)
 
     def __iter__(self) -> Iterator[Tuple[np.ndarray, tuple]]:
         while True:
@@ -522,6 +588,6 @@ class TrainStream:
             try:
                 for batch in iterator:
                     self.position = DataPosition(epoch, self.position.batch + 1)
-                    yield batch["sample_id"].asnumpy(), tuple(batch[name] for name in TRAIN_COLUMNS)
+                    yield batch["sample_id"].asnumpy(), tuple(batch[name] for name in self.columns)
             finally:  # closing the generator (end of training) stops the pipeline's prefetching workers
                 iterator.stop()

@@ -463,10 +463,12 @@ class Packer:
                      packing.audio_rows or calibrate_rows(needed["audio"]),
                      packing.rows or calibrate_rows(needed["fusion"]))
 
-    def describe(self) -> str:
-        """The row buckets of each stream, for the log (the last shape is the padded fallback)."""
+    def describe(self, streams: Optional[Sequence[str]] = None) -> str:
+        """The row buckets of each of `streams` (None: all), for the log (the last shape is the padded
+        fallback)."""
         return "packing buckets (rows x length): " + "; ".join(
-            f"{name} {', '.join(f'{r}x{n}' for r, n in shapes)}" for name, shapes in self.shapes().items())
+            f"{name} {', '.join(f'{r}x{n}' for r, n in shapes)}" for name, shapes in self.shapes().items()
+            if streams is None or name in streams)
 
     def needed_rows(self, sizes: SampleSizes, batches: int, rng: np.random.Generator) -> Dict[str, List[int]]:
         """Rows each stream needs for `batches` batches drawn from `sizes`, as pack_rows packs them."""
@@ -530,8 +532,10 @@ PACKED_STREAMS = {"text": ("text_pack_segment", 2, 1), "audio": ("audio_pack_seg
 
 
 def stream_segments(columns: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    """Stream name -> its per-token segment ids (rows, tokens) from a batch's columns (numpy)."""
-    return {name: columns[column][:, ::step] for name, (column, _, step) in PACKED_STREAMS.items()}
+    """Stream name -> its per-token segment ids (rows, tokens) from a batch's columns (numpy), for the
+    streams the batch has (from cached encoder states, only the fusion)."""
+    return {name: columns[column][:, ::step] for name, (column, _, step) in PACKED_STREAMS.items()
+            if column in columns}
 
 
 class PackingLog:
@@ -550,7 +554,7 @@ class PackingLog:
             stats.reset()
 
     def summary(self) -> Dict[str, Dict[str, float]]:
-        return {name: stats.summary() for name, stats in self.streams.items()}
+        return {name: stats.summary() for name, stats in self.streams.items() if stats.batches}
 
     def describe(self) -> str:
         parts = [f"{name} fill {s['fill']:.1%} ({s['samples_per_row']:.2f}/row, rows {s['row_buckets']})"

@@ -5,11 +5,14 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import mindspore as ms
+from tqdm import tqdm
 
-from mindvl.cells import AnswerNet, AudioEmbedNet, GenerateNet, ImageEmbedNet, TextEmbedNet, create_model
+from mindvl.cells import AudioEmbedNet, ImageEmbedNet, TextEmbedNet, create_model
 from mindvl.config import Config, config_from_dict
+from mindvl.data.loader import split_inputs
 from mindvl.eval.retrieval import audio_to_text, image_to_caption
 from mindvl.eval.vqa import majority_baseline, vqa_accuracy
+from mindvl.pretrained.tokens import token_cache
 from mindvl.train.checkpoint import CheckpointError, load_model_weights, resolve_checkpoint
 from mindvl.train.trainer import CONFIG_FILE
 
@@ -37,12 +40,17 @@ def load_trained(run: str, data_root: Optional[str] = None) -> Tuple[Config, Any
 
 
 def evaluate(cfg: Config, model, progress: bool = True) -> Dict[str, Any]:
+    """VQA accuracy per question modality, retrieval Recall@K and the majority baseline on the test split.
+    A run trained from cached frozen-encoder states (model.pretrained.cache) answers from the same cache,
+    filled for the test inputs first."""
     start = time.perf_counter()
-    answer_net, generate_net = AnswerNet(model), GenerateNet(model)
+    tokens = token_cache(cfg, model)
+    if tokens is not None:
+        tokens.fill(model, *split_inputs(cfg, "test"), log=tqdm.write if progress else None, progress=progress)
     text_net = TextEmbedNet(model)
     report: Dict[str, Any] = {"baseline": majority_baseline(cfg)}
     for modality in ("text", "audio"):
-        report[f"vqa_{modality}"] = vqa_accuracy(cfg, answer_net, generate_net, modality, progress)
+        report[f"vqa_{modality}"] = vqa_accuracy(cfg, model, modality, progress, tokens)
     report["image_to_caption"] = image_to_caption(cfg, ImageEmbedNet(model), text_net)
     report["audio_to_text"] = audio_to_text(cfg, AudioEmbedNet(model), text_net)
     report["seconds"] = round(time.perf_counter() - start, 1)

@@ -48,19 +48,31 @@ def majority_baseline(cfg: Config) -> Dict[str, object]:
     return {"answer": answers[majority], "accuracy": accuracy}
 
 
-def vqa_accuracy(cfg: Config, answer_net, generate_net, modality: str, progress: bool = True) -> Dict[str, float]:
-    """Accuracy over the test split with questions given as `modality` ("text", "audio" or "both")."""
+def vqa_accuracy(cfg: Config, model, modality: str, progress: bool = True, tokens=None) -> Dict[str, float]:
+    """Accuracy over the test split with questions given as `modality` ("text", "audio" or "both").
+
+    The encoders run once per batch (EncodeNet), or not at all when `tokens` (EncoderTokens filled for
+    the test split) holds their states; the fusion then answers and decodes from those states."""
+    from mindvl.cells import EncodeNet, StateAnswerNet, StateGenerateNet
+
     meta = load_meta(cfg.data.root)
     tokenizer = load_tokenizer(cfg.data.root)
     answers = meta["answers"]
-    dataset = create_dataset(cfg, "test", question_modality=modality)
+    answer_net, generate_net, encode_net = StateAnswerNet(model), StateGenerateNet(model), EncodeNet(model)
+    dataset = create_dataset(cfg, "test", question_modality=modality, tokens=tokens)
     correct, generated_correct, total = 0, 0, 0
     per_kind_correct, per_kind_total = Counter(), Counter()
     iterator = dataset.create_dict_iterator(num_epochs=1, output_numpy=True)
     for batch in tqdm(iterator, total=dataset.get_dataset_size(), desc=f"eval vqa ({modality})",
                       disable=not progress, leave=False):
-        inputs = [ms.Tensor(batch[name]) for name in
-                  ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "use_text", "use_audio")]
+        if tokens is None:
+            states = encode_net(*(ms.Tensor(batch[name]) for name in
+                                  ("image", "question_ids", "question_mask", "audio_mel", "audio_mask")))
+        else:
+            states = [ms.Tensor(batch[name]) for name in ("image_tokens", "question_tokens", "audio_tokens")]
+        image_tokens, question_tokens, audio_tokens = states
+        inputs = [image_tokens, question_tokens, ms.Tensor(batch["question_mask"]), audio_tokens,
+                  *(ms.Tensor(batch[name]) for name in ("audio_mask", "use_text", "use_audio"))]
         predicted = answer_net(*inputs).asnumpy().argmax(-1)
         hits = predicted == batch["answer"]
         generated = greedy_decode(generate_net, inputs, tokenizer, cfg.preprocess.max_answer_length)

@@ -25,7 +25,7 @@ from .cache import CacheStats, FeatureCache
 from .store import read_config
 
 
-def _pad_batch(arrays: List[np.ndarray], batch_size: int) -> np.ndarray:
+def pad_batch(arrays: List[np.ndarray], batch_size: int) -> np.ndarray:
     """Stack and pad with zeros to `batch_size` rows, so every call compiles one graph shape."""
     out = np.zeros((batch_size, *arrays[0].shape), arrays[0].dtype)
     out[:len(arrays)] = np.stack(arrays)
@@ -71,7 +71,7 @@ class FrozenEncoders:
 
         def run(batch: List[bytes]) -> np.ndarray:
             pixels = [P.decode_image(data, pre, name="image") for data in batch]
-            tokens, _ = cell(Tensor(_pad_batch(pixels, self.batch_size)))
+            tokens, _ = cell(Tensor(pad_batch(pixels, self.batch_size)))
             tokens = tokens.asnumpy()[:len(batch)]
             return np.concatenate([tokens[:, 0], tokens[:, 1:].mean(axis=1)], axis=1)
 
@@ -91,8 +91,8 @@ class FrozenEncoders:
 
         def run(batch: List[bytes]) -> np.ndarray:
             encodings = tokenizer.encode_batch([data.decode("utf-8") for data in batch])
-            ids = _pad_batch([np.array(e.ids, np.int32) for e in encodings], self.batch_size)
-            mask = _pad_batch([np.array(e.attention_mask, np.float32) for e in encodings], self.batch_size)
+            ids = pad_batch([np.array(e.ids, np.int32) for e in encodings], self.batch_size)
+            mask = pad_batch([np.array(e.attention_mask, np.float32) for e in encodings], self.batch_size)
             pooled = cell(Tensor(ids), Tensor(mask))[1].asnumpy()[:len(batch)]
             return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
 
@@ -119,7 +119,7 @@ class FrozenEncoders:
                 mel, mask = P.pad_mel(mel, pre, name="clip")
                 mels.append(mel)
                 masks.append(mask)
-            _, _, pooled = cell(Tensor(_pad_batch(mels, self.batch_size)), Tensor(_pad_batch(masks, self.batch_size)))
+            _, _, pooled = cell(Tensor(pad_batch(mels, self.batch_size)), Tensor(pad_batch(masks, self.batch_size)))
             return pooled.asnumpy()[:len(batch)]
 
         cache = FeatureCache(self.cache_dir, self.audio, {"sample_rate": sample_rate, "frames": self.max_audio_frames,

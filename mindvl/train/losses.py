@@ -8,7 +8,7 @@ model for matching an image to a correct but duplicated caption.
 import mindspore as ms
 from mindspore import nn, ops
 
-from mindvl.data.loader import TRAIN_COLUMNS  # MultimodalLoss.construct takes these, in this order
+from mindvl.data.loader import LABEL_COLUMNS, TRAIN_COLUMNS  # MultimodalLoss.construct takes these, in order
 
 LOSS_NAMES = ("contrastive", "answer", "lm")
 
@@ -59,15 +59,17 @@ class LMLoss(nn.Cell):
 
 
 class MultimodalLoss(nn.Cell):
-    """Model + objectives: returns the weighted total and the stacked parts in LOSS_NAMES order.
+    """Network + objectives: returns the weighted total and the stacked parts in LOSS_NAMES order.
 
-    construct takes the columns named in TRAIN_COLUMNS, in that order (shapes: mindvl.data.loader and
-    mindvl.data.packing).
+    construct takes the labels (LABEL_COLUMNS), then the network's inputs: the model's (MODEL_COLUMNS,
+    so TRAIN_COLUMNS in all) or, for a TokenInputModel over cached encoder outputs, TOKEN_COLUMNS.
+    The network is called as network(answer_in, *inputs). Shapes: mindvl.data.loader and
+    mindvl.data.packing.
     """
 
-    def __init__(self, model, weights, pad_id: int = 0):
+    def __init__(self, network, weights, pad_id: int = 0):
         super().__init__()
-        self.model = model
+        self.network = network
         self.contrastive = GroupContrastiveLoss()
         self.answer_loss = AnswerLoss()
         self.lm_loss = LMLoss(pad_id)
@@ -75,16 +77,11 @@ class MultimodalLoss(nn.Cell):
         self.w_answer = weights.answer
         self.w_lm = weights.lm
 
-    def construct(self, image, answer, answer_tokens, question_group, caption_group, text_pack_ids,
-                  text_pack_positions, text_pack_segment, text_index, audio_pack_mel, audio_pack_segment,
-                  audio_pack_positions, audio_index, pack_index, pack_segment, pack_answer, cls_index, answer_index):
+    def construct(self, answer, answer_tokens, question_group, caption_group, *inputs):
         answer_in = answer_tokens[:, :-1]  # teacher forcing: predict token t+1 from tokens <= t
         answer_next = answer_tokens[:, 1:]
         (answer_logits, lm_logits, image_emb, caption_emb, audio_emb, question_emb,
-         scale_image_text, scale_audio_text) = self.model(
-             image, answer_in, text_pack_ids, text_pack_positions, text_pack_segment, text_index, audio_pack_mel,
-             audio_pack_segment, audio_pack_positions, audio_index, pack_index, pack_segment, pack_answer,
-             cls_index, answer_index)
+         scale_image_text, scale_audio_text) = self.network(answer_in, *inputs)
         contrastive = (self.contrastive(image_emb, caption_emb, scale_image_text, caption_group)
                        + self.contrastive(audio_emb, question_emb, scale_audio_text, question_group)) / 2
         answer = self.answer_loss(answer_logits, answer)

@@ -11,12 +11,13 @@ import numpy as np
 from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
-from mindvl.cells import create_model
+from mindvl.cells import TokenInputModel, create_model
 from mindvl.config import Config, ConfigError
 from mindvl.data import load_meta, load_tokenizer
-from mindvl.data.loader import TRAIN_COLUMNS, TrainStream
+from mindvl.data.loader import TrainStream, split_inputs
 from mindvl.data.packing import PACKED_STREAMS, PackingLog
 from mindvl.pretrained.bind import bind_pretrained, load_pretrained
+from mindvl.pretrained.tokens import token_cache
 from mindvl.train.checkpoint import (CheckpointError, STATE_FILE, latest_checkpoint, load_model_weights,
                                      load_optimizer_state, save_checkpoint)
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss
@@ -41,6 +42,8 @@ class TrainResult:
     nonfinite_steps: int = 0  # steps whose loss was NaN/inf (left out of the logged means)
     start_step: int = 0  # > 0 when the run resumed from a checkpoint
     packing: Dict[str, object] = field(default_factory=dict)  # per stream: fill statistics over the whole run
+    trainable_parameters: int = 0
+    token_cache_seconds: float = 0.0  # filling model.pretrained.cache before the first step (0: no cache)
 
 
 def bind_data(cfg: Config, vocab: int, answers: int) -> Config:
@@ -70,13 +73,22 @@ class Trainer:
         self.cfg = bind_pretrained(bind_data(cfg, tokenizer.vocab_size, len(load_meta(cfg.data.root)["answers"])))
         self.progress = progress
         self.output_dir = Path(cfg.train.output_dir)
-        self.stream = TrainStream(cfg)
-        self.steps_per_epoch = self.stream.steps_per_epoch
-        self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.model = create_model(cfg.model, cfg.preprocess)
         load_pretrained(self.model, cfg)  # before the optimizer: frozen encoder weights are not its business
+        self.tokens = token_cache(cfg, self.model)  # frozen encoders' cached states, or None: they run every step
+        self.stream = TrainStream(cfg, tokens=self.tokens)
+        self.steps_per_epoch = self.stream.steps_per_epoch
+        self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.optimizer = create_optimizer(self.model, cfg.train, self.total_steps)
-        self.loss_net = MultimodalLoss(self.model, cfg.train.loss_weights, tokenizer.pad_id)
+        network = self.model
+        self.token_cache_seconds = 0.0
+        if self.tokens is not None:
+            start = time.perf_counter()
+            self.tokens.fill(self.model, *split_inputs(cfg, "train"), log=tqdm.write if progress else logger.info,
+                             progress=progress)
+            self.token_cache_seconds = round(time.perf_counter() - start, 1)
+            network = TokenInputModel(self.model)
+        self.loss_net = MultimodalLoss(network, cfg.train.loss_weights, tokenizer.pad_id)
         self.train_step = TrainStep(self.loss_net, self.optimizer, cfg.train.grad_clip)
         self.start_step = 0
         checkpoint = self._resume_point(resume)
@@ -138,13 +150,13 @@ class Trainer:
         checkpoint = None
         packing = self.cfg.data.packing
         run_packing, window_packing = PackingLog(), PackingLog()
-        self._log(bar, self.stream.packer.describe())
+        self._log(bar, self.stream.packer.describe(["fusion"] if self.tokens is not None else None))
         for step, _, batch in self._batches():
             start = time.perf_counter()
             loss, parts = self.train_step(*batch)
             values = np.concatenate([[loss.asnumpy()], parts.asnumpy()])
-            segments = {column: batch[TRAIN_COLUMNS.index(column)].asnumpy()
-                        for column, _, _ in PACKED_STREAMS.values()}
+            segments = {column: batch[self.stream.columns.index(column)].asnumpy()
+                        for column, _, _ in PACKED_STREAMS.values() if column in self.stream.columns}
             run_packing.add(segments, batch_size)
             window_packing.add(segments, batch_size)
             if (step + 1) % packing.log_every == 0:
@@ -183,7 +195,9 @@ class Trainer:
             train_seconds=round(train_seconds, 2),
             samples_per_second=round(later_steps * batch_size / max(train_seconds, 1e-9), 1),
             first_losses=first_losses, final_losses=losses, nonfinite_steps=nonfinite,
-            start_step=self.start_step, packing=run_packing.summary())
+            start_step=self.start_step, packing=run_packing.summary(),
+            trainable_parameters=sum(int(p.size) for p in self.model.trainable_params()),
+            token_cache_seconds=self.token_cache_seconds)
 
     def _log_packing(self, writer, bar, packing: PackingLog, step: int) -> None:
         """Packing is never silently off: each stream's fill and bucket use go to the log and TensorBoard."""

@@ -20,7 +20,7 @@ ms.set_context(mode=ms.GRAPH_MODE)
 VOCAB, BATCH, TEXT_LEN, ANSWER_LEN = 50, 3, 14, 3
 FRAMES = load_config("tiny").preprocess.max_audio_frames
 FRAME_COUNTS = [121, FRAMES, 60]  # valid mel frames per sample: odd, full, short
-INPUT_NAMES = ("image", "answer_in") + PACK_COLUMNS
+INPUT_NAMES = ("answer_in", "image") + PACK_COLUMNS
 EXPORT_INPUTS = ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "use_text", "use_audio")
 
 

@@ -14,9 +14,11 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from conftest import SMALL_MODEL
-from mindvl.cells import AnswerNet, AudioEmbedNet, GenerateNet, ImageEmbedNet, TextEmbedNet, create_model
+from mindvl.cells import (AnswerNet, AudioEmbedNet, EncodeNet, GenerateNet, ImageEmbedNet, StateAnswerNet,
+                          StateGenerateNet, TextEmbedNet, TokenInputModel, create_model)
 from mindvl.cells.masks import MASK_VALUE, packed_prefix_lm_mask, prefix_lm_mask
 from mindvl.config import load_config
+from mindvl.data.loader import TOKEN_COLUMNS
 from mindvl.data.packing import (AUDIO_COLUMNS, PACK_COLUMNS, PACK_INPUTS, TEXT_COLUMNS, AudioPacker, FusionLayout,
                                  FusionPacker, Packer, TextPacker)
 from mindvl.train.losses import TRAIN_COLUMNS, MultimodalLoss
@@ -30,7 +32,7 @@ FRAME_COUNTS = [20, 128, 61, 1, 101, 8, 2, 127]
 USE_TEXT = [1, 0, 1, 1, 0, 1, 1, 0]
 USE_AUDIO = [0, 1, 0, 1, 1, 0, 1, 1]
 BATCH = len(TEXT_LENGTHS)
-MODEL_INPUTS = ("image", "answer_in") + PACK_COLUMNS
+MODEL_INPUTS = ("answer_in", "image") + PACK_COLUMNS
 EXPORT_INPUTS = ("image", "question_ids", "question_mask", "audio_mel", "audio_mask", "use_text", "use_audio")
 
 
@@ -230,6 +232,40 @@ def test_a_packed_batch_computes_what_the_padded_layout_computes(model, padded, 
     alone = run(model, padded, MODEL_INPUTS)  # every stream one sample per row: each sample alone
     for got, want in zip(packed_outputs, alone):  # answer logits, LM logits, 4 embeddings, scales
         np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_the_token_input_graph_from_the_encoders_states_computes_the_full_model(model, batch, packed,
+                                                                               packed_outputs):
+    """TokenInputModel (training from cached frozen-encoder states) gives the full model's outputs when
+    fed what its encoders compute for each sample alone, zeroed at padding as the cache stores them."""
+    image_tokens = model.vision(Tensor(batch["image"]))[0].asnumpy()
+    states = {"image_tokens": image_tokens}
+    for kind in ("question", "caption"):
+        mask = batch[f"{kind}_mask"]
+        tokens = model.text(Tensor(batch[f"{kind}_ids"]), Tensor(mask))[0].asnumpy()
+        states[f"{kind}_tokens"] = tokens * mask[:, :, None]
+    audio_tokens, token_mask, _ = model.audio(Tensor(batch["audio_mel"]), Tensor(batch["audio_mask"]))
+    states["audio_tokens"] = audio_tokens.asnumpy() * token_mask.asnumpy()[:, :, None]
+    inputs = {**packed, **states}
+    got = run(TokenInputModel(model), inputs, ("answer_in", *TOKEN_COLUMNS))
+    for name, a, b in zip(("answer", "lm", "image", "caption", "audio", "question", "scale", "scale"), got,
+                          packed_outputs):
+        np.testing.assert_allclose(a, b, atol=1e-5, err_msg=name)
+    assert sorted(p.name for p in TokenInputModel(model).get_parameters()) == sorted(
+        p.name for p in model.get_parameters())  # the model's own names: checkpoints stay the model's
+
+
+def test_evaluation_from_encoder_states_computes_what_the_export_graphs_compute(model, batch):
+    """EncodeNet once, then StateAnswerNet / StateGenerateNet: AnswerNet's and GenerateNet's outputs."""
+    image_tokens, question_tokens, audio_tokens = run(EncodeNet(model), batch, EXPORT_INPUTS[:5])
+    states = {**batch, "image_tokens": image_tokens, "question_tokens": question_tokens,
+              "audio_tokens": audio_tokens}
+    names = ("image_tokens", "question_tokens", "question_mask", "audio_tokens", "audio_mask", "use_text",
+             "use_audio")
+    np.testing.assert_allclose(run(StateAnswerNet(model), states, names), run(AnswerNet(model), batch, EXPORT_INPUTS),
+                               atol=1e-6)
+    np.testing.assert_allclose(run(StateGenerateNet(model), states, names + ("answer_in",)),
+                               run(GenerateNet(model), batch, EXPORT_INPUTS + ("answer_in",)), atol=1e-5)
 
 
 def test_packed_training_equals_the_padded_export_path(model, batch, packed_outputs):

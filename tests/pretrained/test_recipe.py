@@ -7,28 +7,7 @@ from safetensors.numpy import load_file
 from mindvl.config import ConfigError, load_config
 from mindvl.pretrained.bind import bind_pretrained
 
-from conftest import SMALL_MODEL, TEST_VOICES, TRAIN_VOICES  # noqa: E402  (tests/conftest.py)
-
-
-def _config(root, out, converted, *extra):
-    vision, text, audio = converted("dinov2"), converted("minilm"), converted("whisper-base")
-    return load_config("pretrained-s", [
-        f"data.root={root}", f"train.output_dir={out}", f"model.pretrained.vision={vision}",
-        f"model.pretrained.text={text}", f"data.tokenizer={text}",
-        f"model.pretrained.audio={audio}", f"data.train_voices=[{', '.join(TRAIN_VOICES)}]",
-        f"data.test_voices=[{', '.join(TEST_VOICES)}]", "data.speech_rates=[175]", "data.limit=8",
-        "data.batch_size=8", "data.num_workers=1", "train.max_steps=2", "train.warmup_steps=1",
-        "train.checkpoint_every=2", *[o for o in SMALL_MODEL if not o.startswith(("model.vision", "model.text", "model.audio"))],
-        *extra])
-
-
-@pytest.fixture(scope="module")
-def data_root(converted, tmp_path_factory):
-    from mindvl.data.build import build_dataset
-
-    root = tmp_path_factory.mktemp("pretrained_data") / "root"
-    build_dataset(_config(root, "unused", converted), progress=False)
-    return root
+from conftest import pretrained_config  # noqa: E402  (tests/conftest.py)
 
 
 def _trainable(model):
@@ -36,16 +15,16 @@ def _trainable(model):
     return {name for name, param in model.parameters_and_names() if param.requires_grad}
 
 
-def _train(converted, data_root, tmp_path, *extra):
+def _train(converted, pretrained_data, tmp_path, *extra):
     from mindvl.train.trainer import Trainer
 
-    cfg = _config(data_root, tmp_path / "run", converted, *extra)
+    cfg = pretrained_config(pretrained_data, tmp_path / "run", converted, *extra)
     trainer = Trainer(cfg, progress=False)
     return trainer, trainer.fit()
 
 
-def test_frozen_encoders_keep_their_converted_weights_while_the_rest_trains(converted, data_root, tmp_path):
-    trainer, result = _train(converted, data_root, tmp_path)
+def test_frozen_encoders_keep_their_converted_weights_while_the_rest_trains(converted, pretrained_data, tmp_path):
+    trainer, result = _train(converted, pretrained_data, tmp_path)
     trainable = _trainable(trainer.model)
     assert not any(name.startswith(("vision.", "text.", "audio.")) for name in trainable)
     assert any(name.startswith("fusion.") for name in trainable)
@@ -70,8 +49,8 @@ def test_frozen_encoders_keep_their_converted_weights_while_the_rest_trains(conv
     np.testing.assert_array_equal(model.vision.patch_embed.weight.asnumpy(), dinov2["patch_embed.weight"])
 
 
-def test_lora_adapters_are_the_only_encoder_weights_that_train(converted, data_root, tmp_path):
-    trainer, result = _train(converted, data_root, tmp_path, "model.vision.lora_rank=2")
+def test_lora_adapters_are_the_only_encoder_weights_that_train(converted, pretrained_data, tmp_path):
+    trainer, result = _train(converted, pretrained_data, tmp_path, "model.vision.lora_rank=2", "model.pretrained.cache=''")
     encoder_trainable = sorted(name for name in _trainable(trainer.model) if name.startswith("vision."))
     assert encoder_trainable and all(".lora_" in name for name in encoder_trainable)
     saved = load_file(f"{result.checkpoint}/model.safetensors")

@@ -5,6 +5,8 @@ import mindspore as ms
 import numpy as np
 import pytest
 
+from mindvl.cells import MultimodalModel
+from mindvl.data.loader import LABEL_COLUMNS, MODEL_COLUMNS, TOKEN_COLUMNS
 from mindvl.data.packing import PACK_COLUMNS
 from mindvl.train.losses import TRAIN_COLUMNS, GroupContrastiveLoss, LMLoss, MultimodalLoss
 from mindvl.train.schedule import warmup_cosine
@@ -54,9 +56,13 @@ def test_lm_loss_ignores_padding_targets():
     assert got == pytest.approx(want, abs=1e-5)
 
 
-def test_train_columns_name_the_loss_arguments_in_order_ending_with_the_packing_columns():
-    arguments = list(inspect.signature(MultimodalLoss.construct).parameters)[1:]  # after self
-    assert list(TRAIN_COLUMNS) == arguments
+def test_train_columns_name_the_loss_and_model_arguments_in_order_ending_with_the_packing_columns():
+    labels = list(inspect.signature(MultimodalLoss.construct).parameters)[1:-1]  # after self, before *inputs
+    assert list(LABEL_COLUMNS) == labels and TRAIN_COLUMNS[:len(labels)] == LABEL_COLUMNS
+    model_arguments = list(inspect.signature(MultimodalModel.construct).parameters)[2:]  # after self, answer_in
+    assert list(MODEL_COLUMNS) == model_arguments == list(TRAIN_COLUMNS[len(labels):])
+    token_arguments = list(inspect.signature(MultimodalModel.construct_from_tokens).parameters)[2:]
+    assert list(TOKEN_COLUMNS) == token_arguments
     assert TRAIN_COLUMNS[-len(PACK_COLUMNS):] == PACK_COLUMNS
     assert "use_text" not in TRAIN_COLUMNS and "use_audio" not in TRAIN_COLUMNS  # the packer applies them
     for padded in ("question_ids", "question_mask", "caption_ids", "caption_mask", "audio_mel", "audio_mask"):
