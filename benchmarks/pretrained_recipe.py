@@ -42,7 +42,7 @@ def _evaluate(run: Path):
 
 
 def _row(name, values, fmt="{:.1%}"):
-    return f"| {name} | " + " | ".join(fmt.format(v) if isinstance(v, float) else str(v) for v in values) + " |"
+    return f"| {name} | " + " | ".join(fmt.format(v) if isinstance(v, (int, float)) else str(v) for v in values) + " |"
 
 
 def main(argv=None) -> None:
@@ -93,7 +93,7 @@ def main(argv=None) -> None:
     print(_row("training wall time (s): encoder cache, compile, steps", [
         f"{train[n].get('token_cache_seconds', 0):.0f}, {train[n]['compile_seconds']:.0f}, "
         f"{train[n]['train_seconds']:.0f}" for n in names]))
-    print(_row("evaluation wall time (s)", [metric[n]["seconds"] for n in names]))
+    print(_row("evaluation wall time (s)", [f"{metric[n]['seconds']:.0f}" for n in names]))
 
 
 if __name__ == "__main__":
