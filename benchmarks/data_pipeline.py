@@ -51,9 +51,9 @@ def useful_tokens(cfg, columns) -> int:
 
 def prepare(cfg, steps: int) -> dict:
     """A compiled trainer for `cfg` and `steps` batches read in advance, with their stream statistics."""
-    from mindvl.train.trainer import Trainer
+    from mindvl.train import Trainer, TrainingArguments, create_model
 
-    trainer = Trainer(cfg, progress=False)
+    trainer = Trainer(create_model(cfg), TrainingArguments(cfg, progress=False))
     trainer.train_step.set_train(True)
     batches = []
     stream = iter(trainer.stream)
@@ -68,7 +68,7 @@ def prepare(cfg, steps: int) -> dict:
     compile_seconds = []
     for combo in dict.fromkeys(combos):  # compile every shape combination before timing
         start = time.perf_counter()
-        loss, _ = trainer.train_step(*batches[combos.index(combo)])
+        loss = trainer.train_step(True, *batches[combos.index(combo)])[0]
         loss.asnumpy()
         compile_seconds.append(time.perf_counter() - start)
     return {"step": trainer.train_step, "batches": batches, "batch_size": cfg.data.batch_size,

@@ -1,4 +1,4 @@
-"""Activation functions used by every MLP, behind one factory.
+"""Activation functions used by every MLP, behind one factory, and the attention softmax.
 
 Kept in one small module so a fused CPU (or Ascend) kernel can replace an activation later without
 touching the blocks. Each activation is a Cell whose primitives are attributes, so a parallel strategy
@@ -44,6 +44,18 @@ class ReLU(nn.Cell):
 
     def construct(self, x):
         return self.relu(x)
+
+
+class Softmax(nn.Cell):
+    """Softmax over the last axis, a Cell of its own so a precision policy can keep it in float32 and a
+    fused kernel can replace it."""
+
+    def __init__(self):
+        super().__init__()
+        self.softmax = ops.Softmax(axis=-1)
+
+    def construct(self, x):
+        return self.softmax(x)
 
 
 def create_activation(name: str) -> nn.Cell:

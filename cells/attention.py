@@ -9,6 +9,7 @@ import math
 
 from mindspore import nn, ops
 
+from .activation import Softmax
 from .linear import dense
 from .masks import MASK_VALUE  # re-exported: callers build masks with this constant
 
@@ -41,7 +42,7 @@ class MultiHeadAttention(nn.Cell):
         self.av_matmul = ops.BatchMatMul()
         self.mul = ops.Mul()
         self.add = ops.Add()
-        self.softmax = ops.Softmax(axis=-1)
+        self.softmax = Softmax()
         self.attn_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
 
     def _split_heads(self, x, batch, seq):

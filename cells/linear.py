@@ -8,7 +8,7 @@ primitives are attributes (shardable).
 """
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
-from mindspore.common.initializer import TruncatedNormal, initializer
+from mindspore.common.initializer import TruncatedNormal, Uniform, initializer
 
 INIT_STD = 0.02  # BERT/ViT initialiser range
 
@@ -36,8 +36,7 @@ class Linear(nn.Cell):
             self.bias = Parameter(Tensor(np.zeros(out_width, np.float32)), name="bias")
         if self.lora_rank > 0:
             bound = 1.0 / np.sqrt(in_width)  # as nn.Linear's default init, which LoRA uses for A
-            lora_a = np.random.default_rng().uniform(-bound, bound, (self.lora_rank, in_width)).astype(np.float32)
-            self.lora_a = Parameter(Tensor(lora_a), name="lora_a")
+            self.lora_a = Parameter(initializer(Uniform(bound), (self.lora_rank, in_width)), name="lora_a")
             self.lora_b = Parameter(Tensor(np.zeros((out_width, self.lora_rank), np.float32)), name="lora_b")
             self.lora_scale = float(lora_alpha) / self.lora_rank
             self.lora_matmul = ops.MatMul(transpose_b=True)
@@ -99,8 +98,8 @@ class Conv1dMatMul(nn.Cell):
         self.kernel, self.stride, self.padding = kernel, stride, padding
         fan_in = in_width * kernel
         bound = 1.0 / np.sqrt(fan_in)
-        weight = np.random.default_rng().uniform(-bound, bound, (out_width, in_width, kernel)).astype(np.float32)
-        self.weight = Parameter(Tensor(weight), name="weight")
+        # MindSpore initialisers follow ms.set_seed: every data-parallel rank builds the same weights
+        self.weight = Parameter(initializer(Uniform(bound), (out_width, in_width, kernel)), name="weight")
         self.bias = Parameter(Tensor(np.zeros(out_width, np.float32)), name="bias")
         self.pad = ops.Pad(((0, 0), (padding, padding), (0, 0)))
         self.gather = ops.Gather()

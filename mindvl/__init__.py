@@ -8,3 +8,13 @@ def from_pretrained(path, image_size=None):
     from mindvl.pretrained import from_pretrained as load
 
     return load(path, image_size=image_size)
+
+
+def __getattr__(name):
+    """The training API (TrainingArguments, Trainer, create_model, train) without importing MindSpore
+    at `import mindvl`."""
+    if name in ("TrainingArguments", "Trainer", "create_model", "train", "TrainResult"):
+        import mindvl.train as training
+
+        return getattr(training, name)
+    raise AttributeError(f"module 'mindvl' has no attribute {name!r}")

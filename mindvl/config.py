@@ -292,10 +292,13 @@ class DataConfig:
     train_voices: List[str] = field(default_factory=lambda: ["en-us", "en-gb", "en-us+f3", "en-gb-scotland+m3"])
     test_voices: List[str] = field(default_factory=lambda: ["en-us+f4", "en-gb-x-rp+m7"])
     speech_rates: List[int] = field(default_factory=lambda: [150, 175])  # words per minute
-    batch_size: int = 64
+    batch_size: int = 64  # global batch per optimizer step: split among msrun workers and train.grad_accumulation
     num_workers: int = 2
     # Which question modality the fused model sees, as probabilities of [text, audio, both].
     question_modality_mix: List[float] = field(default_factory=lambda: [0.4, 0.4, 0.2])
+    # share of the train split's images held out (with all their questions) as the validation split
+    # that training evaluates on (train.eval_every); 0: none
+    validation_fraction: float = 0.0
     seed: int = 0
     cleaning: CleaningConfig = field(default_factory=CleaningConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
@@ -305,6 +308,8 @@ class DataConfig:
         _positive(self, "data", ["batch_size", "num_workers", "shards"])
         if not self.source.strip():
             raise ConfigError("data.source: expected \"easy-vqa\" or the path of a data folder, got an empty string")
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ConfigError(f"data.validation_fraction: expected 0 <= fraction < 1, got {self.validation_fraction}")
         if self.limit < 0:
             raise ConfigError(f"data.limit: expected >= 0 (0 means all), got {self.limit}")
         if not self.train_voices or not self.test_voices:
@@ -330,6 +335,102 @@ class LossWeights:
     lm: float = 0.5
 
 
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass
+class PrecisionConfig:
+    """train.precision: the compute dtype per cell kind, applied once by mindvl.train.precision.
+
+    `compute` covers everything not named here (projections, attention matmuls, activations,
+    embeddings). A low-precision policy runs the network in `compute` and keeps the kinds set to
+    float32 as float32 islands (mindspore.amp's black list); parameters stay float32 (master weights).
+    float16 on the CPU is correct but slower than float32; bfloat16 compute needs an Ascend chip.
+    """
+
+    compute: str = "float32"
+    norm: str = "float32"  # LayerNorm
+    softmax: str = "float32"  # attention probabilities
+    loss: str = "float32"  # the objectives, computed on the network's outputs
+
+    def validate(self) -> None:
+        for name in ("compute", "norm", "softmax", "loss"):
+            _choice(f"train.precision.{name}", getattr(self, name), DTYPES)
+        low = {getattr(self, n) for n in ("compute", "norm", "softmax", "loss")} - {"float32"}
+        if len(low) > 1:
+            raise ConfigError(f"train.precision: one low-precision dtype per policy, got {sorted(low)}")
+        for name in ("norm", "softmax"):
+            if self.compute == "float32" and getattr(self, name) != "float32":
+                raise ConfigError(f"train.precision.{name}: {getattr(self, name)} inside a float32 network is not "
+                                  f"supported; set train.precision.compute to {getattr(self, name)} and keep "
+                                  f"{name} float32")
+
+    @property
+    def low_dtype(self) -> str:
+        """The policy's low-precision dtype, or float32 when there is none."""
+        return next((getattr(self, n) for n in ("compute", "loss") if getattr(self, n) != "float32"), "float32")
+
+
+@dataclass
+class LossScaleConfig:
+    """train.loss_scale: dynamic loss scaling (mindspore.amp.DynamicLossScaler).
+
+    mode "auto" scales when the precision policy uses float16 (bfloat16 and float32 need none),
+    "dynamic" always, "off" never. An overflowing step is skipped and the scale divided by `factor`;
+    after `window` finite steps it is multiplied by `factor`.
+    """
+
+    mode: str = "auto"
+    init: float = 65536.0
+    factor: int = 2
+    window: int = 1000
+
+    def validate(self) -> None:
+        _choice("train.loss_scale.mode", self.mode, ("auto", "dynamic", "off"))
+        _positive(self, "train.loss_scale", ["init", "window"])
+        if self.factor <= 1:
+            raise ConfigError(f"train.loss_scale.factor: expected > 1, got {self.factor}")
+
+
+MODULES = ("vision", "text", "audio", "fusion", "heads")
+
+
+@dataclass
+class ModuleConfig:
+    """train.modules.<module>: its optimizer group and recomputation."""
+
+    lr_scale: float = 1.0  # multiplies train.lr (and the schedule) for this module's parameters
+    weight_decay: Optional[float] = None  # None: train.weight_decay
+    frozen: bool = False  # no gradients, no optimizer state
+    recompute: List[int] = field(default_factory=list)  # Transformer block indices recomputed in backward
+
+    def validate(self, path: str) -> None:
+        if self.lr_scale < 0:
+            raise ConfigError(f"{path}.lr_scale: expected >= 0, got {self.lr_scale}")
+        if self.weight_decay is not None and self.weight_decay < 0:
+            raise ConfigError(f"{path}.weight_decay: expected >= 0, got {self.weight_decay}")
+        if any(i < 0 for i in self.recompute) or len(set(self.recompute)) != len(self.recompute):
+            raise ConfigError(f"{path}.recompute: expected distinct block indices >= 0, got {self.recompute}")
+
+
+@dataclass
+class ModulesConfig:
+    """The model's modules as the optimizer sees them: encoders by name, `fusion` (the fusion
+    Transformer), `heads` (projections, logit scales, answer and LM heads)."""
+
+    vision: ModuleConfig = field(default_factory=ModuleConfig)
+    text: ModuleConfig = field(default_factory=ModuleConfig)
+    audio: ModuleConfig = field(default_factory=ModuleConfig)
+    fusion: ModuleConfig = field(default_factory=ModuleConfig)
+    heads: ModuleConfig = field(default_factory=ModuleConfig)
+
+    def validate(self) -> None:
+        for name in MODULES:
+            getattr(self, name).validate(f"train.modules.{name}")
+        if self.heads.recompute:
+            raise ConfigError("train.modules.heads.recompute: the heads have no Transformer blocks")
+
+
 @dataclass
 class TrainConfig:
     output_dir: str = "runs/tiny"
@@ -341,12 +442,28 @@ class TrainConfig:
     weight_decay: float = 0.05
     grad_clip: float = 1.0  # global-norm clip; 0 disables
     loss_weights: LossWeights = field(default_factory=LossWeights)
+    # "fixed": loss_weights; "uncertainty": learned weights exp(-s_i) L_i + s_i (Kendall et al., 2018),
+    # s_i starting at -log(loss_weights.<name>); an objective weighted 0 stays off
+    loss_weighting: str = "fixed"
+    grad_accumulation: int = 1  # micro-batches per optimizer step (data.batch_size is split among them)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
+    modules: ModulesConfig = field(default_factory=ModulesConfig)
     checkpoint_every: int = 500  # steps; a checkpoint is also written at the end
+    keep_checkpoints: int = 3  # the newest K step_* checkpoints are kept (and the best one); 0 keeps all
+    eval_every: int = 0  # steps between validation evaluations (0: none); the best checkpoint is tracked
     log_every: int = 10
     seed: int = 0
 
     def validate(self) -> None:
-        _positive(self, "train", ["epochs", "lr", "checkpoint_every", "log_every"])
+        _positive(self, "train", ["epochs", "lr", "checkpoint_every", "log_every", "grad_accumulation"])
+        _choice("train.loss_weighting", self.loss_weighting, ("fixed", "uncertainty"))
+        for name in ("keep_checkpoints", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}: expected >= 0, got {getattr(self, name)}")
+        self.precision.validate()
+        self.loss_scale.validate()
+        self.modules.validate()
         for name in ("max_steps", "warmup_steps", "weight_decay", "grad_clip", "min_lr"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: expected >= 0, got {getattr(self, name)}")

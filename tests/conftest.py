@@ -50,7 +50,8 @@ SMALL_MODEL = ["model.vision.width=32", "model.text.width=32", "model.audio.widt
 
 @pytest.fixture(scope="session")
 def trained_run(small_cfg, small_report, tmp_path_factory):
-    """(config, TrainResult) of 30 steps on the small data set, with a checkpoint every 10 steps."""
+    """(config, TrainResult) of 30 steps on the small data set (2 of its 8 training images held out for
+    validation), with a checkpoint and a validation evaluation every 10 steps."""
     from mindvl.config import load_config
     from mindvl.train import train
 
@@ -58,7 +59,7 @@ def trained_run(small_cfg, small_report, tmp_path_factory):
     cfg = load_config("tiny", [f"data.root={small_cfg.data.root}", f"train.output_dir={out}",
                                "data.batch_size=8", "data.num_workers=1", "train.max_steps=30",
                                "train.warmup_steps=5", "train.log_every=5", "train.checkpoint_every=10",
-                               "train.lr=3e-3", *SMALL_MODEL])
+                               "train.lr=3e-3", "data.validation_fraction=0.25", "train.eval_every=10", *SMALL_MODEL])
     return cfg, train(cfg, progress=False)
 
 

@@ -13,13 +13,23 @@ Each stage has its own `data.num_workers` threads, so the three modalities are p
 batch at a time (a per-row map costs MindSpore ~200 us of conversions per row, more than the work itself).
 
 Order and randomness are functions of (data.seed, epoch, sample id) only, never of worker scheduling:
-  - epoch e visits the rows in the permutation seeded by (seed, e); rank r of R takes its contiguous
-    share of it (`num_shards` / `shard_id`, from the communication context when it is initialised),
-    every rank the same number of full batches, so collectives never wait on a rank that ran out;
+  - epoch e visits the training rows in the permutation seeded by (seed, e), a global batch of
+    data.batch_size (G) rows per optimizer step: step b is rows [b*G, (b+1)*G) of it. With R ranks
+    (`num_shards` / `shard_id`, from the communication context when it is initialised) and
+    A = train.grad_accumulation, a step is R*A chunks of G/(R*A) rows and micro-batch m of rank r is
+    chunk m*R + r (`global_batches`). So 1 rank x G, 2 ranks x G/2 and 1 rank x 2 micro-batches of G/2
+    see the same samples per optimizer step, and every rank reads the same number of micro-batches, so
+    collectives never wait on a rank that ran out;
   - every random choice for a sample (which clip of its question, which question modality,
     augmentation) is drawn from a generator seeded by (seed, epoch, sample id, purpose).
-So a position (epoch, batches consumed) is the whole loader state: `TrainStream` resumes from it and
-yields exactly the batches an uninterrupted run would have, whatever the number of workers.
+So a position (epoch, optimizer steps consumed, micro-batches of the next step consumed), the same on
+every rank, is the whole loader state: `TrainStream` resumes from it and yields exactly the
+micro-batches an uninterrupted run would have, whatever the number of data workers.
+
+Validation: with data.validation_fraction > 0, a share of the train split's images (chosen by a hash of
+(data.seed, image_id), so all questions of an image go together) is held out: training never reads
+their rows, the "validation" split is exactly those rows (heard in the training voices, since they are
+training questions; no augmentation, fixed order, like "test").
 
 Audio: training picks one of the question's training-voice clips per sample and epoch (voice
 augmentation; speed, pitch and noise perturbation on top when data.augment enables them); the test
@@ -56,7 +66,8 @@ TOKEN_COLUMNS = ("image_tokens", "question_tokens", "question_mask", "caption_to
 TOKEN_TRAIN_COLUMNS = LABEL_COLUMNS + TOKEN_COLUMNS
 MODALITIES = ("mix", "text", "audio", "both")
 _FLAGS = ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0))  # (use_text, use_audio) for [text, audio, both]
-_CLIP, _MODALITY, _IMAGE, _AUDIO, _TEXT = range(5)  # purposes of per-sample random draws
+_CLIP, _MODALITY, _IMAGE, _AUDIO, _TEXT, _HOLDOUT = range(6)  # purposes of per-sample random draws
+SPLITS = ("train", "validation", "test")
 
 
 class DataRootError(FileNotFoundError):
@@ -132,6 +143,78 @@ def epoch_order(count: int, seed: int, epoch: int, shuffle: bool, shard_id: int 
     return order[shard_id::num_shards]
 
 
+def micro_batch_size(batch_size: int, num_shards: int, accumulation: int) -> int:
+    """Rows one rank reads per micro-batch: the global batch `batch_size` (data.batch_size) split evenly
+    among `num_shards` ranks and `accumulation` (train.grad_accumulation) micro-batches; a ConfigError
+    naming the nearest valid batch sizes when it does not split."""
+    unit = num_shards * accumulation
+    if batch_size >= unit and batch_size % unit == 0:
+        return batch_size // unit
+    lower = batch_size // unit * unit
+    nearest = " or ".join(str(n) for n in (lower, lower + unit) if n > 0)
+    raise ConfigError(f"data.batch_size: {batch_size} is the global batch per optimizer step and must split evenly "
+                      f"among {num_shards} worker(s) x train.grad_accumulation={accumulation} micro-batches (a "
+                      f"multiple of {unit}); set data.batch_size to {nearest}, or change train.grad_accumulation")
+
+
+def global_batches(order: np.ndarray, batch_size: int, num_shards: int = 1, accumulation: int = 1) -> np.ndarray:
+    """An epoch's order cut into optimizer steps: (steps, accumulation, num_shards, micro) row indices.
+
+    Step b is order[b*G:(b+1)*G] (G = batch_size; the last len(order) % G rows wait for the next epoch's
+    order); [b, m, r] is micro-batch m of rank r, chunk m*num_shards + r of that step, so at accumulation 1
+    the ranks' rows gathered in rank order are the step's rows in order.
+    """
+    micro = micro_batch_size(batch_size, num_shards, accumulation)
+    steps = len(order) // batch_size
+    return np.asarray(order[:steps * batch_size]).reshape(steps, accumulation, num_shards, micro)
+
+
+# ----------------------------------------------------------------------------- validation hold-out
+
+_IMAGE_IDS: Dict[Tuple, np.ndarray] = {}
+_IMAGE_IDS_LOCK = threading.Lock()
+
+
+def _image_ids(files: List[str]) -> np.ndarray:
+    """The image_id column of a split's tables in row order, read once per process (only that column)
+    and cached by the files' (path, size, mtime)."""
+    from mindvl.data import records
+
+    key = tuple((str(f), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files)
+    with _IMAGE_IDS_LOCK:
+        if key not in _IMAGE_IDS:
+            _IMAGE_IDS[key] = np.asarray([int(row["image_id"]) for path in files
+                                          for row in records.read_table(path, ["image_id"])], np.int64)
+        return _IMAGE_IDS[key]
+
+
+def validation_images(image_ids: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """The held-out image ids (sorted): the round(fraction * images) images (at least one, never all) of
+    smallest hash of (seed, image_id); none when fraction is 0. Depends on the image ids and the seed
+    only, so every rank and every run of a recipe holds out the same images."""
+    images = np.unique(image_ids)
+    if fraction <= 0:
+        return images[:0]
+    keep = min(len(images) - 1, max(1, int(round(fraction * len(images)))))
+    ranked = sorted(images.tolist(), key=lambda i: (_mix(seed, i, _HOLDOUT), i))
+    return np.sort(np.asarray(ranked[:keep], np.int64))
+
+
+def split_rows(cfg: Config, split: str) -> np.ndarray:
+    """Row indices (= sample ids) of `split` in its table, ascending: "test" every test row; "train" the
+    train table's rows except the held-out images' (data.validation_fraction); "validation" exactly those."""
+    root, files, count = _open_split(cfg, split)
+    fraction = float(cfg.data.validation_fraction)
+    if split == "test" or (split == "train" and fraction == 0):
+        return np.arange(count)
+    held = validation_images(_image_ids(files), fraction, int(cfg.data.seed))
+    if split == "validation" and len(held) == 0:
+        raise ConfigError(f"split 'validation': {root} has a single training image, too few to hold one out; "
+                          f"build more data or set data.validation_fraction: 0")
+    in_validation = np.isin(_image_ids(files), held)
+    return np.flatnonzero(in_validation if split == "validation" else ~in_validation)
+
+
 # ----------------------------------------------------------------------------- per-process tables
 
 class _Tables:
@@ -200,6 +283,11 @@ class _Tables:
         return self._mels[clip]
 
 
+def _voices(split: str) -> str:
+    """Whose clips a split hears: validation questions are training questions, so the training voices."""
+    return "test" if split == "test" else "train"
+
+
 class _Stage:
     """A picklable batch transform: carries settings only and loads `_Tables` once per process."""
 
@@ -231,7 +319,7 @@ class _Stage:
         if tables is None or tables.pid != os.getpid():
             with self._lock:  # worker threads share one copy; load it once
                 if self._tables is None or self._tables.pid != os.getpid():
-                    self._tables = _Tables(Path(self.root), self.pre, self.split)
+                    self._tables = _Tables(Path(self.root), self.pre, _voices(self.split))
                 tables = self._tables
         return tables
 
@@ -399,21 +487,26 @@ def _as_bytes(value) -> bytes:
 
 
 def _open_split(cfg: Config, split: str) -> Tuple[Path, List[str], int]:
-    """(root, table files, example count) of a split, after checking the root is usable."""
+    """(root, table files, row count of those files) of a split, after checking the root is usable;
+    "validation" reads the train table (its rows: `split_rows`)."""
     from mindvl.data import records
 
-    if split not in ("train", "test"):
-        raise ValueError(f"split {split!r}: expected 'train' or 'test'")
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r}: expected one of {list(SPLITS)}")
+    if split == "validation" and not cfg.data.validation_fraction > 0:
+        raise ConfigError("split 'validation': data.validation_fraction is 0, so no training images are held out; "
+                          "set data.validation_fraction (e.g. 0.1) to evaluate on a validation split")
+    table = "test" if split == "test" else "train"
     root = Path(cfg.data.root)
     if not root.is_dir():
         raise DataRootError(f"data root {root} does not exist; build it first with "
                             f"`mindvl data build --config <recipe>` (or set data.root)")
-    files = records.table_files(root, split)
+    files = records.table_files(root, table)
     for path in files:
         _require(root, Path(path).name)
     meta = load_meta(root)
     _check_compatible(root, meta, cfg.preprocess)
-    return root, files, int(meta["counts"][split]["examples"])
+    return root, files, int(meta["counts"][table]["examples"])
 
 
 def sample_sizes(cfg: Config, split: str = "train") -> SampleSizes:
@@ -422,12 +515,14 @@ def sample_sizes(cfg: Config, split: str = "train") -> SampleSizes:
     from mindvl.data import records
 
     root, files, _ = _open_split(cfg, split)
-    tables = _Tables(root, cfg.preprocess, split)
+    voices = _voices(split)
+    tables = _Tables(root, cfg.preprocess, voices)
     rows = [row for path in files for row in records.read_table(path, ["question_id", "caption_id"])]
+    rows = [rows[i] for i in split_rows(cfg, split)]
     questions = {qid: int(tables.question(qid)[1].sum()) for qid in {int(r["question_id"]) for r in rows}}
     captions = {cid: int(tables.caption(cid)[1].sum()) for cid in {int(r["caption_id"]) for r in rows}}
     hop = cfg.preprocess.hop_length  # log_mel keeps samples // hop frames
-    frames = {qid: np.array([len(tables.pcm[c]) // 2 // hop for c in tables.clip_of(split, qid)])
+    frames = {qid: np.array([len(tables.pcm[c]) // 2 // hop for c in tables.clip_of(voices, qid)])
               for qid in questions}  # pcm16: two bytes per sample
     return SampleSizes(np.array([questions[int(r["question_id"])] for r in rows]),
                        np.array([captions[int(r["caption_id"])] for r in rows]),
@@ -469,18 +564,23 @@ def _pipeline(cfg: Config, split: str, files: List[str], rows: np.ndarray, epoch
 
 def split_inputs(cfg: Config, split: str = "train") -> Tuple[List[bytes], List, List[bytes]]:
     """What the encoders see over a split, each distinct input once: encoded images, (ids, mask) of the
-    questions and captions, and every clip of those questions in that split (int16). A training rank
-    needs them all: its share of the rows changes from epoch to epoch."""
+    questions and captions, and every clip of those questions in that split's voices (int16). A training
+    rank needs them all: its share of the rows changes from epoch to epoch. "train" covers the whole train
+    table, held-out validation rows included (so one token cache serves training and validation);
+    "validation" only the held-out rows."""
     from mindvl.data import records
 
     root, files, _ = _open_split(cfg, split)
-    tables = _Tables(root, cfg.preprocess, split)
+    voices = _voices(split)
+    tables = _Tables(root, cfg.preprocess, voices)
     rows = [row for path in files for row in records.read_table(path, ["image", "question_id", "caption_id"])]
+    if split == "validation":
+        rows = [rows[i] for i in split_rows(cfg, split)]
     images = list({_as_bytes(row["image"]): None for row in rows})
     questions = sorted({int(row["question_id"]) for row in rows})
     captions = sorted({int(row["caption_id"]) for row in rows})
     texts = [tables.question(qid) for qid in questions] + [tables.caption(cid) for cid in captions]
-    clips = [tables.pcm[clip] for qid in questions for clip in tables.clip_of(split, qid)]
+    clips = [tables.pcm[clip] for qid in questions for clip in tables.clip_of(voices, qid)]
     return images, texts, clips
 
 
@@ -500,19 +600,24 @@ def create_dataset(cfg: Config, split: str, *, shuffle: Optional[bool] = None, q
       question_group i32 (B,) (= question id); caption_group i32 (B,) (= caption id).
     `question_modality`: "mix" samples [text, audio, both] with data.question_modality_mix; "text",
     "audio", "both" fix the flags. Defaults: shuffle, drop_remainder and augmentation for "train",
-    none of them for "test". `epoch` seeds the order and every random choice (module docstring).
-    The shard comes from `data_parallel_context`: equal shares with drop_remainder (training), an
-    exact partition without (evaluation: every example counted once over all ranks).
+    none of them for "validation" and "test". `epoch` seeds the order and every random choice (module
+    docstring). "train" is the training rows (held-out images excluded), "validation" the held-out rows
+    (a ConfigError when data.validation_fraction is 0). `batch_size` (default data.batch_size) is this
+    rank's batch. The shard comes from `data_parallel_context`: equal shares with drop_remainder, an
+    exact partition without (evaluation: every example counted once over all ranks). Training itself
+    reads through `TrainStream` (global batches, micro-batches, resume).
     """
     if question_modality not in MODALITIES:
         raise ValueError(f"question_modality {question_modality!r}: expected one of {list(MODALITIES)}")
     shard_id, num_shards = data_parallel_context(shard_id, num_shards)
-    _, files, count = _open_split(cfg, split)
+    _, files, _ = _open_split(cfg, split)
     train = split == "train"
     shuffle = train if shuffle is None else bool(shuffle)
     drop_remainder = train if drop_remainder is None else bool(drop_remainder)
     batch_size = int(batch_size or cfg.data.batch_size)
-    rows = epoch_order(count, cfg.data.seed, epoch, shuffle, shard_id, num_shards, equal_shards=drop_remainder)
+    of_split = split_rows(cfg, split)
+    rows = of_split[epoch_order(len(of_split), cfg.data.seed, epoch, shuffle, shard_id, num_shards,
+                                equal_shards=drop_remainder)]
     packer = Packer.from_config(cfg, batch_size, sample_sizes(cfg, "train")) if packed else None
     return _pipeline(cfg, split, files, rows, epoch, question_modality, batch_size, drop_remainder, packer, tokens)
 
@@ -521,19 +626,33 @@ def create_dataset(cfg: Config, split: str, *, shuffle: Optional[bool] = None, q
 
 @dataclass
 class DataPosition:
-    """Where a rank's training stream stands: `batch` batches of `epoch` consumed."""
+    """Where the training stream stands, the same on every rank: `batch` optimizer steps (global batches)
+    of `epoch` consumed, and `micro` micro-batches of the next one (0 right after an optimizer step)."""
 
     epoch: int = 0
     batch: int = 0
+    micro: int = 0
+
+
+# What fixes the order: a state whose values differ cannot be continued. Missing in states written
+# before global batches: accumulation 1, no validation hold-out (their single-rank order is this one).
+_ORDER_KEYS = {"seed": None, "examples": None, "batch_size": None, "num_shards": None, "accumulation": 1,
+               "validation_fraction": 0.0}
+_ORDER_SETTINGS = {"seed": "data.seed", "examples": "the data set's training examples",
+                   "batch_size": "data.batch_size (the global batch)", "num_shards": "the msrun worker count",
+                   "accumulation": "train.grad_accumulation", "validation_fraction": "data.validation_fraction"}
 
 
 class TrainStream:
-    """Packed training batches forever, from a resumable position (see the module docstring).
+    """Packed training micro-batches forever, from a resumable position (see the module docstring).
 
-    Iterating yields (sample_ids (B,) numpy, tuple of mindspore Tensors in `columns` order: TRAIN_COLUMNS,
-    or TOKEN_TRAIN_COLUMNS when `tokens` (mindvl.pretrained.tokens.EncoderTokens, filled) hands on cached
-    encoder states) and advances `position` before each yield, so `state()` taken after a step describes
-    exactly the batches consumed.
+    An optimizer step takes `accumulation` consecutive micro-batches of `micro_batch_size` rows from each
+    of the `num_shards` ranks: `batch_size` (data.batch_size, global) rows in all; `steps_per_epoch`
+    counts optimizer steps. Iterating yields (sample_ids (micro,) numpy, tuple of mindspore Tensors in
+    `columns` order: TRAIN_COLUMNS, or TOKEN_TRAIN_COLUMNS when `tokens`
+    (mindvl.pretrained.tokens.EncoderTokens, filled) hands on cached encoder states) and advances
+    `position` before each yield, so `state()` taken after a step describes exactly what was consumed.
+    The packer is built for the micro-batch.
     """
 
     def __init__(self, cfg: Config, shard_id: Optional[int] = None, num_shards: Optional[int] = None,
@@ -543,51 +662,74 @@ class TrainStream:
         self.columns = TOKEN_TRAIN_COLUMNS if tokens is not None else TRAIN_COLUMNS
         self.shard_id, self.num_shards = data_parallel_context(shard_id, num_shards)
         _, self.files, self.count = _open_split(cfg, "train")
-        self.batch_size = cfg.data.batch_size
-        self.steps_per_epoch = self.count // self.num_shards // self.batch_size
+        self.rows = split_rows(cfg, "train")  # training rows: the held-out validation images excluded
+        self.batch_size = int(cfg.data.batch_size)
+        self.accumulation = int(cfg.train.grad_accumulation)
+        self.micro_batch_size = micro_batch_size(self.batch_size, self.num_shards, self.accumulation)
+        self.steps_per_epoch = len(self.rows) // self.batch_size
         if self.steps_per_epoch == 0:
-            raise ConfigError(f"data.batch_size: {self.batch_size} x {self.num_shards} rank(s) is more than the "
-                              f"{self.count} training examples in {cfg.data.root}; lower it or build more data")
-        self.packer = Packer.from_config(cfg, sizes=sample_sizes(cfg, "train"))
+            raise ConfigError(f"data.batch_size: the global batch of {self.batch_size} is more than the "
+                              f"{len(self.rows)} training examples in {cfg.data.root}; lower it or build more data")
+        self.packer = Packer.from_config(cfg, self.micro_batch_size, sample_sizes(cfg, "train"))
         self.position = DataPosition()
         if state is not None:
             self.load_state(state)
 
+    def epoch_rows(self, epoch: int) -> np.ndarray:
+        """The row indices (= sample ids) this rank reads in `epoch`: (steps_per_epoch, accumulation, micro)."""
+        order = self.rows[epoch_order(len(self.rows), self.cfg.data.seed, epoch, True)]
+        return global_batches(order, self.batch_size, self.num_shards, self.accumulation)[:, :, self.shard_id]
+
     def state(self) -> Dict:
-        """The loader state for the train state: position, consumed samples and what fixes the order."""
-        return {**asdict(self.position),
-                "samples": (self.position.epoch * self.steps_per_epoch + self.position.batch) * self.batch_size,
+        """The loader state for the train state: position, consumed samples (over all ranks) and what fixes
+        the order. The position is the same on every rank, so any rank's state resumes every rank."""
+        p = self.position
+        return {**asdict(p),
+                "samples": (p.epoch * self.steps_per_epoch + p.batch) * self.batch_size
+                + p.micro * self.micro_batch_size * self.num_shards,
                 "seed": self.cfg.data.seed, "shard_id": self.shard_id, "num_shards": self.num_shards,
-                "batch_size": self.batch_size, "examples": self.count,
+                "batch_size": self.batch_size, "accumulation": self.accumulation,
+                "micro_batch_size": self.micro_batch_size, "examples": self.count,
+                "validation_fraction": float(self.cfg.data.validation_fraction), "training_examples": len(self.rows),
                 "rng": "counter-based: every draw is seeded by (seed, epoch, sample_id)"}
 
     def load_state(self, state: Dict) -> None:
         """Continue from `state` (from `state()`); refuses one whose order this stream cannot reproduce."""
-        for key in ("seed", "num_shards", "batch_size", "examples"):
-            mine = self.state()[key]
-            if key in state and state[key] != mine:
-                raise ConfigError(f"resume: the checkpoint's data {key} is {state[key]} but this run has {mine}; "
-                                  f"resume with the same data set, data.seed, data.batch_size and rank count")
-        if state.get("shard_id", self.shard_id) != self.shard_id:
-            raise ConfigError(f"resume: the checkpoint's data state belongs to rank {state['shard_id']}, "
-                              f"this is rank {self.shard_id}")
-        self.position = DataPosition(int(state["epoch"]), int(state["batch"]))
+        mine = self.state()
+        if "accumulation" not in state and state.get("num_shards", 1) > 1:
+            raise ConfigError(f"resume: the checkpoint's data state comes from a loader that gave each of its "
+                              f"{state['num_shards']} ranks a contiguous share of the epoch, an order this one "
+                              f"(global batches) cannot continue; start a fresh run")
+        for key, default in _ORDER_KEYS.items():
+            theirs = state.get(key, default)
+            if theirs is not None and theirs != mine[key]:
+                raise ConfigError(f"resume: the checkpoint's data {key} is {theirs} but this run has {mine[key]} "
+                                  f"({_ORDER_SETTINGS[key]}); resume with the same data set, data.seed, "
+                                  f"data.batch_size, data.validation_fraction, train.grad_accumulation and "
+                                  f"worker count")
+        position = DataPosition(int(state["epoch"]), int(state["batch"]), int(state.get("micro", 0)))
+        if position.micro >= self.accumulation:
+            raise ConfigError(f"resume: the checkpoint's data state is {position.micro} micro-batches into a step "
+                              f"of {self.accumulation}")
+        self.position = position
 
-    def _epoch(self, epoch: int, start_batch: int):
-        rows = epoch_order(self.count, self.cfg.data.seed, epoch, True, self.shard_id, self.num_shards)
-        rows = rows[start_batch * self.batch_size:self.steps_per_epoch * self.batch_size]
-        return _pipeline(self.cfg, "train", self.files, rows, epoch, "mix", self.batch_size, True, self.packer,
-                         self.tokens)
+    def _epoch(self, epoch: int, start: int):
+        """The pipeline over this rank's rows of `epoch` from its micro-batch `start` on."""
+        rows = self.epoch_rows(epoch).reshape(-1)[start * self.micro_batch_size:]
+        return _pipeline(self.cfg, "train", self.files, rows, epoch, "mix", self.micro_batch_size, True,
+                         self.packer, self.tokens)
 
     def __iter__(self) -> Iterator[Tuple[np.ndarray, tuple]]:
         while True:
             if self.position.batch >= self.steps_per_epoch:
-                self.position = DataPosition(self.position.epoch + 1, 0)
-            epoch = self.position.epoch
-            iterator = self._epoch(epoch, self.position.batch).create_dict_iterator(num_epochs=1)
+                self.position = DataPosition(self.position.epoch + 1, 0, 0)
+            p = self.position
+            iterator = self._epoch(p.epoch, p.batch * self.accumulation + p.micro).create_dict_iterator(num_epochs=1)
             try:
                 for batch in iterator:
-                    self.position = DataPosition(epoch, self.position.batch + 1)
+                    micro = self.position.micro + 1
+                    self.position = DataPosition(p.epoch, self.position.batch + micro // self.accumulation,
+                                                 micro % self.accumulation)
                     yield batch["sample_id"].asnumpy(), tuple(batch[name] for name in self.columns)
             finally:  # closing the generator (end of training) stops the pipeline's prefetching workers
                 iterator.stop()

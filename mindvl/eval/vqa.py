@@ -8,6 +8,7 @@ from tqdm import tqdm
 
 from mindvl.config import Config
 from mindvl.data import create_dataset, load_meta, load_tokenizer
+from mindvl.data.loader import split_rows
 from mindvl.data.records import read_split
 
 ANSWER_KINDS = {"yes": "yes/no", "no": "yes/no", "circle": "shape", "rectangle": "shape", "triangle": "shape"}
@@ -37,33 +38,41 @@ def greedy_decode(generate_net, inputs: Sequence[ms.Tensor], tokenizer, answer_l
     return generated
 
 
-def majority_baseline(cfg: Config) -> Dict[str, object]:
-    """Accuracy on the test split of always answering the most frequent training answer."""
+def majority_baseline(cfg: Config, split: str = "test") -> Dict[str, object]:
+    """Accuracy on `split` ("test" or "validation") of always answering the most frequent training answer
+    (training rows only: held-out validation images excluded)."""
     answers = load_meta(cfg.data.root)["answers"]
-    counts = {split: Counter(int(row["answer_id"]) for row in
-                             read_split(cfg.data.root, split, ["answer_id"]))
-              for split in ("train", "test")}
-    majority = max(counts["train"], key=counts["train"].get)
-    accuracy = counts["test"][majority] / max(sum(counts["test"].values()), 1)
+
+    def counts(name: str) -> Counter:
+        table = read_split(cfg.data.root, "test" if name == "test" else "train", ["answer_id"])
+        return Counter(int(table[i]["answer_id"]) for i in split_rows(cfg, name))
+
+    train, evaluated = counts("train"), counts(split)
+    majority = max(train, key=train.get)
+    accuracy = evaluated[majority] / max(sum(evaluated.values()), 1)
     return {"answer": answers[majority], "accuracy": accuracy}
 
 
-def vqa_accuracy(cfg: Config, model, modality: str, progress: bool = True, tokens=None) -> Dict[str, float]:
-    """Accuracy over the test split with questions given as `modality` ("text", "audio" or "both").
+def vqa_accuracy(cfg: Config, model, modality: str, progress: bool = True, tokens=None,
+                 split: str = "test") -> Dict[str, float]:
+    """Accuracy over `split` ("test", or "validation": the training images held out by
+    data.validation_fraction) with questions given as `modality` ("text", "audio" or "both").
 
     The encoders run once per batch (EncodeNet), or not at all when `tokens` (EncoderTokens filled for
-    the test split) holds their states; the fusion then answers and decodes from those states."""
+    that split; a cache filled for "train" covers "validation" too) holds their states; the fusion then
+    answers and decodes from those states."""
     from mindvl.cells import EncodeNet, StateAnswerNet, StateGenerateNet
 
     meta = load_meta(cfg.data.root)
     tokenizer = load_tokenizer(cfg.data.root)
     answers = meta["answers"]
     answer_net, generate_net, encode_net = StateAnswerNet(model), StateGenerateNet(model), EncodeNet(model)
-    dataset = create_dataset(cfg, "test", question_modality=modality, tokens=tokens)
+    # the whole split on every rank, also under msrun (evaluation during data-parallel training)
+    dataset = create_dataset(cfg, split, question_modality=modality, tokens=tokens, shard_id=0, num_shards=1)
     correct, generated_correct, total = 0, 0, 0
     per_kind_correct, per_kind_total = Counter(), Counter()
     iterator = dataset.create_dict_iterator(num_epochs=1, output_numpy=True)
-    for batch in tqdm(iterator, total=dataset.get_dataset_size(), desc=f"eval vqa ({modality})",
+    for batch in tqdm(iterator, total=dataset.get_dataset_size(), desc=f"eval vqa {split} ({modality})",
                       disable=not progress, leave=False):
         if tokens is None:
             states = encode_net(*(ms.Tensor(batch[name]) for name in

@@ -1,4 +1,4 @@
-"""Training: objectives, optimizer, compiled step, checkpoints and the Trainer."""
-from mindvl.train.trainer import Trainer, TrainResult, train
+"""Training: objectives, optimizer, precision, compiled step, checkpoints and the Trainer."""
+from mindvl.train.trainer import Trainer, TrainingArguments, TrainResult, create_model, train
 
-__all__ = ["Trainer", "TrainResult", "train"]
+__all__ = ["Trainer", "TrainingArguments", "TrainResult", "create_model", "train"]

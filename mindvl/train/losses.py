@@ -4,9 +4,17 @@ easy-VQA has only 24 distinct captions and 107 distinct questions, so a batch ho
 texts. The contrastive loss therefore takes group ids and treats every pair in the same group as a
 positive (a uniform target over the group) instead of CLIP's identity target, which would punish the
 model for matching an image to a correct but duplicated caption.
+
+Every objective is a mean over samples (the LM loss too: each sample's mean over its answer tokens),
+so splitting a batch into micro-batches or data-parallel ranks and averaging their gradients gives the
+whole batch's gradient; the contrastive loss needs the whole batch's embeddings for its negatives,
+which a `gather` cell hands it under data parallelism (mindvl.train.distributed).
 """
+import math
+
 import mindspore as ms
-from mindspore import nn, ops
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
 
 from mindvl.data.loader import LABEL_COLUMNS, TRAIN_COLUMNS  # MultimodalLoss.construct takes these, in order
 
@@ -43,7 +51,8 @@ class AnswerLoss(nn.Cell):
 
 
 class LMLoss(nn.Cell):
-    """Next-token cross-entropy over the answer text, ignoring [PAD] targets (id 0)."""
+    """Next-token cross-entropy over the answer text: per sample the mean over its non-[PAD] targets
+    (id 0), then the mean over samples (a sample without targets adds 0)."""
 
     def __init__(self, pad_id: int = 0):
         super().__init__()
@@ -54,8 +63,39 @@ class LMLoss(nn.Cell):
         # logits: (B, L, V); targets: (B, L)
         batch, length, vocab = logits.shape
         per_token = self.ce(logits.reshape(batch * length, vocab), targets.reshape(batch * length))
-        keep = ops.not_equal(targets.reshape(batch * length), self.pad_id).astype(ms.float32)
-        return (per_token * keep).sum() / ops.maximum(keep.sum(), 1.0)
+        keep = ops.not_equal(targets, self.pad_id).astype(ms.float32)  # (B, L)
+        per_sample = (per_token.reshape(batch, length) * keep).sum(axis=1) / ops.maximum(keep.sum(axis=1), 1.0)
+        return per_sample.mean()
+
+
+class LossWeighting(nn.Cell):
+    """parts (3,) in LOSS_NAMES order -> total.
+
+    "fixed": sum of w_i L_i. "uncertainty" (Kendall, Gal & Cipolla, 2018): sum of exp(-s_i) L_i + s_i
+    with learned s_i (log variances) starting at -log(w_i), so training starts at the fixed mix; an
+    objective with w_i = 0 stays off.
+    """
+
+    def __init__(self, weights, mode: str = "fixed"):
+        super().__init__()
+        values = np.array([getattr(weights, name) for name in LOSS_NAMES], np.float32)
+        self.learned = mode == "uncertainty"
+        self.active = Tensor((values > 0).astype(np.float32))
+        self.weights = Tensor(values)
+        if self.learned:
+            init = [-math.log(v) if v > 0 else 0.0 for v in values]
+            self.log_variance = Parameter(Tensor(np.array(init, np.float32)), name="log_variance")
+
+    def construct(self, parts):
+        if self.learned:
+            return (self.active * (ops.exp(-self.log_variance) * parts + self.log_variance)).sum()
+        return (self.weights * parts).sum()
+
+    def effective_weights(self) -> np.ndarray:
+        """The weights each objective currently gets (exp(-s_i) when learned)."""
+        if self.learned:
+            return self.active.asnumpy() * np.exp(-self.log_variance.asnumpy())
+        return self.weights.asnumpy()
 
 
 class MultimodalLoss(nn.Cell):
@@ -64,27 +104,34 @@ class MultimodalLoss(nn.Cell):
     construct takes the labels (LABEL_COLUMNS), then the network's inputs: the model's (MODEL_COLUMNS,
     so TRAIN_COLUMNS in all) or, for a TokenInputModel over cached encoder outputs, TOKEN_COLUMNS.
     The network is called as network(answer_in, *inputs). Shapes: mindvl.data.loader and
-    mindvl.data.packing.
+    mindvl.data.packing. `gather` (data parallel): a cell handing every rank the whole batch of
+    embeddings and group ids for the contrastive loss, in rank order.
     """
 
-    def __init__(self, network, weights, pad_id: int = 0):
+    def __init__(self, network, weights, pad_id: int = 0, weighting: str = "fixed", gather: nn.Cell = None):
         super().__init__()
         self.network = network
         self.contrastive = GroupContrastiveLoss()
         self.answer_loss = AnswerLoss()
         self.lm_loss = LMLoss(pad_id)
-        self.w_contrastive = weights.contrastive
-        self.w_answer = weights.answer
-        self.w_lm = weights.lm
+        self.weighting = LossWeighting(weights, weighting)
+        self.gather = gather
+
+    def objectives(self):
+        return self.contrastive, self.answer_loss, self.lm_loss
 
     def construct(self, answer, answer_tokens, question_group, caption_group, *inputs):
         answer_in = answer_tokens[:, :-1]  # teacher forcing: predict token t+1 from tokens <= t
         answer_next = answer_tokens[:, 1:]
         (answer_logits, lm_logits, image_emb, caption_emb, audio_emb, question_emb,
          scale_image_text, scale_audio_text) = self.network(answer_in, *inputs)
+        if self.gather is not None:
+            image_emb, caption_emb = self.gather(image_emb), self.gather(caption_emb)
+            audio_emb, question_emb = self.gather(audio_emb), self.gather(question_emb)
+            question_group, caption_group = self.gather(question_group), self.gather(caption_group)
         contrastive = (self.contrastive(image_emb, caption_emb, scale_image_text, caption_group)
                        + self.contrastive(audio_emb, question_emb, scale_audio_text, question_group)) / 2
         answer = self.answer_loss(answer_logits, answer)
         lm = self.lm_loss(lm_logits, answer_next)
-        total = self.w_contrastive * contrastive + self.w_answer * answer + self.w_lm * lm
-        return total, ops.stack([contrastive, answer, lm])
+        parts = ops.stack([contrastive, answer, lm])
+        return self.weighting(parts), parts

@@ -1,20 +1,80 @@
-"""Optimizer factory: AdamWeightDecay with decay only on matrices (not biases, norms or scales)."""
-from mindspore import Tensor, nn
+"""Optimizer and module policies: parameter groups per module (their own learning-rate scale and weight
+decay, or frozen), decay only on matrices, and selective recomputation of Transformer blocks."""
+from typing import Dict, List, Sequence
 
-from mindvl.config import TrainConfig
+from mindspore import Parameter, Tensor, nn
+
+from mindvl.config import MODULES, TrainConfig
+from mindvl.train.checkpoint import parameter_paths
 from mindvl.train.schedule import warmup_cosine
 
 NO_DECAY_MARKERS = ("bias", "beta", "gamma", "norm", "logit_scale", "embedding", "cls_token", "pos_")
+ENCODER_MODULES = MODULES[:4]  # vision, text, audio, fusion: the model's attributes of those names
 
 
 def uses_weight_decay(name: str) -> bool:
     return not any(marker in name for marker in NO_DECAY_MARKERS)
 
 
-def create_optimizer(model: nn.Cell, cfg: TrainConfig, total_steps: int) -> nn.Optimizer:
-    params = model.trainable_params()
-    decay = [p for p in params if uses_weight_decay(p.name)]
-    no_decay = [p for p in params if not uses_weight_decay(p.name)]
-    lr = Tensor(warmup_cosine(cfg.lr, cfg.min_lr, cfg.warmup_steps, total_steps))
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return nn.AdamWeightDecay(groups, learning_rate=lr, beta1=0.9, beta2=0.98, eps=1e-6)
+def module_of(name: str) -> str:
+    """The train.modules entry a parameter belongs to: its top-level cell, or `heads` for the rest
+    (projections, logit scales, answer and LM heads)."""
+    top = name.split(".", 1)[0]
+    return top if top in ENCODER_MODULES else "heads"
+
+
+def freeze_modules(model: nn.Cell, cfg: TrainConfig) -> None:
+    """train.modules.<m>.frozen: those parameters get no gradient and no optimizer state."""
+    for name, param in parameter_paths(model).items():
+        if getattr(cfg.modules, module_of(name)).frozen:
+            param.requires_grad = False
+
+
+def apply_recompute(model: nn.Cell, cfg: TrainConfig) -> List[str]:
+    """Recompute the listed Transformer blocks in the backward pass instead of keeping their activations;
+    returns the blocks' names. An index past a stack's depth is an error naming the module."""
+    names = []
+    for module in ENCODER_MODULES:
+        indices = getattr(cfg.modules, module).recompute
+        blocks = getattr(model, module).encoder.blocks
+        for index in indices:
+            if index >= len(blocks):
+                raise ValueError(f"train.modules.{module}.recompute: block {index} does not exist "
+                                 f"({module} has {len(blocks)} blocks, 0..{len(blocks) - 1})")
+            blocks[index].recompute()
+            names.append(f"{module}.encoder.blocks.{index}")
+    return names
+
+
+def create_optimizer(model: nn.Cell, cfg: TrainConfig, total_steps: int,
+                     extra: Sequence[Parameter] = ()) -> nn.Optimizer:
+    """AdamWeightDecay over the model's trainable parameters, one group per (module, decay or not), each
+    following the warmup-cosine schedule scaled by its lr_scale; `extra` parameters (learned loss
+    weights) form a group at the base schedule without decay."""
+    schedule = warmup_cosine(cfg.lr, cfg.min_lr, cfg.warmup_steps, total_steps)
+    trainable = {name: p for name, p in parameter_paths(model).items() if p.requires_grad}
+    groups: List[Dict] = []
+    for module in MODULES:
+        settings = getattr(cfg.modules, module)
+        names = [name for name in trainable if module_of(name) == module]
+        decay = cfg.weight_decay if settings.weight_decay is None else settings.weight_decay
+        for with_decay in (True, False):
+            chosen = [trainable[name] for name in names if uses_weight_decay(name) == with_decay]
+            if chosen:
+                groups.append({"params": chosen, "weight_decay": decay if with_decay else 0.0,
+                               "lr": Tensor(schedule * settings.lr_scale)})
+    if extra:
+        groups.append({"params": list(extra), "weight_decay": 0.0, "lr": Tensor(schedule)})
+    if not groups:
+        raise ValueError("train.modules: every module is frozen, nothing to train")
+    return nn.AdamWeightDecay(groups, learning_rate=Tensor(schedule), beta1=0.9, beta2=0.98, eps=1e-6)
+
+
+def group_indices(optimizer: nn.Optimizer, names: Dict[int, str]) -> Dict[str, tuple]:
+    """Per module, the positions of its parameters in optimizer.parameters (for gradient norms).
+    `names`: id(parameter) -> its name in the model; other parameters count as `loss_weighting`."""
+    groups: Dict[str, list] = {}
+    for index, param in enumerate(optimizer.parameters):
+        name = names.get(id(param))
+        groups.setdefault(module_of(name) if name else "loss_weighting", []).append(index)
+    return {module: tuple(indices) for module, indices in groups.items()}

@@ -1,30 +1,45 @@
-"""The Trainer: wires config, data, model, objectives and optimizer into a compiled training loop."""
+"""The Trainer: wires config, data, model, objectives, precision and optimizer into a compiled loop.
+
+Python API (the CLI's `mindvl train` does the same):
+
+    args = TrainingArguments.from_yaml("mindvl/configs/tiny.yaml", ["train.max_steps=100"])
+    model = create_model(args.config)
+    result = Trainer(model, args).train()
+"""
 import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Union
 
 import mindspore as ms
 import numpy as np
+from mindspore import amp, nn
 from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
-from mindvl.cells import TokenInputModel, create_model
-from mindvl.config import Config, ConfigError
+from mindvl.cells import TokenInputModel
+from mindvl.cells import create_model as create_cells
+from mindvl.config import Config, ConfigError, load_config
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.data.loader import TrainStream, split_inputs
 from mindvl.data.packing import PACKED_STREAMS, PackingLog
 from mindvl.pretrained.bind import bind_pretrained, load_pretrained
 from mindvl.pretrained.tokens import token_cache
-from mindvl.train.checkpoint import (CheckpointError, STATE_FILE, latest_checkpoint, load_model_weights,
-                                     load_optimizer_state, save_checkpoint)
+from mindvl.train.checkpoint import (CheckpointError, STATE_FILE, check_same_model, find_resumable,
+                                     load_model_weights, load_optimizer_state, mark_best, parameter_paths,
+                                     save_checkpoint, verify_checkpoint)
+from mindvl.train.distributed import GatherWithGrad, gradient_reducer, init_data_parallel
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss
-from mindvl.train.optim import create_optimizer
+from mindvl.train.optim import apply_recompute, create_optimizer, freeze_modules, group_indices
+from mindvl.train.precision import apply_precision, set_objective_precision
+from mindvl.train.schedule import warmup_cosine
 from mindvl.train.step import TrainStep
 
 CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+BEST_METRIC = "val_vqa"  # mean validation VQA accuracy over text and spoken questions
 logger = logging.getLogger("mindvl.train")
 
 
@@ -39,11 +54,30 @@ class TrainResult:
     samples_per_second: float
     first_losses: Dict[str, float] = field(default_factory=dict)  # mean over the first log window
     final_losses: Dict[str, float] = field(default_factory=dict)  # mean over the last log window
-    nonfinite_steps: int = 0  # steps whose loss was NaN/inf (left out of the logged means)
+    skipped_steps: int = 0  # steps with non-finite gradients: not applied (the loss scale was lowered)
     start_step: int = 0  # > 0 when the run resumed from a checkpoint
     packing: Dict[str, object] = field(default_factory=dict)  # per stream: fill statistics over the whole run
     trainable_parameters: int = 0
     token_cache_seconds: float = 0.0  # filling model.pretrained.cache before the first step (0: no cache)
+    world_size: int = 1  # data-parallel ranks
+    loss_scale: float = 1.0  # at the end
+    best: Dict[str, object] = field(default_factory=dict)  # best validation checkpoint (train.eval_every)
+    validation: List[Dict[str, object]] = field(default_factory=list)  # every validation evaluation
+
+
+@dataclass
+class TrainingArguments:
+    """A recipe (the whole Config) and how to run it. `resume`: a checkpoint folder, a run folder (its
+    newest good checkpoint) or "auto" (the newest good one in train.output_dir, or a fresh start)."""
+
+    config: Config
+    resume: Optional[str] = None
+    progress: bool = True
+
+    @classmethod
+    def from_yaml(cls, path: str, overrides: Sequence[str] = (), **run) -> "TrainingArguments":
+        """Load a recipe (a name in mindvl/configs or a YAML path) with KEY=VALUE overrides."""
+        return cls(load_config(path, overrides), **run)
 
 
 def bind_data(cfg: Config, vocab: int, answers: int) -> Config:
@@ -61,164 +95,325 @@ def _bind(cfg: Config, section, name: str, key: str, value: int, what: str) -> N
     setattr(section, name, value)
 
 
-class Trainer:
-    """`resume`: a checkpoint folder, a run folder (its latest checkpoint) or "auto" (the latest in
-    train.output_dir, or a fresh start when there is none). Model, optimizer, step and the data
-    position are restored, so the run continues with exactly the batches it would have seen."""
+def bind_config(cfg: Config) -> Config:
+    """Size `cfg` to its data set and its pretrained encoders (in place; idempotent)."""
+    tokenizer = load_tokenizer(cfg.data.root)
+    return bind_pretrained(bind_data(cfg, tokenizer.vocab_size, len(load_meta(cfg.data.root)["answers"])))
 
-    def __init__(self, cfg: Config, progress: bool = True, resume: Optional[str] = None):
-        ms.set_context(mode=ms.GRAPH_MODE)
-        ms.set_seed(cfg.train.seed)
-        tokenizer = load_tokenizer(cfg.data.root)
-        self.cfg = bind_pretrained(bind_data(cfg, tokenizer.vocab_size, len(load_meta(cfg.data.root)["answers"])))
-        self.progress = progress
+
+def create_model(config: Union[Config, TrainingArguments]):
+    """The model a recipe describes: sized to its data set (the config is updated in place), seeded with
+    train.seed (every data-parallel rank builds the same initial weights) and holding its pretrained
+    encoder weights."""
+    cfg = config.config if isinstance(config, TrainingArguments) else config
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(cfg.train.seed)
+    model = create_cells(bind_config(cfg).model, cfg.preprocess)
+    load_pretrained(model, cfg)
+    return model
+
+
+class Trainer:
+    """Trains `model` (from `create_model(args.config)`) as `args` says; see TrainingArguments.
+
+    Model, optimizer, loss scale, learned loss weights, step and data position are restored on resume,
+    so the run continues with exactly the batches it would have seen."""
+
+    def __init__(self, model: nn.Cell, args: TrainingArguments):
+        cfg = bind_config(args.config)
+        self.cfg, self.model, self.progress = cfg, model, args.progress
+        self.rank, self.world = init_data_parallel()
         self.output_dir = Path(cfg.train.output_dir)
-        self.model = create_model(cfg.model, cfg.preprocess)
-        load_pretrained(self.model, cfg)  # before the optimizer: frozen encoder weights are not its business
-        self.tokens = token_cache(cfg, self.model)  # frozen encoders' cached states, or None: they run every step
+        train_cfg = cfg.train
+        if train_cfg.eval_every and cfg.data.validation_fraction <= 0:
+            raise ConfigError("train.eval_every: evaluation during training needs a validation split; set "
+                              "data.validation_fraction (e.g. 0.05) or train.eval_every=0")
+        freeze_modules(model, train_cfg)
+        self.recomputed = apply_recompute(model, train_cfg)
+        self.tokens = token_cache(cfg, model)  # frozen encoders' cached states, or None: they run every step
         self.stream = TrainStream(cfg, tokens=self.tokens)
-        self.steps_per_epoch = self.stream.steps_per_epoch
-        self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
-        self.optimizer = create_optimizer(self.model, cfg.train, self.total_steps)
-        network = self.model
+        self.total_steps = train_cfg.max_steps or train_cfg.epochs * self.stream.steps_per_epoch
+        self.lr = warmup_cosine(train_cfg.lr, train_cfg.min_lr, train_cfg.warmup_steps, self.total_steps)
+        network = model
         self.token_cache_seconds = 0.0
         if self.tokens is not None:
             start = time.perf_counter()
-            self.tokens.fill(self.model, *split_inputs(cfg, "train"), log=tqdm.write if progress else logger.info,
-                             progress=progress)
+            self.tokens.fill(model, *split_inputs(cfg, "train"), log=self._write, progress=self.progress)
             self.token_cache_seconds = round(time.perf_counter() - start, 1)
-            network = TokenInputModel(self.model)
-        self.loss_net = MultimodalLoss(network, cfg.train.loss_weights, tokenizer.pad_id)
-        self.train_step = TrainStep(self.loss_net, self.optimizer, cfg.train.grad_clip)
+            network = TokenInputModel(model)
+        self.loss_net = MultimodalLoss(apply_precision(network, train_cfg.precision), train_cfg.loss_weights,
+                                       load_tokenizer(cfg.data.root).pad_id, train_cfg.loss_weighting,
+                                       GatherWithGrad(self.rank, self.world))
+        set_objective_precision(self.loss_net.objectives(), train_cfg.precision)
+        self.optimizer = create_optimizer(model, train_cfg, self.total_steps,
+                                          extra=self.loss_net.weighting.trainable_params())
+        names = {id(param): name for name, param in parameter_paths(model).items()}
+        self.groups = group_indices(self.optimizer, names)
+        self.scaler = self._loss_scaler()
+        self.train_step = TrainStep(self.loss_net, self.optimizer, self.scaler, train_cfg.grad_clip,
+                                    list(self.groups.values()), self.stream.accumulation,
+                                    gradient_reducer(self.optimizer.parameters, self.world))
         self.start_step = 0
-        checkpoint = self._resume_point(resume)
+        self.best: Dict[str, object] = {}
+        checkpoint = self._resume_point(args.resume)
         if checkpoint is not None:
             self._restore(checkpoint)
+
+    # ------------------------------------------------------------------ setup and resume
+
+    def _loss_scaler(self):
+        settings, dtype = self.cfg.train.loss_scale, self.cfg.train.precision.low_dtype
+        if settings.mode == "dynamic" or (settings.mode == "auto" and dtype == "float16"):
+            return amp.DynamicLossScaler(settings.init, settings.factor, settings.window)
+        return amp.StaticLossScaler(1.0)
+
+    def _extra_state(self) -> Dict[str, np.ndarray]:
+        """What the checkpoint keeps besides model and optimizer moments."""
+        extra = {"loss_scale": self.scaler.scale_value.asnumpy()}
+        if hasattr(self.scaler, "counter"):
+            extra["loss_scale_counter"] = self.scaler.counter.asnumpy()
+        if self.loss_net.weighting.learned:
+            extra["loss_log_variance"] = self.loss_net.weighting.log_variance.asnumpy()
+        return extra
 
     def _resume_point(self, resume: Optional[str]) -> Optional[Path]:
         if not resume:
             return None
         if resume == "auto":
-            return latest_checkpoint(self.output_dir / "checkpoints")
+            return find_resumable(self.output_dir / "checkpoints", warn=self._warn)
         path = Path(resume)
-        found = path if (path / STATE_FILE).is_file() else (
-            latest_checkpoint(path) or latest_checkpoint(path / "checkpoints"))
+        if (path / STATE_FILE).is_file():
+            verify_checkpoint(path)
+            return path
+        found = find_resumable(path / "checkpoints" if (path / "checkpoints").is_dir() else path, warn=self._warn)
         if found is None:
             raise CheckpointError(f"--resume {resume}: no checkpoint there; pass a step_* folder, a run folder "
                                   f"or 'auto'")
         return found
 
     def _restore(self, checkpoint: Path) -> None:
-        state = load_model_weights(self.model, checkpoint)
-        load_optimizer_state(self.model, self.optimizer, checkpoint)
+        state = verify_checkpoint(checkpoint)
+        check_same_model(checkpoint, state, self.cfg.to_dict()["model"])
         if "data" not in state:
             raise CheckpointError(f"{checkpoint}: its train state has no data position, so the run cannot "
                                   f"continue on the same samples; start a fresh run")
+        load_model_weights(self.model, checkpoint)
+        extra = load_optimizer_state(self.model, self.optimizer, checkpoint)
+        self.scaler.scale_value.set_data(ms.Tensor(extra.get("loss_scale", np.float32(1.0))))
+        if hasattr(self.scaler, "counter") and "loss_scale_counter" in extra:
+            self.scaler.counter.set_data(ms.Tensor(extra["loss_scale_counter"]))
+        if self.loss_net.weighting.learned and "loss_log_variance" in extra:
+            self.loss_net.weighting.log_variance.set_data(ms.Tensor(extra["loss_log_variance"]))
         self.stream.load_state(state["data"])
         self.start_step = int(state["step"])
+        self.best = state.get("best", {})
         if self.start_step >= self.total_steps:
             raise CheckpointError(f"{checkpoint}: already at step {self.start_step} of {self.total_steps}; "
                                   f"raise train.max_steps or train.epochs to continue")
+        self._write(f"resumed from {checkpoint} at step {self.start_step} "
+                    f"({state['data'].get('samples', '?')} samples consumed)")
 
-    def _batches(self):
-        """(step, sample ids, batch) from start_step to total_steps."""
-        step = self.start_step
+    # ------------------------------------------------------------------ the loop
+
+    def _steps(self):
+        """(step, micro-batches of that optimizer step) from start_step to total_steps."""
+        step, micro = self.start_step, []
         stream = iter(self.stream)
         try:
-            for sample_ids, batch in stream:
-                yield step, sample_ids, batch
-                step += 1
+            for _, batch in stream:
+                micro.append(batch)
+                if len(micro) < self.stream.accumulation:
+                    continue
+                yield step, micro
+                step, micro = step + 1, []
                 if step == self.total_steps:  # stop before the stream reads a batch no step will use
                     return
         finally:
             stream.close()
 
-    def fit(self) -> TrainResult:
+    def train(self) -> TrainResult:
+        cfg = self.cfg
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        (self.output_dir / CONFIG_FILE).write_text(json.dumps(self.cfg.to_dict(), indent=2))
-        writer = SummaryWriter(str(self.output_dir / "tb"))
-        batch_size = self.cfg.data.batch_size
+        if self.rank == 0:
+            (self.output_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
+        log = MetricsLog(self.output_dir, self.start_step, enabled=self.rank == 0)
+        global_batch = cfg.data.batch_size
         window: List[np.ndarray] = []
         first_losses: Dict[str, float] = {}
         losses: Dict[str, float] = {}
-        compile_seconds = 0.0
-        nonfinite = 0
+        compile_seconds, skipped, checkpoint = 0.0, 0, None
+        validation: List[Dict[str, object]] = []
         self.train_step.set_train(True)
         bar = tqdm(total=self.total_steps, initial=self.start_step, desc="train", unit="step",
-                   disable=not self.progress)
-        train_start = time.perf_counter()
-        checkpoint = None
-        packing = self.cfg.data.packing
+                   disable=not self.progress or self.rank != 0)
         run_packing, window_packing = PackingLog(), PackingLog()
-        self._log(bar, self.stream.packer.describe(["fusion"] if self.tokens is not None else None))
-        for step, _, batch in self._batches():
+        self._write(self.stream.packer.describe(["fusion"] if self.tokens is not None else None))
+        if self.recomputed:
+            self._write(f"recomputed in backward: {', '.join(self.recomputed)}")
+        train_start = window_start = time.perf_counter()
+        window_steps = 0
+        for step, micro in self._steps():
             start = time.perf_counter()
-            loss, parts = self.train_step(*batch)
-            values = np.concatenate([[loss.asnumpy()], parts.asnumpy()])
-            segments = {column: batch[self.stream.columns.index(column)].asnumpy()
-                        for column, _, _ in PACKED_STREAMS.values() if column in self.stream.columns}
-            run_packing.add(segments, batch_size)
-            window_packing.add(segments, batch_size)
-            if (step + 1) % packing.log_every == 0:
-                self._log_packing(writer, bar, window_packing, step + 1)
-                window_packing.reset()
+            values = []
+            for index, batch in enumerate(micro):
+                loss, parts, norms, finite, scale = self.train_step(index == len(micro) - 1, *batch)
+                values.append(np.concatenate([[loss.asnumpy()], parts.asnumpy()]))
+                self._count_packing(batch, run_packing, window_packing)
             if step == self.start_step:
                 compile_seconds = time.perf_counter() - start
-                train_start = time.perf_counter()
-            if np.all(np.isfinite(values)):
-                window.append(values)
+                train_start = window_start = time.perf_counter()
             else:
-                nonfinite += 1
+                window_steps += 1
+            if bool(finite.asnumpy()):
+                window.append(np.mean(values, axis=0))
+            else:
+                skipped += 1
+                self._warn(f"step {step + 1}: non-finite gradients (a NaN/inf in the batch or a float16 "
+                           f"overflow): step skipped, weights unchanged, loss scale now {float(scale.asnumpy()):g}")
             bar.update(1)
-            if window and ((step + 1) % self.cfg.train.log_every == 0 or step + 1 == self.total_steps):
+            done = step + 1
+            if done % cfg.data.packing.log_every == 0:
+                self._log_packing(log, bar, window_packing, done)
+                window_packing.reset()
+            if window and (done % cfg.train.log_every == 0 or done == self.total_steps):
+                elapsed = time.perf_counter() - window_start
+                rate = window_steps * global_batch / elapsed if window_steps else 0.0
                 losses = dict(zip(("loss", *LOSS_NAMES), np.mean(window, axis=0).round(4).tolist()))
                 first_losses = first_losses or losses
-                window = []
-                elapsed = time.perf_counter() - train_start
-                done = step - self.start_step
-                rate = done * batch_size / elapsed if done else 0.0
-                bar.set_postfix(loss=f"{losses['loss']:.3f}", samples_s=f"{rate:.0f}")
-                for name, value in losses.items():
-                    writer.add_scalar(f"train/{name}", value, step + 1)
-                writer.add_scalar("train/samples_per_second", rate, step + 1)
-            if (step + 1) % self.cfg.train.checkpoint_every == 0 or step + 1 == self.total_steps:
-                checkpoint = save_checkpoint(self.output_dir / "checkpoints", step + 1, self.model,
-                                             self.optimizer, {"samples": (step + 1) * batch_size,
-                                                              "losses": losses, "data": self.stream.state()})
+                record = {"step": done, **losses, "lr": float(self.lr[step]), "samples_per_second": round(rate, 1),
+                          "loss_scale": float(scale.asnumpy()), "skipped_steps": skipped,
+                          "grad_norm": dict(zip(self.groups, np.round(norms.asnumpy().astype(float), 5).tolist()))}
+                if self.loss_net.weighting.learned:
+                    record["loss_weight"] = dict(zip(LOSS_NAMES, self.loss_net.weighting.effective_weights().round(4)
+                                                     .tolist()))
+                log.write(record)
+                bar.set_postfix(loss=f"{losses['loss']:.3f}", lr=f"{record['lr']:.2e}", samples_s=f"{rate:.0f}")
+                window, window_steps, window_start = [], 0, time.perf_counter()
+            evaluate_now = cfg.train.eval_every and (done % cfg.train.eval_every == 0 or done == self.total_steps)
+            metrics = self._validate(done, log) if evaluate_now else None
+            if metrics is not None:
+                validation.append(metrics)
+            if done % cfg.train.checkpoint_every == 0 or done == self.total_steps or metrics is not None:
+                checkpoint = self._save(done, losses, metrics)
         bar.close()
-        writer.close()
+        log.close()
         train_seconds = time.perf_counter() - train_start
         later_steps = max(self.total_steps - self.start_step - 1, 1)
-        return TrainResult(
+        result = TrainResult(
             output_dir=str(self.output_dir), checkpoint=str(checkpoint), steps=self.total_steps,
-            samples=self.total_steps * batch_size, compile_seconds=round(compile_seconds, 2),
+            samples=self.total_steps * global_batch, compile_seconds=round(compile_seconds, 2),
             train_seconds=round(train_seconds, 2),
-            samples_per_second=round(later_steps * batch_size / max(train_seconds, 1e-9), 1),
-            first_losses=first_losses, final_losses=losses, nonfinite_steps=nonfinite,
+            samples_per_second=round(later_steps * global_batch / max(train_seconds, 1e-9), 1),
+            first_losses=first_losses, final_losses=losses, skipped_steps=skipped,
             start_step=self.start_step, packing=run_packing.summary(),
             trainable_parameters=sum(int(p.size) for p in self.model.trainable_params()),
-            token_cache_seconds=self.token_cache_seconds)
+            token_cache_seconds=self.token_cache_seconds, world_size=self.world,
+            loss_scale=float(self.scaler.scale_value.asnumpy()), best=self.best, validation=validation)
+        if self.rank == 0:
+            (self.output_dir / "train_result.json").write_text(json.dumps(asdict(result), indent=2))
+        return result
 
-    def _log_packing(self, writer, bar, packing: PackingLog, step: int) -> None:
+    def _save(self, step: int, losses: Dict[str, float], metrics: Optional[Dict]) -> Path:
+        directory = self.output_dir / "checkpoints"
+        if metrics is not None and metrics[BEST_METRIC] > self.best.get("value", -1.0):
+            self.best = {"step": step, "metric": BEST_METRIC, "value": metrics[BEST_METRIC]}
+        if self.rank != 0:  # every rank holds the same weights; rank 0 writes them
+            return directory / f"step_{step:08d}"
+        checkpoint = save_checkpoint(directory, step, self.model, self.optimizer,
+                                     {"samples": step * self.cfg.data.batch_size, "losses": losses,
+                                      "data": self.stream.state(), "model_config": self.cfg.to_dict()["model"],
+                                      "best": self.best, **({"validation": metrics} if metrics else {})},
+                                     extra=self._extra_state(), keep=self.cfg.train.keep_checkpoints)
+        if self.best.get("step") == step:
+            mark_best(directory, checkpoint, BEST_METRIC, self.best["value"])
+        return checkpoint
+
+    def _validate(self, step: int, log: "MetricsLog") -> Dict[str, object]:
+        """VQA accuracy on the validation split with text and with spoken questions."""
+        from mindvl.eval.vqa import vqa_accuracy
+
+        self.model.set_train(False)
+        metrics: Dict[str, object] = {"step": step, "split": "validation"}
+        for modality in ("text", "audio"):
+            result = vqa_accuracy(self.cfg, self.model, modality, progress=False, tokens=self.tokens, split="validation")
+            metrics[f"vqa_{modality}"] = round(result["accuracy"], 4)
+        metrics[BEST_METRIC] = round((metrics["vqa_text"] + metrics["vqa_audio"]) / 2, 4)
+        self.model.set_train(True)
+        log.write(metrics)
+        self._write(f"step {step}: validation VQA text {metrics['vqa_text']:.1%}, spoken {metrics['vqa_audio']:.1%}")
+        return metrics
+
+    # ------------------------------------------------------------------ logging
+
+    def _count_packing(self, batch, *logs: PackingLog) -> None:
+        segments = {column: batch[self.stream.columns.index(column)].asnumpy()
+                    for column, _, _ in PACKED_STREAMS.values() if column in self.stream.columns}
+        for packing in logs:
+            packing.add(segments, self.stream.micro_batch_size)
+
+    def _log_packing(self, log: "MetricsLog", bar, packing: PackingLog, step: int) -> None:
         """Packing is never silently off: each stream's fill and bucket use go to the log and TensorBoard."""
         for name, summary in packing.summary().items():
-            writer.add_scalar(f"data/{name}_fill", summary["fill"], step)
-            writer.add_scalar(f"data/{name}_samples_per_row", summary["samples_per_row"], step)
-        self._log(bar, f"step {step}: {packing.describe()}")
+            log.scalar(f"data/{name}_fill", summary["fill"], step)
+            log.scalar(f"data/{name}_samples_per_row", summary["samples_per_row"], step)
+        self._write(f"step {step}: {packing.describe()}")
 
-    def _log(self, bar, message: str) -> None:
+    def _write(self, message: str) -> None:
+        if self.rank != 0:
+            return
         if self.progress:
-            bar.write(message)
+            tqdm.write(message)
         else:
             logger.info(message)
 
+    def _warn(self, message: str) -> None:
+        if self.progress:
+            tqdm.write(f"warning: {message}")
+        logger.warning(message)
+
+
+class MetricsLog:
+    """metrics.jsonl (one JSON record per log window or evaluation) and TensorBoard scalars, rank 0 only.
+    A resumed run first drops the records past its checkpoint, so each step is logged once."""
+
+    def __init__(self, output_dir: Path, start_step: int, enabled: bool = True):
+        self.enabled = enabled
+        if not enabled:
+            return
+        self.path = output_dir / METRICS_FILE
+        kept = [line for line in (self.path.read_text().splitlines() if self.path.is_file() else [])
+                if line.strip() and json.loads(line).get("step", 0) <= start_step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+        self.file = open(self.path, "a")
+        self.tensorboard = SummaryWriter(str(output_dir / "tb"), purge_step=start_step + 1 if start_step else None)
+
+    def write(self, record: Dict[str, object]) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        prefix = "val" if record.get("split") == "validation" else "train"
+        for key, value in record.items():
+            if isinstance(value, dict):
+                for name, item in value.items():
+                    self.scalar(f"{key}/{name}", item, record["step"])
+            elif isinstance(value, (int, float)) and key != "step":
+                self.scalar(f"{prefix}/{key}", value, record["step"])
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        if self.enabled:
+            self.tensorboard.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()
+            self.tensorboard.close()
+
 
 def train(cfg: Config, progress: bool = True, resume: Optional[str] = None) -> TrainResult:
-    """Python API: train `cfg` and return the result; the run folder holds config, checkpoints, logs.
-    `resume`: see `Trainer`."""
-    result = Trainer(cfg, progress, resume).fit()
-    (Path(result.output_dir) / "train_result.json").write_text(json.dumps(asdict(result), indent=2))
-    return result
+    """Train `cfg` and return the result; the run folder holds config, checkpoints and logs."""
+    args = TrainingArguments(cfg, resume=resume, progress=progress)
+    return Trainer(create_model(args), args).train()
 
 
-__all__ = ["Trainer", "TrainResult", "train", "bind_data"]
+__all__ = ["Trainer", "TrainingArguments", "TrainResult", "train", "create_model", "bind_data", "bind_config"]

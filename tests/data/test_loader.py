@@ -7,8 +7,9 @@ import pytest
 
 from mindvl import preprocess as P
 from mindvl.data import COLUMNS, create_dataset, load_meta, load_tokenizer
+from mindvl.config import ConfigError
 from mindvl.data.loader import (TRAIN_COLUMNS, DataRootError, TrainStream, data_parallel_context, epoch_order,
-                                sample_sizes)
+                                global_batches, micro_batch_size, sample_sizes, split_inputs)
 from mindvl.data.packing import PACK_COLUMNS, FusionLayout
 from mindvl.data.records import read_table
 
@@ -207,3 +208,116 @@ def test_a_missing_data_root_says_how_to_build_it(small_cfg, tmp_path):
     cfg = dataclasses.replace(small_cfg, data=dataclasses.replace(small_cfg.data, root=str(tmp_path / "nothing")))
     with pytest.raises(DataRootError, match="mindvl data build --config"):
         create_dataset(cfg, "train")
+
+
+# ----------------------------------------------------------------------------- global batches
+
+def _step_rows(stream, steps):
+    """Sample ids of the first `steps` optimizer steps: one list per step, this rank's micro-batches in order."""
+    micro = _stream_batches(stream, steps * stream.accumulation)
+    return [[i for ids, _ in micro[s * stream.accumulation:(s + 1) * stream.accumulation] for i in ids.tolist()]
+            for s in range(steps)]
+
+
+def test_every_split_of_a_global_batch_reads_exactly_that_steps_rows():
+    order = np.random.default_rng(0).permutation(103)
+    for workers, accumulation in ((1, 1), (2, 1), (1, 2), (2, 2), (4, 2)):
+        steps = global_batches(order, 8, workers, accumulation)  # (steps, accumulation, workers, micro)
+        assert steps.shape == (103 // 8, accumulation, workers, 8 // (workers * accumulation))
+        for b, step in enumerate(steps):
+            rows = step.reshape(-1).tolist()
+            assert len(set(rows)) == len(rows) == 8  # disjoint chunks
+            assert set(rows) == set(order[b * 8:(b + 1) * 8].tolist())  # the same samples per optimizer step
+            micro = 8 // (workers * accumulation)
+            for m in range(accumulation):
+                for r in range(workers):  # micro-batch m of rank r: chunk m * workers + r of the step
+                    start = b * 8 + (m * workers + r) * micro
+                    np.testing.assert_array_equal(step[m, r], order[start:start + micro])
+    gathered = global_batches(order, 8, 2, 1)[:, 0].reshape(-1, 8)  # rank 0's rows, then rank 1's
+    np.testing.assert_array_equal(gathered, order[:96].reshape(-1, 8))
+
+
+def test_two_workers_and_accumulation_stream_the_single_workers_global_batches(make_config, small_cfg,
+                                                                               small_report):
+    single = TrainStream(small_cfg)  # data.batch_size 8: one worker, one micro-batch of 8
+    ranks = [TrainStream(small_cfg, shard_id=r, num_shards=2) for r in (0, 1)]
+    accumulating = TrainStream(make_config(small_cfg.data.root, train__grad_accumulation=2))
+    assert (single.micro_batch_size, ranks[0].micro_batch_size, accumulating.micro_batch_size) == (8, 4, 4)
+    assert (ranks[0].accumulation, accumulating.accumulation) == (1, 2)
+    examples = small_cfg_examples(small_cfg, "train")
+    assert {s.steps_per_epoch for s in (single, *ranks, accumulating)} == {examples // 8}  # optimizer steps
+    want = _step_rows(single, 2)
+    halves = [_step_rows(rank, 2) for rank in ranks]
+    assert [a + b for a, b in zip(*halves)] == want  # gathered in rank order: the single worker's batch
+    assert all(set(a).isdisjoint(b) for a, b in zip(*halves))
+    assert _step_rows(accumulating, 2) == want
+    assert single.state()["samples"] == ranks[0].state()["samples"] == accumulating.state()["samples"] == 16
+
+
+def test_a_global_batch_that_does_not_split_evenly_names_the_nearest_valid_sizes(make_config, small_cfg,
+                                                                                 small_report):
+    assert micro_batch_size(64, 2, 4) == 8
+    with pytest.raises(ConfigError, match=r"data.batch_size: 10 .* 2 worker\(s\) x train.grad_accumulation=3 "
+                                          r".* set data.batch_size to 6 or 12"):
+        micro_batch_size(10, 2, 3)
+    with pytest.raises(ConfigError, match="set data.batch_size to 8, or change train.grad_accumulation"):
+        micro_batch_size(4, 2, 4)  # 0 is not a batch size
+    with pytest.raises(ConfigError, match="set data.batch_size to 4 or 8"):
+        TrainStream(make_config(small_cfg.data.root, data__batch_size=6, train__grad_accumulation=4))
+
+
+def test_resume_mid_accumulation_and_after_an_optimizer_step_continues_exactly(make_config, small_cfg,
+                                                                               small_report):
+    cfg = make_config(small_cfg.data.root, train__grad_accumulation=2)
+    reference = [ids.tolist() for ids, _ in _stream_batches(TrainStream(cfg), 6)]
+    for stop, position in ((3, (1, 1)), (4, (2, 0))):  # micro-batches consumed -> (steps, micro)
+        first = TrainStream(cfg)
+        head = [ids.tolist() for ids, _ in _stream_batches(first, stop)]
+        state = first.state()
+        assert (state["batch"], state["micro"], state["samples"]) == (*position, stop * 4)
+        tail = [ids.tolist() for ids, _ in _stream_batches(TrainStream(cfg, state=state), 6 - stop)]
+        assert head + tail == reference
+
+
+def test_a_stream_refuses_a_state_with_another_accumulation_hold_out_or_layout(make_config, small_cfg,
+                                                                                small_report):
+    state = TrainStream(small_cfg).state()
+    with pytest.raises(ConfigError, match="accumulation is 1 but this run has 2 \\(train.grad_accumulation\\)"):
+        TrainStream(make_config(small_cfg.data.root, train__grad_accumulation=2), state=state)
+    with pytest.raises(ConfigError, match="validation_fraction is 0.0 but this run has 0.25"):
+        TrainStream(make_config(small_cfg.data.root, data__validation_fraction=0.25), state=state)
+    old = {k: v for k, v in state.items() if k not in ("accumulation", "micro", "validation_fraction")}
+    TrainStream(small_cfg, state=old)  # a single-rank state from before global batches: the same order
+    with pytest.raises(ConfigError, match="contiguous share of the epoch"):
+        TrainStream(small_cfg, shard_id=0, num_shards=2, state={**old, "num_shards": 2})
+    assert TrainStream(small_cfg, shard_id=1, num_shards=2, state=TrainStream(small_cfg, shard_id=0,
+                                                                               num_shards=2).state())
+
+
+# ----------------------------------------------------------------------------- validation hold-out
+
+def test_validation_holds_out_whole_images_that_training_never_reads(make_config, small_cfg, small_report):
+    cfg = make_config(small_cfg.data.root, data__validation_fraction=0.25)
+    image_of = [int(r["image_id"]) for r in read_table(small_cfg.data.root + "/train.mindrecord", ["image_id"])]
+    validation = _concat(_batches(create_dataset(cfg, "validation")))
+    held = sorted(validation["sample_id"].tolist())
+    held_images = {image_of[i] for i in held}
+    assert len(held_images) == 2  # a quarter of the 8 training images
+    assert held == [i for i, image in enumerate(image_of) if image in held_images]  # every question of them
+    stream = TrainStream(cfg)
+    assert sorted(stream.rows.tolist() + held) == list(range(len(image_of)))
+    assert stream.steps_per_epoch == len(stream.rows) // 8
+    read = {i for epoch in (0, 1) for i in stream.epoch_rows(epoch).reshape(-1).tolist()}
+    assert read.isdisjoint(held) and len(read) >= len(stream.rows) - 7  # all but a dropped remainder
+    again = _concat(_batches(create_dataset(cfg, "validation")))  # fixed order, no augmentation
+    np.testing.assert_array_equal(again["image"], validation["image"])
+    frames = sample_sizes(cfg, "validation").clip_frames  # spoken in the training voices
+    assert all(mask.sum() in clips for mask, clips in zip(validation["audio_mask"], frames))
+    assert len(split_inputs(cfg, "validation")[0]) == 2  # the encoders see the held-out images only
+    other_seed = make_config(small_cfg.data.root, data__validation_fraction=0.25, data__seed=1)
+    assert TrainStream(other_seed).rows.tolist() != stream.rows.tolist()
+
+
+def test_validation_without_a_fraction_says_how_to_get_one(small_cfg, small_report):
+    with pytest.raises(ConfigError, match="set data.validation_fraction"):
+        create_dataset(small_cfg, "validation")

@@ -16,11 +16,11 @@ def _trainable(model):
 
 
 def _train(converted, pretrained_data, tmp_path, *extra):
-    from mindvl.train.trainer import Trainer
+    from mindvl.train import Trainer, TrainingArguments, create_model
 
     cfg = pretrained_config(pretrained_data, tmp_path / "run", converted, *extra)
-    trainer = Trainer(cfg, progress=False)
-    return trainer, trainer.fit()
+    trainer = Trainer(create_model(cfg), TrainingArguments(cfg, progress=False))
+    return trainer, trainer.train()
 
 
 def test_frozen_encoders_keep_their_converted_weights_while_the_rest_trains(converted, pretrained_data, tmp_path):
@@ -28,7 +28,7 @@ def test_frozen_encoders_keep_their_converted_weights_while_the_rest_trains(conv
     trainable = _trainable(trainer.model)
     assert not any(name.startswith(("vision.", "text.", "audio.")) for name in trainable)
     assert any(name.startswith("fusion.") for name in trainable)
-    assert np.isfinite(result.final_losses["loss"]) and result.nonfinite_steps == 0
+    assert np.isfinite(result.final_losses["loss"]) and result.skipped_steps == 0
     saved = load_file(f"{result.checkpoint}/model.safetensors")
     dinov2 = load_file(str(converted("dinov2") / "model.safetensors"))
     whisper = load_file(str(converted("whisper-base") / "model.safetensors"))

@@ -12,10 +12,10 @@ from conftest import pretrained_config  # noqa: E402  (tests/conftest.py)
 
 @pytest.fixture(scope="module")
 def trainer(converted, pretrained_data, tmp_path_factory):
-    from mindvl.train.trainer import Trainer
+    from mindvl.train import Trainer, TrainingArguments, create_model
 
-    out = tmp_path_factory.mktemp("token_run")
-    return Trainer(pretrained_config(pretrained_data, out, converted), progress=False)
+    cfg = pretrained_config(pretrained_data, tmp_path_factory.mktemp("token_run"), converted)
+    return Trainer(create_model(cfg), TrainingArguments(cfg, progress=False))
 
 
 def _inputs(trainer):

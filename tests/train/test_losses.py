@@ -8,7 +8,8 @@ import pytest
 from mindvl.cells import MultimodalModel
 from mindvl.data.loader import LABEL_COLUMNS, MODEL_COLUMNS, TOKEN_COLUMNS
 from mindvl.data.packing import PACK_COLUMNS
-from mindvl.train.losses import TRAIN_COLUMNS, GroupContrastiveLoss, LMLoss, MultimodalLoss
+from mindvl.config import LossWeights
+from mindvl.train.losses import TRAIN_COLUMNS, GroupContrastiveLoss, LMLoss, LossWeighting, MultimodalLoss
 from mindvl.train.schedule import warmup_cosine
 
 
@@ -46,14 +47,35 @@ def test_group_contrastive_is_lowest_when_matching_pairs_align():
     assert aligned < 1e-3 < shuffled
 
 
-def test_lm_loss_ignores_padding_targets():
+def test_lm_loss_ignores_padding_targets_and_averages_per_sample():
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(2, 3, 5)).astype(np.float32)
     targets = np.array([[3, 2, 0], [4, 0, 0]], dtype=np.int32)
     got = LMLoss(pad_id=0)(ms.Tensor(logits), ms.Tensor(targets)).asnumpy()
     logp = _log_softmax(logits.reshape(6, 5)).reshape(2, 3, 5)
-    want = -np.mean([logp[0, 0, 3], logp[0, 1, 2], logp[1, 0, 4]])
+    want = -np.mean([np.mean([logp[0, 0, 3], logp[0, 1, 2]]), logp[1, 0, 4]])
     assert got == pytest.approx(want, abs=1e-5)
+    # a mean of per-sample means: the two halves of a batch average to the whole batch's loss
+    halves = [LMLoss()(ms.Tensor(logits[i:i + 1]), ms.Tensor(targets[i:i + 1])).asnumpy() for i in (0, 1)]
+    assert np.mean(halves) == pytest.approx(got, abs=1e-6)
+
+
+def test_fixed_weighting_is_the_weighted_sum():
+    weights = LossWeights(contrastive=0.5, answer=1.0, lm=0.25)
+    parts = ms.Tensor(np.array([2.0, 3.0, 4.0], np.float32))
+    assert LossWeighting(weights)(parts).asnumpy() == pytest.approx(0.5 * 2 + 3 + 0.25 * 4)
+
+
+def test_uncertainty_weighting_starts_at_the_fixed_mix_learns_and_keeps_zero_weights_off():
+    weights = LossWeights(contrastive=0.5, answer=1.0, lm=0.0)
+    weighting = LossWeighting(weights, "uncertainty")
+    np.testing.assert_allclose(weighting.effective_weights(), [0.5, 1.0, 0.0], atol=1e-6)
+    parts = ms.Tensor(np.array([2.0, 3.0, 4.0], np.float32))
+    total = weighting(parts).asnumpy()  # sum of w_i L_i + log(1 / w_i) over the active objectives
+    assert total == pytest.approx(0.5 * 2 + 3 + np.log(2.0), abs=1e-5)
+    grads = ms.grad(weighting, grad_position=None, weights=weighting.trainable_params())(parts)[0].asnumpy()
+    # d/ds_i = 1 - exp(-s_i) L_i: a large loss pushes its log variance up (its weight down)
+    np.testing.assert_allclose(grads, [1 - 0.5 * 2, 1 - 3, 0.0], atol=1e-5)
 
 
 def test_train_columns_name_the_loss_and_model_arguments_in_order_ending_with_the_packing_columns():

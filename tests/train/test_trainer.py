@@ -12,7 +12,7 @@ from mindvl.train.checkpoint import CheckpointError, latest_checkpoint, load_mod
 def test_short_training_on_real_data_lowers_the_loss(trained_run):
     cfg, result = trained_run
     assert result.steps == 30 and result.samples == 30 * cfg.data.batch_size
-    assert result.nonfinite_steps == 0
+    assert result.skipped_steps == 0
     assert result.compile_seconds > 0 and result.samples_per_second > 0
     assert result.final_losses["loss"] < result.first_losses["loss"]
     assert result.final_losses["answer"] < result.first_losses["answer"]
@@ -89,11 +89,11 @@ def test_resume_continues_with_the_same_samples_and_weights(trained_run, tmp_pat
 
 
 def test_resume_without_a_checkpoint_is_a_clear_error(trained_run, tmp_path):
-    from mindvl.train.trainer import Trainer
+    from mindvl.train import Trainer, TrainingArguments, create_model
 
     cfg, _ = trained_run
     with pytest.raises(CheckpointError, match="no checkpoint there"):
-        Trainer(cfg, progress=False, resume=str(tmp_path))
+        Trainer(create_model(cfg), TrainingArguments(cfg, resume=str(tmp_path), progress=False))
 
 
 def test_packing_statistics_are_reported(trained_run):
@@ -114,3 +114,107 @@ def test_model_sizes_follow_the_data_or_fail_clearly(make_config, tmp_path):
     assert (cfg.model.text.vocab_size, cfg.model.num_answers) == (50, 40)
     with pytest.raises(ConfigError, match=r"model.num_answers: 13 does not match .* \(40 answers\); set it to 0"):
         bind_data(make_config(tmp_path), vocab=50, answers=40)
+
+
+def _events(run: Path):
+    """(tag, step, value) of every scalar in the run's TensorBoard event files (TFRecord framing:
+    length u64, its crc u32, the Event proto, its crc u32)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    scalars = []
+    for path in sorted((run / "tb").glob("events.*")):
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 16 + length
+            scalars += [(value.tag, event.step, value.simple_value) for value in event.summary.value]
+    return scalars
+
+
+def test_metrics_go_to_jsonl_and_tensorboard(trained_run):
+    _, result = trained_run
+    run = Path(result.output_dir)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train] == [5, 10, 15, 20, 25, 30]
+    for record in train:
+        assert set(record["grad_norm"]) == {"vision", "text", "audio", "fusion", "heads"}
+        assert all(np.isfinite(v) and v > 0 for v in record["grad_norm"].values())
+        assert record["lr"] > 0 and record["samples_per_second"] >= 0 and record["loss_scale"] == 1.0
+    assert train[0]["lr"] > train[-1]["lr"]  # the cosine schedule decays
+    validation = [r for r in records if r.get("split") == "validation"]
+    assert [r["step"] for r in validation] == [10, 20, 30]
+    tags = {tag for tag, _, _ in _events(run)}
+    for tag in ("train/loss", "train/lr", "train/samples_per_second", "train/loss_scale", "grad_norm/fusion",
+                "val/vqa_text", "val/vqa_audio"):
+        assert tag in tags, tag
+
+
+def test_validation_during_training_tracks_the_best_checkpoint(trained_run):
+    from mindvl.train.checkpoint import best_checkpoint, read_best
+
+    _, result = trained_run
+    assert [v["step"] for v in result.validation] == [10, 20, 30]
+    for metrics in result.validation:
+        assert 0 <= metrics["vqa_text"] <= 1 and 0 <= metrics["vqa_audio"] <= 1
+    best = max(result.validation, key=lambda v: v["val_vqa"])  # the first of equals is kept
+    checkpoints = Path(result.output_dir) / "checkpoints"
+    assert read_best(checkpoints)["value"] == best["val_vqa"] == result.best["value"]
+    assert best_checkpoint(checkpoints).name == f"step_{best['step']:08d}"
+
+
+def _copy_checkpoints(result, run: Path, *steps):
+    import shutil
+
+    for step in steps:
+        name = f"step_{step:08d}"
+        shutil.copytree(Path(result.output_dir) / "checkpoints" / name, run / "checkpoints" / name)
+    return run / "checkpoints"
+
+
+def _trainer(cfg, run: Path, resume="auto", **changes):
+    import copy
+
+    from mindvl.train import Trainer, TrainingArguments
+    from mindvl.train import create_model as build
+
+    cfg = copy.deepcopy(cfg)
+    cfg.train.output_dir = str(run)
+    for key, value in changes.items():
+        section, name = key.split("__")
+        setattr(getattr(cfg, section) if section != "fusion" else cfg.model.fusion, name, value)
+    return Trainer(build(cfg), TrainingArguments(cfg, resume=resume, progress=False))
+
+
+def test_resume_auto_falls_back_past_a_truncated_checkpoint(trained_run, tmp_path, caplog):
+    cfg, result = trained_run
+    checkpoints = _copy_checkpoints(result, tmp_path, 10, 20)
+    weights = checkpoints / "step_00000020" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a write cut short
+    trainer = _trainer(cfg, tmp_path)
+    assert trainer.start_step == 10
+    assert "step_00000020" in caplog.text and "falling back" in caplog.text
+
+
+def test_resume_from_another_model_or_format_is_refused(trained_run, tmp_path):
+    cfg, result = trained_run
+    checkpoints = _copy_checkpoints(result, tmp_path, 20)
+    with pytest.raises(CheckpointError, match="another model: model.fusion.width"):
+        _trainer(cfg, tmp_path, fusion__width=64)
+    state_file = checkpoints / "step_00000020" / "train_state.json"
+    state = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({**state, "format": 1}))
+    with pytest.raises(CheckpointError, match="checkpoint format 1"):
+        _trainer(cfg, tmp_path, resume=str(checkpoints / "step_00000020"))
+
+
+def test_a_batch_that_does_not_split_into_micro_batches_is_refused(trained_run, tmp_path):
+    from mindvl.config import ConfigError
+
+    cfg, _ = trained_run
+    with pytest.raises(ConfigError, match="data.batch_size: 8 .* train.grad_accumulation=3"):
+        _trainer(cfg, tmp_path, resume=None, train__grad_accumulation=3)
