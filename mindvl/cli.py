@@ -35,7 +35,8 @@ def _data_build(args) -> None:
 def _train(args) -> None:
     from mindvl.train import train
     result = train(load_config(args.config, args.overrides), resume=args.resume)
-    print(json.dumps(asdict(result), indent=2))
+    if os.environ.get("RANK_ID", "0") == "0":  # under msrun every rank holds the same result
+        print(json.dumps(asdict(result), indent=2) if args.json else result.summary())
 
 
 def _eval(args) -> None:
@@ -49,6 +50,15 @@ def _export(args) -> None:
     from mindvl.export.mindir import export_and_verify
     cfg, model = load_trained(args.run, args.data_root)
     print(json.dumps(export_and_verify(cfg, model, args.out), indent=2))
+
+
+def _average(args) -> None:
+    from mindvl.train.average import average_checkpoints, evaluate_soup, format_report, read_record
+    out = average_checkpoints(args.ingredients, args.weights, args.out)
+    if not args.no_eval:
+        evaluate_soup(out, args.data_root)
+    print(format_report(read_record(out)))
+    print(f"wrote {out} (mindvl eval --run {out})")
 
 
 def _convert(args) -> None:
@@ -89,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="CKPT|RUN|auto",
                        help="continue from a checkpoint (step_* folder), a run's latest one, or 'auto': the "
                             "latest in train.output_dir if any (same samples as an uninterrupted run)")
+    train.add_argument("--json", action="store_true", help="print the whole result as JSON instead of the summary")
     train.set_defaults(func=_train)
 
     for name, func, text in (("eval", _eval, "evaluate a trained run"),
@@ -99,6 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "export":
             sub.add_argument("--out", default="export/answer.mindir", help="MindIR file to write")
         sub.set_defaults(func=func)
+
+    average = commands.add_parser("average", help="average checkpoints of one architecture (a model soup) and "
+                                  "compare its VQA accuracy with each ingredient's")
+    average.add_argument("ingredients", nargs="+", metavar="RUN_OR_CKPT",
+                         help="run folder, checkpoint folder or model.safetensors (at least 2)")
+    average.add_argument("--out", required=True, help="folder to write: config.json, model.safetensors, average.json")
+    average.add_argument("--weights", nargs="+", type=float, metavar="W",
+                         help="one weight >= 0 per ingredient, normalised to sum 1 (default: uniform)")
+    average.add_argument("--data-root", help="data set to evaluate on (default: the first ingredient's data.root)")
+    average.add_argument("--no-eval", action="store_true", help="only write the average")
+    average.set_defaults(func=_average)
 
     from mindvl.pretrained import SOURCES
     convert = commands.add_parser("convert", help="convert published pretrained weights into a mindvl encoder",

@@ -1,4 +1,5 @@
 """VQA accuracy of the answer classifier and of the generated answer text, per question modality."""
+import weakref
 from collections import Counter
 from typing import Dict, Sequence
 
@@ -53,6 +54,20 @@ def majority_baseline(cfg: Config, split: str = "test") -> Dict[str, object]:
     return {"answer": answers[majority], "accuracy": accuracy}
 
 
+_NETS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def vqa_nets(model):
+    """(answer, generate, encode) graphs over `model`, built once per model: a graph compiles once per
+    input shape and cell, so text and spoken questions, every validation during training and every
+    checkpoint loaded into the same model share the compilations."""
+    from mindvl.cells import EncodeNet, StateAnswerNet, StateGenerateNet
+
+    if model not in _NETS:
+        _NETS[model] = (StateAnswerNet(model), StateGenerateNet(model), EncodeNet(model))
+    return _NETS[model]
+
+
 def vqa_accuracy(cfg: Config, model, modality: str, progress: bool = True, tokens=None,
                  split: str = "test") -> Dict[str, float]:
     """Accuracy over `split` ("test", or "validation": the training images held out by
@@ -61,12 +76,10 @@ def vqa_accuracy(cfg: Config, model, modality: str, progress: bool = True, token
     The encoders run once per batch (EncodeNet), or not at all when `tokens` (EncoderTokens filled for
     that split; a cache filled for "train" covers "validation" too) holds their states; the fusion then
     answers and decodes from those states."""
-    from mindvl.cells import EncodeNet, StateAnswerNet, StateGenerateNet
-
     meta = load_meta(cfg.data.root)
     tokenizer = load_tokenizer(cfg.data.root)
     answers = meta["answers"]
-    answer_net, generate_net, encode_net = StateAnswerNet(model), StateGenerateNet(model), EncodeNet(model)
+    answer_net, generate_net, encode_net = vqa_nets(model)
     # the whole split on every rank, also under msrun (evaluation during data-parallel training)
     dataset = create_dataset(cfg, split, question_modality=modality, tokens=tokens, shard_id=0, num_shards=1)
     correct, generated_correct, total = 0, 0, 0

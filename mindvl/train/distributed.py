@@ -102,3 +102,19 @@ def gradient_reducer(parameters, world: int) -> nn.Cell:
     if world == 1:
         return _KeepGradients()
     return nn.DistributedGradReducer(parameters, mean=True, degree=world, group=world_group())
+
+
+class RankMean(nn.Cell):
+    """A tensor's mean over the ranks (AllReduce), so that what rank 0 logs is the global batch's loss;
+    the identity on one process."""
+
+    def __init__(self, world: int = 1) -> None:
+        super().__init__()
+        self.world = world
+        if world > 1:
+            self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, world_group())
+
+    def construct(self, x):
+        if self.world == 1:
+            return x
+        return self.all_reduce(x) / self.world

@@ -33,13 +33,14 @@ class TrainStep(nn.Cell):
     micro-batches and the data-parallel ranks, unscaled, checked with amp.all_finite (a non-finite step
     updates nothing and lowers the loss scale), their norms per module taken, clipped and applied.
     Without accumulation (1 micro-batch) nothing is stored between calls. `reducer`: the data-parallel
-    gradient mean (mindvl.train.distributed.gradient_reducer; a pass-through on one process).
+    gradient mean (mindvl.train.distributed.gradient_reducer; a pass-through on one process); `rank_mean`
+    averages the reported losses over the ranks (RankMean).
 
     Returns (loss, parts, per-module gradient norms in `groups` order, finite, loss scale).
     """
 
     def __init__(self, loss_net: nn.Cell, optimizer: nn.Optimizer, scaler, grad_clip: float,
-                 groups: Sequence[Sequence[int]], accumulation: int, reducer: nn.Cell):
+                 groups: Sequence[Sequence[int]], accumulation: int, reducer: nn.Cell, rank_mean: nn.Cell):
         super().__init__()
         self.optimizer = optimizer
         self.scaler = scaler
@@ -47,6 +48,7 @@ class TrainStep(nn.Cell):
         self.groups = tuple(tuple(g) for g in groups)
         self.accumulation = accumulation
         self.reducer = reducer
+        self.rank_mean = rank_mean
         self.grad_fn = ops.value_and_grad(ScaledLoss(loss_net, scaler), None, optimizer.parameters, has_aux=True)
         if accumulation > 1:
             self.accumulated = optimizer.parameters.clone(prefix="accumulated", init="zeros")
@@ -66,10 +68,12 @@ class TrainStep(nn.Cell):
         if self.accumulation > 1:
             if not apply:
                 self.hyper_map(ops.assign_add, self.accumulated, grads)
-                return loss, parts, ops.zeros(len(self.groups), loss.dtype), True, self.scaler.scale_value
+                return (self.rank_mean(loss), self.rank_mean(parts), ops.zeros(len(self.groups), loss.dtype), True,
+                        self.scaler.scale_value)
             grads = self.hyper_map(ops.partial(_average, self.accumulation), self.accumulated, grads)
             self.hyper_map(_zero, self.accumulated)
         grads = self.reducer(grads)
+        loss, parts = self.rank_mean(loss), self.rank_mean(parts)
         grads = self.scaler.unscale(grads)
         finite = amp.all_finite(grads)
         self.scaler.adjust(finite)

@@ -30,7 +30,7 @@ from mindvl.pretrained.tokens import token_cache
 from mindvl.train.checkpoint import (CheckpointError, STATE_FILE, check_same_model, find_resumable,
                                      load_model_weights, load_optimizer_state, mark_best, parameter_paths,
                                      save_checkpoint, verify_checkpoint)
-from mindvl.train.distributed import GatherWithGrad, gradient_reducer, init_data_parallel
+from mindvl.train.distributed import GatherWithGrad, RankMean, gradient_reducer, init_data_parallel
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss
 from mindvl.train.optim import apply_recompute, create_optimizer, freeze_modules, group_indices
 from mindvl.train.precision import apply_precision, set_objective_precision
@@ -63,6 +63,25 @@ class TrainResult:
     loss_scale: float = 1.0  # at the end
     best: Dict[str, object] = field(default_factory=dict)  # best validation checkpoint (train.eval_every)
     validation: List[Dict[str, object]] = field(default_factory=list)  # every validation evaluation
+
+    def summary(self) -> str:
+        """The end-of-run report `mindvl train` prints."""
+        def losses(values):
+            return ", ".join(f"{k} {v:.3f}" for k, v in values.items()) or "-"
+
+        lines = [f"trained steps {self.start_step}..{self.steps} ({self.samples} samples) on {self.world_size} "
+                 f"rank(s): {self.samples_per_second:.1f} samples/s, compile {self.compile_seconds:.1f} s, "
+                 f"steps {self.train_seconds:.1f} s" + (f", encoder cache {self.token_cache_seconds:.0f} s"
+                                                        if self.token_cache_seconds else ""),
+                 f"loss first window: {losses(self.first_losses)}",
+                 f"loss last window:  {losses(self.final_losses)}",
+                 f"skipped steps (non-finite gradients): {self.skipped_steps}; final loss scale {self.loss_scale:g}; "
+                 f"trainable parameters {self.trainable_parameters:,}"]
+        if self.best:
+            lines.append(f"best validation {self.best['metric']} {self.best['value']:.4f} at step {self.best['step']}")
+        lines.append(f"checkpoint {self.checkpoint}; logs {Path(self.output_dir) / METRICS_FILE}, "
+                     f"{Path(self.output_dir) / 'tb'}")
+        return "\n".join(lines)
 
 
 @dataclass
@@ -152,7 +171,7 @@ class Trainer:
         self.scaler = self._loss_scaler()
         self.train_step = TrainStep(self.loss_net, self.optimizer, self.scaler, train_cfg.grad_clip,
                                     list(self.groups.values()), self.stream.accumulation,
-                                    gradient_reducer(self.optimizer.parameters, self.world))
+                                    gradient_reducer(self.optimizer.parameters, self.world), RankMean(self.world))
         self.start_step = 0
         self.best: Dict[str, object] = {}
         checkpoint = self._resume_point(args.resume)
