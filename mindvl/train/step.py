@@ -8,6 +8,10 @@ def _average(count, accumulated, grad):
     return (accumulated + grad) / count
 
 
+def _times(factor, grad):
+    return grad * factor
+
+
 def _zero(accumulated):
     return ops.assign(accumulated, ops.zeros_like(accumulated))
 
@@ -78,8 +82,9 @@ class TrainStep(nn.Cell):
         finite = amp.all_finite(grads)
         self.scaler.adjust(finite)
         norms = self._norms(grads)
-        if self.grad_clip > 0:
-            grads = ops.clip_by_global_norm(grads, self.grad_clip)
+        if self.grad_clip > 0:  # the global norm from the module norms: no second pass over the gradients
+            factor = self.grad_clip / ops.maximum(ops.sqrt(ops.square(norms).sum()), self.grad_clip)
+            grads = self.hyper_map(ops.partial(_times, factor), grads)
         if finite:
             loss = ops.depend(loss, self.optimizer(grads))
         return loss, parts, norms, finite, self.scaler.scale_value

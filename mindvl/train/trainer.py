@@ -354,7 +354,8 @@ class Trainer:
         self.model.set_train(False)
         metrics: Dict[str, object] = {"step": step, "split": "validation"}
         for modality in ("text", "audio"):
-            result = vqa_accuracy(self.cfg, self.model, modality, progress=False, tokens=self.tokens, split="validation")
+            result = vqa_accuracy(self.cfg, self.model, modality, progress=False, tokens=self.tokens,
+                                  split="validation")
             metrics[f"vqa_{modality}"] = round(result["accuracy"], 4)
         metrics[BEST_METRIC] = round((metrics["vqa_text"] + metrics["vqa_audio"]) / 2, 4)
         self.model.set_train(True)

@@ -1,5 +1,6 @@
 """The compiled train step on real batches: a forced float16 overflow and a NaN batch are skipped
-without touching the weights, the loss scale follows, and gradient accumulation equals the big batch."""
+without touching the weights, the loss scale follows (and survives a checkpoint with the learned loss
+weights), gradient accumulation equals the big batch and recomputation changes nothing."""
 import mindspore as ms
 import numpy as np
 import pytest
@@ -37,7 +38,7 @@ def _same(before, after):
 def float16(small_cfg, small_report, tmp_path_factory):
     """A float16 trainer whose first loss scale (2^24) overflows float16 gradients."""
     trainer = _trainer(small_cfg, tmp_path_factory.mktemp("fp16"), "train.precision.compute=float16",
-                       "train.loss_scale.init=16777216")
+                       "train.loss_scale.init=16777216", "train.loss_weighting=uncertainty")
     trainer.train_step.set_train(True)
     return trainer, _batches(trainer, 2)
 
@@ -72,23 +73,45 @@ def test_a_nan_in_the_batch_is_skipped_without_touching_the_weights(float16):
     assert float(scale.asnumpy()) == scale_before / 2
 
 
+def test_loss_scale_and_learned_loss_weights_survive_a_checkpoint(float16, tmp_path):
+    from mindvl.train.checkpoint import load_optimizer_state
+
+    trainer, batches = float16
+    trainer.train_step(True, *batches[0])
+    weighting = trainer.loss_net.weighting
+    assert not np.allclose(weighting.effective_weights(), [0.5, 1.0, 0.5])  # the weights were learned
+    checkpoint = trainer._save(1, {}, None)
+    scale, log_variance = trainer.scaler.scale_value.asnumpy(), weighting.log_variance.asnumpy().copy()
+    resumed = Trainer(create_model(trainer.cfg), TrainingArguments(trainer.cfg, resume=str(checkpoint), progress=False))
+    assert resumed.start_step == 1
+    assert float(resumed.scaler.scale_value.asnumpy()) == float(scale)
+    np.testing.assert_array_equal(resumed.loss_net.weighting.log_variance.asnumpy(), log_variance)
+    moments = {id(p): m.asnumpy() for p, m in zip(resumed.optimizer.parameters, resumed.optimizer.moments1)}
+    assert np.abs(moments[id(resumed.loss_net.weighting.log_variance)]).max() > 0  # its Adam state came back
+    assert load_optimizer_state(resumed.model, resumed.optimizer, checkpoint)["loss_scale_counter"] is not None
+
+
 def test_two_accumulated_micro_batches_equal_one_batch_of_both(small_cfg, small_report, tmp_path):
     # answer and LM losses are means over samples, so 2 x 4 samples give the gradient of 1 x 8; the
     # contrastive loss's negatives are per micro-batch, so it is off here
     common = ("train.loss_weights.contrastive=0", "train.grad_clip=0")
     whole = _trainer(small_cfg, tmp_path / "whole", *common)
     split = _trainer(small_cfg, tmp_path / "split", *common, "train.grad_accumulation=2")
+    recomputed = _trainer(small_cfg, tmp_path / "recomputed", *common, "train.modules.fusion.recompute=[0]",
+                          "train.modules.audio.recompute=[0]")
     assert split.stream.micro_batch_size == 4 and whole.stream.micro_batch_size == 8
     norms = []
-    for trainer in (whole, split):
+    for trainer in (whole, split, recomputed):
         trainer.train_step.set_train(True)
         micro = _batches(trainer, trainer.stream.accumulation)
         for index, batch in enumerate(micro):
             out = trainer.train_step(index == len(micro) - 1, *batch)
         norms.append(out[2].asnumpy())
     np.testing.assert_allclose(norms[1], norms[0], rtol=1e-5)  # per-module gradient norms of the step
-    want, got = _weights(whole), _weights(split)
+    np.testing.assert_allclose(norms[2], norms[0], rtol=1e-6)  # recomputing blocks changes no gradient
+    want, got, again = _weights(whole), _weights(split), _weights(recomputed)
     for name in want:
         # float32 sums in another order: Adam's first update, g / (|g| + eps) * lr, turns a 1e-7 gradient
         # difference on a near-zero gradient into a few percent of lr (1e-3)
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(again[name], want[name], rtol=0, atol=1e-6, err_msg=name)
