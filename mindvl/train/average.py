@@ -4,7 +4,9 @@ Checkpoints fine-tuned from one start (runs at other sequence lengths, resolutio
 last checkpoints of one run) often average into a model at least as good as each. The mean is
 element-wise, so every ingredient must hold the same parameters with the same shapes and come from a
 run whose config has the same `model` section; the soup takes every other section (preprocess, data,
-train) from the first ingredient and is evaluated with them.
+train) from the first ingredient and is evaluated with them. The one shape that follows a setting, the
+vision position table (one row per patch of preprocess.image_size), is resized to the first
+ingredient's patch grid, so runs trained at other resolutions join the soup at the first one's.
 
 Output: a run-like folder that `mindvl eval --run`, `mindvl export --run` and `load_trained` accept:
 `config.json`, `model.safetensors` and `average.json` (ingredients with the sha256 of their weights,
@@ -62,12 +64,25 @@ def _run_config(weights_file: Path) -> Dict[str, Any]:
     return json.loads(find_run_config(weights_file).read_text())
 
 
+POSITION_TABLE = "vision.pos_embed"
+
+
+def _grid(config: Dict[str, Any]) -> int:
+    return config["preprocess"]["image_size"] // config["model"]["vision"]["patch_size"]
+
+
+def _at_first_resolution(name: str, value: np.ndarray, config: Dict[str, Any], first: Dict[str, Any]):
+    """A run trained at another image size joins the soup at the first ingredient's: its position table
+    is resized (bicubic, as DINOv2 interpolates) to the first one's patch grid. None if that cannot be."""
+    from mindvl.cells.vision import resize_positions
+
+    grid_in, grid_out = _grid(config), _grid(first)
+    if name != POSITION_TABLE or grid_in == grid_out or value.shape[1] != 1 + grid_in * grid_in:
+        return None
+    return resize_positions(value, grid_in, grid_out)
+
+
 def _shape_hint(name: str, config: Dict[str, Any], first: Dict[str, Any]) -> str:
-    if name.endswith("vision.pos_embed"):
-        return ("it is the vision position table, one row per image patch, so the runs were trained at "
-                f"different resolutions (preprocess.image_size {config['preprocess']['image_size']} vs "
-                f"{first['preprocess']['image_size']}); average runs that end at one image size, or resize "
-                "the table with mindvl.cells.vision.resize_positions first")
     differing = _differences(config["preprocess"], first["preprocess"], "preprocess")
     return (f"their preprocess sections differ in {', '.join(differing)}" if differing else
             "checkpoints of one architecture share every shape; was it written by another version of mindvl?")
@@ -94,6 +109,7 @@ def average_checkpoints(ingredients: Sequence[PathLike], weights: Optional[Seque
                                   f"{'; '.join(differing[:5])}; only checkpoints of one architecture can be averaged")
 
     total: Dict[str, np.ndarray] = {}
+    resolutions: List[Dict[str, Any]] = []  # ingredients whose position table was resized
     for index, (source, path, weight) in enumerate(zip(ingredients, files, weights)):
         state = read_weights(path)
         if index == 0:
@@ -106,6 +122,11 @@ def average_checkpoints(ingredients: Sequence[PathLike], weights: Optional[Seque
             raise CheckpointError(f"{source}: holds other parameters than {ingredients[0]} ({listed}); only "
                                   f"checkpoints of one architecture can be averaged")
         for name, value in state.items():
+            resized = _at_first_resolution(name, value, configs[index], configs[0]) if index else None
+            if resized is not None and resized.shape == shapes[name]:
+                resolutions.append({"source": str(source), "image_size": configs[index]["preprocess"]["image_size"],
+                                    "grid": [_grid(configs[index]), _grid(configs[0])]})
+                value = resized
             if value.shape != shapes[name]:
                 raise CheckpointError(f"{source}: {name} has shape {value.shape} but {ingredients[0]} has "
                                       f"{shapes[name]}: {_shape_hint(name, configs[index], configs[0])}")
@@ -125,6 +146,7 @@ def average_checkpoints(ingredients: Sequence[PathLike], weights: Optional[Seque
         "ingredients": [{"source": str(source), "weights_file": str(path.resolve()), "sha256": sha256_file(path),
                          "weight": weight} for source, path, weight in zip(ingredients, files, weights)],
         "config": {"taken_from": str(ingredients[0]), "sections_differing": differing_sections},
+        "resized_position_tables": resolutions,
         "evaluation": None,
     }
     _write_record(out, record)

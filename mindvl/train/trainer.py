@@ -202,13 +202,25 @@ class Trainer:
             return find_resumable(self.output_dir / "checkpoints", warn=self._warn)
         path = Path(resume)
         if (path / STATE_FILE).is_file():
-            verify_checkpoint(path)
+            self._refuse_rollback(path)
             return path
         found = find_resumable(path / "checkpoints" if (path / "checkpoints").is_dir() else path, warn=self._warn)
         if found is None:
             raise CheckpointError(f"--resume {resume}: no checkpoint there; pass a step_* folder, a run folder "
                                   f"or 'auto'")
         return found
+
+    def _refuse_rollback(self, checkpoint: Path) -> None:
+        """Going back to an older checkpoint inside this run's own folder would leave the newer ones of
+        the abandoned attempt for a later `--resume auto` to pick up: refuse, naming them."""
+        own = self.output_dir / "checkpoints"
+        if checkpoint.resolve().parent != own.resolve():
+            return
+        newer = sorted(p.name for p in own.glob("step_*") if p.name > checkpoint.name)
+        if newer:
+            raise CheckpointError(f"--resume {checkpoint}: {own} also holds the newer {', '.join(newer)}; a later "
+                                  f"--resume auto would return to them. Move them out of {own}, or resume into "
+                                  f"another train.output_dir")
 
     def _restore(self, checkpoint: Path) -> None:
         state = verify_checkpoint(checkpoint)

@@ -89,25 +89,29 @@ def test_weights_are_normalised():
     assert normalise_weights([0, 5], 2) == [0.0, 1.0]
 
 
-def test_other_resolution_names_the_position_table_and_what_to_do(trained_run, tmp_path):
+def test_a_run_at_another_resolution_joins_with_its_position_table_resized(trained_run, tmp_path):
     from mindvl.cells.vision import resize_positions
 
     _, result = trained_run
     base = Path(result.output_dir)
+    grid_6 = {}
 
     def at_96_pixels(config):
         config["preprocess"]["image_size"] = 96
 
-    def grid_6(weights):
-        weights["vision.pos_embed"] = resize_positions(weights["vision.pos_embed"], 4, 6)
+    def trained_at_96(weights):  # as if trained at 96x96: a 6x6 patch grid
+        grid_6["table"] = weights["vision.pos_embed"] = resize_positions(weights["vision.pos_embed"], 4, 6) + 0.01
 
-    other = _variant(base, tmp_path / "at96", at_96_pixels, grid_6)
-    with pytest.raises(CheckpointError) as error:
-        average_checkpoints([base, other], None, tmp_path / "soup")
-    message = str(error.value)
-    assert message.startswith(f"{other}: vision.pos_embed has shape (1, 37, 32) but {base} has (1, 17, 32)")
-    assert "preprocess.image_size 96 vs 64" in message and "resize_positions" in message
-    assert not (tmp_path / "soup").exists()
+    other = _variant(base, tmp_path / "at96", at_96_pixels, trained_at_96)
+    out = average_checkpoints([base, other], None, tmp_path / "soup")
+    soup = load_file(str(out / "model.safetensors"))
+    ours = load_file(str(base / "checkpoints" / "step_00000030" / "model.safetensors"))["vision.pos_embed"]
+    want = (ours.astype(np.float64) + resize_positions(grid_6["table"], 6, 4)) / 2
+    assert soup["vision.pos_embed"].shape == (1, 17, 32)
+    np.testing.assert_allclose(soup["vision.pos_embed"], want, rtol=0, atol=1e-6)
+    record = json.loads((out / "average.json").read_text())
+    assert record["resized_position_tables"] == [{"source": str(other), "image_size": 96, "grid": [6, 4]}]
+    assert json.loads((out / "config.json").read_text())["preprocess"]["image_size"] == 64
 
 
 def test_missing_parameter_is_named(trained_run, tmp_path):

@@ -218,3 +218,12 @@ def test_a_batch_that_does_not_split_into_micro_batches_is_refused(trained_run, 
     cfg, _ = trained_run
     with pytest.raises(ConfigError, match="data.batch_size: 8 .* train.grad_accumulation=3"):
         _trainer(cfg, tmp_path, resume=None, train__grad_accumulation=3)
+
+
+def test_rolling_back_inside_the_run_folder_is_refused_while_newer_checkpoints_remain(trained_run, tmp_path):
+    cfg, result = trained_run
+    checkpoints = _copy_checkpoints(result, tmp_path, 10, 20)
+    with pytest.raises(CheckpointError, match="also holds the newer step_00000020"):
+        _trainer(cfg, tmp_path, resume=str(checkpoints / "step_00000010"))
+    elsewhere = _trainer(cfg, tmp_path / "other", resume=str(checkpoints / "step_00000010"))
+    assert elsewhere.start_step == 10
