@@ -227,7 +227,7 @@ def latest_checkpoint(directory: Path) -> Optional[Path]:
 def mark_best(directory: Path, checkpoint: Path, metric: str, value: float) -> Path:
     """Point `<directory>/best` at `checkpoint` (a step_* folder in `directory`), which pruning then keeps."""
     directory = Path(directory)
-    state = _read_state(directory / Path(checkpoint).name)
+    state = read_state(directory / Path(checkpoint).name)
     record = {"checkpoint": Path(checkpoint).name, "metric": metric, "value": float(value), "step": state.get("step")}
     return atomic_write(directory / BEST_FILE, lambda path: path.write_text(json.dumps(record, indent=2)))
 
@@ -270,7 +270,8 @@ def resolve_checkpoint(path: Path) -> Path:
     return latest / MODEL_FILE
 
 
-def _read_state(checkpoint: Path) -> Dict[str, Any]:
+def read_state(checkpoint: Path) -> Dict[str, Any]:
+    """A checkpoint folder's train state as written, without hashing its files (verify_checkpoint does)."""
     state_file = Path(checkpoint) / STATE_FILE
     if not state_file.is_file():
         raise CheckpointError(f"{state_file}: missing, so the checkpoint was never completely written; "
@@ -300,7 +301,7 @@ def verify_checkpoint(path: Path) -> Dict[str, Any]:
     """Check a step_* folder before resuming from it: a readable train state of this checkpoint format
     and every recorded file present with its recorded sha256. Returns the train state."""
     path = Path(path)
-    state = _read_state(path)
+    state = read_state(path)
     if state.get("format") != CHECKPOINT_FORMAT:
         raise _foreign_format(path, state, "unsupported checkpoint format")
     files = state.get("files")
@@ -393,7 +394,7 @@ def load_model_weights(model: nn.Cell, path: Path) -> Dict[str, Any]:
         if tuple(value.shape) != tuple(param.shape):
             raise CheckpointError(f"{path}: {name} has shape {value.shape}, the model expects {param.shape}")
         param.set_data(Tensor(value.astype(np.float32) if value.dtype == np.float16 else value))
-    return _read_state(path.parent) if (path.parent / STATE_FILE).is_file() else {}
+    return read_state(path.parent) if (path.parent / STATE_FILE).is_file() else {}
 
 
 def load_optimizer_state(model: nn.Cell, optimizer: nn.Optimizer, checkpoint_dir: Path) -> Dict[str, np.ndarray]:
@@ -415,4 +416,4 @@ def load_optimizer_state(model: nn.Cell, optimizer: nn.Optimizer, checkpoint_dir
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "atomic_write", "sha256_file", "save_checkpoint",
            "load_model_weights", "load_optimizer_state", "latest_checkpoint", "resolve_checkpoint",
            "read_weights", "mark_best", "read_best", "best_checkpoint", "verify_checkpoint", "find_resumable",
-           "check_same_model"]
+           "check_same_model", "read_state", "parameter_paths"]

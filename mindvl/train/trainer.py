@@ -11,7 +11,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import mindspore as ms
 import numpy as np
@@ -29,7 +29,7 @@ from mindvl.pretrained.bind import bind_pretrained, load_pretrained
 from mindvl.pretrained.tokens import token_cache
 from mindvl.train.checkpoint import (CheckpointError, STATE_FILE, check_same_model, find_resumable,
                                      load_model_weights, load_optimizer_state, mark_best, parameter_paths,
-                                     save_checkpoint, verify_checkpoint)
+                                     read_state, save_checkpoint, verify_checkpoint)
 from mindvl.train.distributed import GatherWithGrad, RankMean, gradient_reducer, init_data_parallel
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss
 from mindvl.train.optim import apply_recompute, create_optimizer, freeze_modules, group_indices
@@ -174,9 +174,9 @@ class Trainer:
                                     gradient_reducer(self.optimizer.parameters, self.world), RankMean(self.world))
         self.start_step = 0
         self.best: Dict[str, object] = {}
-        checkpoint = self._resume_point(args.resume)
-        if checkpoint is not None:
-            self._restore(checkpoint)
+        resume_point = self._resume_point(args.resume)
+        if resume_point is not None:
+            self._restore(*resume_point)
 
     # ------------------------------------------------------------------ setup and resume
 
@@ -195,20 +195,23 @@ class Trainer:
             extra["loss_log_variance"] = self.loss_net.weighting.log_variance.asnumpy()
         return extra
 
-    def _resume_point(self, resume: Optional[str]) -> Optional[Path]:
+    def _resume_point(self, resume: Optional[str]) -> Optional[Tuple[Path, Dict]]:
+        """(checkpoint, its train state), each checkpoint's files hashed once: find_resumable verifies
+        the one it returns, an explicit step_* folder is verified here."""
         if not resume:
             return None
-        if resume == "auto":
-            return find_resumable(self.output_dir / "checkpoints", warn=self._warn)
         path = Path(resume)
-        if (path / STATE_FILE).is_file():
+        if resume != "auto" and (path / STATE_FILE).is_file():
             self._refuse_rollback(path)
-            return path
-        found = find_resumable(path / "checkpoints" if (path / "checkpoints").is_dir() else path, warn=self._warn)
-        if found is None:
-            raise CheckpointError(f"--resume {resume}: no checkpoint there; pass a step_* folder, a run folder "
-                                  f"or 'auto'")
-        return found
+            return path, verify_checkpoint(path)
+        if resume == "auto":
+            found = find_resumable(self.output_dir / "checkpoints", warn=self._warn)
+        else:
+            found = find_resumable(path / "checkpoints" if (path / "checkpoints").is_dir() else path, warn=self._warn)
+            if found is None:
+                raise CheckpointError(f"--resume {resume}: no checkpoint there; pass a step_* folder, a run folder "
+                                      f"or 'auto'")
+        return (found, read_state(found)) if found is not None else None
 
     def _refuse_rollback(self, checkpoint: Path) -> None:
         """Going back to an older checkpoint inside this run's own folder would leave the newer ones of
@@ -222,8 +225,7 @@ class Trainer:
                                   f"--resume auto would return to them. Move them out of {own}, or resume into "
                                   f"another train.output_dir")
 
-    def _restore(self, checkpoint: Path) -> None:
-        state = verify_checkpoint(checkpoint)
+    def _restore(self, checkpoint: Path, state: Dict) -> None:
         check_same_model(checkpoint, state, self.cfg.to_dict()["model"])
         if "data" not in state:
             raise CheckpointError(f"{checkpoint}: its train state has no data position, so the run cannot "
