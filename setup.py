@@ -36,6 +36,7 @@ setup(
         "espeakng-loader>=0.2.4,<0.3",
         "onnx==1.17.0",  # reads the DINOv2 weights (mindvl convert dinov2); 1.17 is the last for numpy 1.x
     ],
-    extras_require={"test": ["pytest>=8,<10"]},
+    # onnxruntime: the peer runtime the ONNX export is checked against (tests only; mindvl never imports it)
+    extras_require={"test": ["pytest>=8,<10", "onnxruntime==1.32.0"]},
     entry_points={"console_scripts": ["mindvl = mindvl.cli:main"]},
 )

@@ -3,13 +3,14 @@ from .activation import create_activation
 from .attention import MultiHeadAttention
 from .audio import AudioEncoder
 from .eval_nets import EncodeNet, StateAnswerNet, StateGenerateNet
-from .export_nets import AnswerNet, AudioEmbedNet, GenerateNet, ImageEmbedNet, TextEmbedNet
+from .export_nets import AnswerNet, AudioEmbedNet, GenerateNet, ImageEmbedNet, TextEmbedNet, VQANet
 from .factory import create_model
 from .fusion import FusionTransformer
 from .heads import ContrastiveHead, LogitScale, NormDenseHead
 from .masks import MASK_VALUE, padding_mask, prefix_lm_mask, segment_mask
 from .model import MultimodalModel, TokenInputModel
 from .norm import LayerNorm, create_norm
+from .quant import Int8Linear
 from .text import TextEncoder
 from .transformer import TransformerBlock, TransformerStack
 from .vision import VisionEncoder, conv_weight_to_matmul
@@ -17,8 +18,9 @@ from .vision import VisionEncoder, conv_weight_to_matmul
 __all__ = [
     "create_activation", "MultiHeadAttention", "AudioEncoder", "AnswerNet", "AudioEmbedNet", "GenerateNet",
     "EncodeNet", "StateAnswerNet", "StateGenerateNet",
-    "ImageEmbedNet", "TextEmbedNet", "create_model", "FusionTransformer", "NormDenseHead", "ContrastiveHead",
+    "ImageEmbedNet", "TextEmbedNet", "VQANet", "create_model", "FusionTransformer", "NormDenseHead", "ContrastiveHead",
     "LogitScale", "MASK_VALUE", "padding_mask", "prefix_lm_mask", "segment_mask",
-    "MultimodalModel", "TokenInputModel", "LayerNorm", "create_norm", "TextEncoder", "TransformerBlock", "TransformerStack",
+    "MultimodalModel", "TokenInputModel", "LayerNorm", "create_norm", "Int8Linear", "TextEncoder", "TransformerBlock",
+    "TransformerStack",
     "VisionEncoder", "conv_weight_to_matmul",
 ]

@@ -22,20 +22,29 @@ class MultiHeadAttention(nn.Cell):
     x: (batch, seq, width) float32; mask: additive float broadcastable to (batch, heads, seq, seq),
     usually (batch, 1, 1, seq) or (batch, 1, seq, seq) with 0 allowed / MASK_VALUE blocked, or None.
     Returns (batch, seq, width).
+
+    head_dim 0 takes width // heads (width must divide); > 0 sets it, so the attention's inner width
+    heads * head_dim may differ from width: a model whose heads were pruned (mindvl.export.prune) keeps
+    its head size with fewer heads. q/k/v project width -> heads * head_dim, out_proj projects back.
     """
 
-    def __init__(self, width: int, heads: int, dropout: float = 0.0, lora_rank: int = 0, lora_alpha: float = 16.0):
+    def __init__(self, width: int, heads: int, dropout: float = 0.0, lora_rank: int = 0, lora_alpha: float = 16.0,
+                 head_dim: int = 0):
         super().__init__()
-        if width % heads:
+        if head_dim < 0:
+            raise ValueError(f"attention head_dim: expected 0 (width // heads) or a positive size, got {head_dim}")
+        if not head_dim and width % heads:
             raise ValueError(f"attention width {width} is not divisible by heads={heads}")
         self.width = width
         self.heads = heads
-        self.head_dim = width // heads
+        self.head_dim = head_dim or width // heads
+        self.inner_width = heads * self.head_dim
         self.scale = 1.0 / math.sqrt(self.head_dim)
-        self.q_proj = dense(width, width, lora_rank=lora_rank, lora_alpha=lora_alpha)  # LoRA on q and v, as
-        self.k_proj = dense(width, width)
-        self.v_proj = dense(width, width, lora_rank=lora_rank, lora_alpha=lora_alpha)  # the LoRA paper does
-        self.out_proj = dense(width, width)
+        inner = self.inner_width
+        self.q_proj = dense(width, inner, lora_rank=lora_rank, lora_alpha=lora_alpha)  # LoRA on q and v, as
+        self.k_proj = dense(width, inner)
+        self.v_proj = dense(width, inner, lora_rank=lora_rank, lora_alpha=lora_alpha)  # the LoRA paper does
+        self.out_proj = dense(inner, width)
         self.reshape = ops.Reshape()
         self.transpose = ops.Transpose()
         self.qk_matmul = ops.BatchMatMul(transpose_b=True)
@@ -59,8 +68,8 @@ class MultiHeadAttention(nn.Cell):
             scores = self.add(scores, mask)
         probs = self.attn_dropout(self.softmax(scores))
         out = self.av_matmul(probs, v)  # (batch, heads, seq, head_dim)
-        out = self.reshape(self.transpose(out, (0, 2, 1, 3)), (batch, seq, self.width))
+        out = self.reshape(self.transpose(out, (0, 2, 1, 3)), (batch, seq, self.inner_width))
         return self.out_proj(out)
 
     def extend_repr(self):
-        return f"width={self.width}, heads={self.heads}"
+        return f"width={self.width}, heads={self.heads}, head_dim={self.head_dim}"

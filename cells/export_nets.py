@@ -5,6 +5,7 @@ model's parameters and are built with auto_prefix=False, so parameter names (and
 stay exactly the model's (`vision.…`), not `model.vision.…`.
 """
 from mindspore import nn, ops
+from mindspore.common import dtype as mstype
 
 
 class AnswerNet(nn.Cell):
@@ -20,6 +21,55 @@ class AnswerNet(nn.Cell):
         inputs = self.model.fusion_inputs(image, question_ids, question_mask, audio_mel, audio_mask,
                                           use_text, use_audio)
         return self.softmax(self.model.answer_logits(*inputs))
+
+
+class VQANet(nn.Cell):
+    """AnswerNet's inputs -> (answer_logits (B, num_answers), answer_ids (B, answer_length - 1) int32).
+
+    The deployable VQA graph: the answer classifier's logits and the greedily generated answer, decoded
+    inside the graph so a consumer needs no model code. The decoding loop is unrolled (answer_length - 1
+    fusion passes over a fixed-length answer, see GenerateNet); a row that produced [EOS] continues with
+    [PAD], which is what mindvl.eval.vqa.greedy_decode returns. Token tensors derive their shape from
+    question_ids, so the batch dimension may stay dynamic.
+    """
+
+    def __init__(self, model, answer_length: int, bos_id: int, eos_id: int, pad_id: int):
+        super().__init__(auto_prefix=False)
+        if answer_length < 2:
+            raise ValueError(f"answer_length: expected >= 2 ([BOS] and one generated token), got {answer_length}")
+        self.model = model
+        self.steps = answer_length - 1
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+        self.argmax = ops.Argmax(axis=-1, output_type=mstype.int32)
+        self.concat = ops.Concat(axis=1)
+        self.equal = ops.Equal()
+        self.logical_or = ops.LogicalOr()
+        self.select = ops.Select()
+        self.zeros_like = ops.ZerosLike()
+        self.expand_dims = ops.ExpandDims()
+
+    def construct(self, image, question_ids, question_mask, audio_mel, audio_mask, use_text, use_audio):
+        inputs = self.model.fusion_inputs(image, question_ids, question_mask, audio_mel, audio_mask,
+                                          use_text, use_audio)
+        answer_logits = self.model.answer_logits(*inputs)
+        column = self.zeros_like(question_ids[:, :1])  # (B, 1) int32
+        tokens = column + self.bos_id
+        if self.steps > 1:
+            tokens = self.concat((tokens, self.zeros_like(question_ids[:, :self.steps - 1]) + self.pad_id))
+        finished = self.equal(column[:, 0], 1)  # all False
+        generated = None  # (B, position) ids so far; concatenated, not a list (lists do not export to ONNX)
+        for position in range(self.steps):
+            logits = self.model.lm_logits(*inputs, tokens)  # (B, steps, vocab)
+            next_token = self.select(finished, column[:, 0] + self.pad_id, self.argmax(logits[:, position]))
+            column_ids = self.expand_dims(next_token, 1)
+            generated = column_ids if generated is None else self.concat((generated, column_ids))
+            finished = self.logical_or(finished, self.equal(next_token, self.eos_id))
+            if position + 1 < self.steps:  # static: the loop unrolls, empty slices never reach Concat
+                pieces = (tokens[:, :position + 1], column_ids)
+                if position + 2 < self.steps:
+                    pieces = pieces + (tokens[:, position + 2:],)
+                tokens = self.concat(pieces)
+        return answer_logits, generated
 
 
 class GenerateNet(nn.Cell):
@@ -52,22 +102,24 @@ class ImageEmbedNet(nn.Cell):
 
 
 class TextEmbedNet(nn.Cell):
-    """(ids (B, L) int32, mask (B, L) float32) -> (B, embed_dim) unit-length retrieval embedding."""
+    """(text_ids (B, L) int32, text_mask (B, L) float32) -> (B, embed_dim) unit-length retrieval embedding.
+    (Argument names become the input names of an ONNX export: they match the package manifest's.)"""
 
     def __init__(self, model):
         super().__init__(auto_prefix=False)
         self.model = model
 
-    def construct(self, ids, mask):
-        return self.model.embed_text(ids, mask)
+    def construct(self, text_ids, text_mask):
+        return self.model.embed_text(text_ids, text_mask)
 
 
 class AudioEmbedNet(nn.Cell):
-    """(mel (B, n_mels, T) float32, frame mask (B, T) float32) -> (B, embed_dim) unit-length embedding."""
+    """(audio_mel (B, n_mels, T) float32, audio_mask (B, T) float32 per frame) -> (B, embed_dim) unit-length
+    embedding."""
 
     def __init__(self, model):
         super().__init__(auto_prefix=False)
         self.model = model
 
-    def construct(self, mel, mask):
-        return self.model.embed_audio(mel, mask)
+    def construct(self, audio_mel, audio_mask):
+        return self.model.embed_audio(audio_mel, audio_mask)

@@ -101,7 +101,8 @@ class FusionTransformer(nn.Cell):
         pack_answer (R, S) float32 marks answer slots; cls_index (B,) and answer_index (B, La) int32 are
         the flattened row positions (r * S + s) of each sample's CLS and answer slots. Layout and
         invariants: mindvl/data/packing.py. Returns (cls (B, width), answer_states (B, La, width)), equal
-        to `construct` with the masks the packer's slot choice implies.
+        to `construct` with the masks the packer's slot choice implies; with `encoder.taps` set (feature
+        distillation), also the tapped blocks' states of the packed rows, (len(taps), R, S, width).
 
         Positions restart per segment without any position ids here: every encoder adds its positions
         per sample before the fusion, and answer positions are per sample in the token table, so a
@@ -110,9 +111,16 @@ class FusionTransformer(nn.Cell):
         table = self.concat((self._prefix_tokens(image_tokens, text_tokens, audio_tokens),
                              self._answer_tokens(answer_in)))  # (B, P, width)
         batch, slots, width = table.shape
-        rows, length = pack_index.shape
         table = self.reshape(table, (batch * slots, width))
         x = self.dropout(self.gather(table, pack_index, 0))  # (R, S, width)
-        x = self.encoder(x, packed_prefix_lm_mask(pack_segment, pack_answer))
+        mask = packed_prefix_lm_mask(pack_segment, pack_answer)
+        if self.encoder.taps:
+            x, states = self.encoder.construct_tapped(x, mask)
+            return self._sample_states(x, cls_index, answer_index) + (states,)
+        return self._sample_states(self.encoder(x, mask), cls_index, answer_index)
+
+    def _sample_states(self, x, cls_index, answer_index):
+        """Packed rows (R, S, width) -> each sample's (cls (B, width), answer_states (B, La, width))."""
+        rows, length, width = x.shape
         x = self.reshape(x, (rows * length, width))
-        return self.gather(x, cls_index, 0), self.gather(x, answer_index, 0)  # (B, width), (B, La, width)
+        return self.gather(x, cls_index, 0), self.gather(x, answer_index, 0)

@@ -138,16 +138,30 @@ class MultimodalModel(nn.Cell):
         """Encoder outputs -> the training outputs (class docstring); text_pooled (2B, width) holds the
         questions' then the captions' pooled vectors."""
         batch = image_tokens.shape[0]
-        cls, answer_states = self.fusion.construct_packed(image_tokens, question_tokens, audio_tokens, answer_in,
-                                                          pack_index, pack_segment, pack_answer, cls_index,
-                                                          answer_index)
-        answer_logits = self.answer_head(cls)
-        lm_logits = self.lm_head(answer_states)
+        fused = self.fusion.construct_packed(image_tokens, question_tokens, audio_tokens, answer_in, pack_index,
+                                             pack_segment, pack_answer, cls_index, answer_index)
+        answer_logits = self.answer_head(fused[0])
+        lm_logits = self.lm_head(fused[1])
         image_emb = self.image_proj(image_pooled)
         text_emb = self.text_proj(text_pooled)  # (2B, embed_dim)
         audio_emb = self.audio_proj(audio_pooled)
-        return (answer_logits, lm_logits, image_emb, text_emb[batch:], audio_emb, text_emb[:batch],
-                self.logit_scale_image_text(), self.logit_scale_audio_text())
+        outputs = (answer_logits, lm_logits, image_emb, text_emb[batch:], audio_emb, text_emb[:batch],
+                   self.logit_scale_image_text(), self.logit_scale_audio_text())
+        if self.fusion.encoder.taps:
+            return outputs + (fused[2],)
+        return outputs
+
+    def set_feature_taps(self, layers) -> None:
+        """Make `construct` (and `construct_from_tokens`) return a 9th output: the fusion's states after
+        the blocks `layers` (in that order, before the final norm) over the packed rows, (len(layers), R, S,
+        fusion width), valid where pack_segment > 0. For feature distillation (mindvl.train.distill); the
+        padded and export paths are unaffected. Graph mode compiles the taps as constants: call this before
+        the model's training graph first runs."""
+        depth = len(self.fusion.encoder.blocks)
+        layers = tuple(int(layer) for layer in layers)
+        if any(not 0 <= layer < depth for layer in layers):
+            raise ValueError(f"feature taps {list(layers)}: the fusion has blocks 0..{depth - 1}")
+        self.fusion.encoder.taps = layers
 
 
 class TokenInputModel(nn.Cell):

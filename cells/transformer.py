@@ -16,7 +16,8 @@ from .norm import create_norm
 
 
 class MLP(nn.Cell):
-    """(…, width) -> fc1 (width*mlp_ratio) -> activation -> fc2 -> (…, width)."""
+    """(…, width) -> fc1 (hidden) -> activation -> fc2 -> (…, width); blocks pass
+    hidden = round(width * mlp_ratio), so a pruned FFN of m channels is mlp_ratio = m / width."""
 
     def __init__(self, width: int, hidden: int, activation: str = "gelu", dropout: float = 0.0):
         super().__init__()
@@ -45,16 +46,16 @@ class TransformerBlock(nn.Cell):
     """x (batch, seq, width), additive mask or None -> (batch, seq, width).
 
     Children (and so checkpoint keys): norm1, attn, norm2, mlp, and ls1/ls2 (`.gamma`) when
-    layer_scale > 0.
+    layer_scale > 0. head_dim 0: width // heads (see MultiHeadAttention).
     """
 
     def __init__(self, width: int, heads: int, mlp_ratio: float = 4.0, pre_norm: bool = True,
                  activation: str = "gelu", layer_scale: float = 0.0, norm_eps: float = 1e-6,
-                 dropout: float = 0.0, lora_rank: int = 0, lora_alpha: float = 16.0):
+                 dropout: float = 0.0, lora_rank: int = 0, lora_alpha: float = 16.0, head_dim: int = 0):
         super().__init__()
         self.pre_norm = pre_norm
         self.norm1 = create_norm(width, norm_eps)
-        self.attn = MultiHeadAttention(width, heads, dropout, lora_rank, lora_alpha)
+        self.attn = MultiHeadAttention(width, heads, dropout, lora_rank, lora_alpha, head_dim)
         self.norm2 = create_norm(width, norm_eps)
         self.mlp = MLP(width, int(round(width * mlp_ratio)), activation, dropout)
         if layer_scale > 0:
@@ -88,13 +89,29 @@ class TransformerStack(nn.Cell):
         self.width = cfg.width
         self.blocks = nn.CellList([
             TransformerBlock(cfg.width, cfg.heads, cfg.mlp_ratio, cfg.pre_norm, cfg.activation,
-                             cfg.layer_scale, cfg.norm_eps, dropout, cfg.lora_rank, cfg.lora_alpha)
+                             cfg.layer_scale, cfg.norm_eps, dropout, cfg.lora_rank, cfg.lora_alpha, cfg.head_dim)
             for _ in range(cfg.layers)
         ])
         # Post-LN blocks already end in a norm; pre-LN stacks need one on the way out.
         self.norm = create_norm(cfg.width, cfg.norm_eps) if cfg.pre_norm else nn.Identity()
 
+    # Block indices whose outputs `construct_tapped` returns (feature distillation). A Python attribute:
+    # graph mode compiles it as a constant, so set it before the first call of a graph that uses it.
+    taps = ()
+
     def construct(self, x, mask=None):
         for block in self.blocks:
             x = block(x, mask)
         return self.norm(x)
+
+    def construct_tapped(self, x, mask=None):
+        """`construct` that also returns the outputs of the blocks in `taps` (before the final norm), in
+        `taps` order: (output, (len(taps), batch, seq, width))."""
+        states = ()
+        for block in self.blocks:
+            x = block(x, mask)
+            states = states + (x,)
+        tapped = ()
+        for index in self.taps:
+            tapped = tapped + (states[index],)
+        return self.norm(x), ops.stack(tapped)

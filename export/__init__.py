@@ -1,1 +1,2 @@
-"""Deployment artifacts: MindIR graphs (model packages and compression arrive with the export issue)."""
+"""Deployment: the model package (MindIR graphs + manifest), its verification and evaluation, compression
+(INT8, pruning; distillation trains in mindvl.train) and ONNX export."""

@@ -60,7 +60,10 @@ class EncoderConfig:
     width: int = 128
     layers: int = 2
     heads: int = 4
-    mlp_ratio: float = 4.0
+    # 0: width // heads; > 0: the attention's inner width is heads * head_dim, which may differ from
+    # width (a model with pruned heads keeps its head size, mindvl.export.prune)
+    head_dim: int = 0
+    mlp_ratio: float = 4.0  # FFN hidden width = round(width * mlp_ratio)
     pre_norm: bool = True
     activation: str = "gelu"
     layer_scale: float = 0.0  # 0 disables LayerScale
@@ -72,8 +75,11 @@ class EncoderConfig:
         _positive(self, path, ["width", "layers", "heads", "mlp_ratio"])
         if self.lora_rank < 0:
             raise ConfigError(f"{path}.lora_rank: expected 0 (off) or a positive rank, got {self.lora_rank}")
-        if self.width % self.heads:
-            raise ConfigError(f"{path}.width: {self.width} is not divisible by {path}.heads={self.heads}")
+        if self.head_dim < 0:
+            raise ConfigError(f"{path}.head_dim: expected 0 (width // heads) or a positive size, got {self.head_dim}")
+        if not self.head_dim and self.width % self.heads:
+            raise ConfigError(f"{path}.width: {self.width} is not divisible by {path}.heads={self.heads}; "
+                              f"make it divisible or set {path}.head_dim")
         _choice(f"{path}.activation", self.activation, ("gelu", "gelu_tanh", "relu"))
 
 
@@ -432,6 +438,46 @@ class ModulesConfig:
 
 
 @dataclass
+class DistillConfig:
+    """train.distill: knowledge distillation from a trained teacher run into the recipe's model (the student).
+
+    The frozen teacher runs on the student's packed batches, so it must come from the same data build and
+    preprocess (checked when training starts; mindvl/train/distill.py). The objective is task_weight x the
+    recipe's objectives + answer_weight and lm_weight x KL(teacher || student) of the answer and LM logits
+    softened by `temperature` (times T^2, Hinton et al. 2015) + feature_weight x the MSE between a learned
+    linear map of student fusion states and the teacher's (FitNets), over the valid packed slots.
+    """
+
+    teacher: str = ""  # run folder, step_* folder or model.safetensors of `mindvl train`; "": no distillation
+    temperature: float = 2.0
+    task_weight: float = 1.0  # the recipe's own objectives (train.loss_weights), as a whole
+    answer_weight: float = 1.0
+    lm_weight: float = 0.5
+    feature_weight: float = 1.0
+    # [[teacher fusion block, student fusion block], ...]: their output states are matched; empty: none
+    feature_layers: List[List[int]] = field(default_factory=list)
+
+    def validate(self) -> None:
+        path = "train.distill"
+        if self.temperature <= 0:
+            raise ConfigError(f"{path}.temperature: expected a value > 0, got {self.temperature}")
+        weights = ("task_weight", "answer_weight", "lm_weight", "feature_weight")
+        for name in weights:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{path}.{name}: expected >= 0, got {getattr(self, name)}")
+        for index, pair in enumerate(self.feature_layers):
+            if len(pair) != 2 or any(layer < 0 for layer in pair):
+                raise ConfigError(f"{path}.feature_layers[{index}]: expected [teacher block, student block] "
+                                  f"with indices >= 0, got {pair}")
+        if len({tuple(pair) for pair in self.feature_layers}) != len(self.feature_layers):
+            raise ConfigError(f"{path}.feature_layers: expected distinct pairs, got {self.feature_layers}")
+        if self.teacher and not (self.answer_weight > 0 or self.lm_weight > 0
+                                 or self.feature_weight > 0 and self.feature_layers):
+            raise ConfigError(f"{path}: the teacher would teach nothing; set answer_weight, lm_weight or "
+                              f"feature_weight (with feature_layers) > 0, or teacher to \"\" to train alone")
+
+
+@dataclass
 class TrainConfig:
     output_dir: str = "runs/tiny"
     epochs: int = 1
@@ -449,6 +495,7 @@ class TrainConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     modules: ModulesConfig = field(default_factory=ModulesConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     checkpoint_every: int = 500  # steps; a checkpoint is also written at the end
     keep_checkpoints: int = 3  # the newest K step_* checkpoints are kept (and the best one); 0 keeps all
     eval_every: int = 0  # steps between validation evaluations (0: none); the best checkpoint is tracked
@@ -464,6 +511,7 @@ class TrainConfig:
         self.precision.validate()
         self.loss_scale.validate()
         self.modules.validate()
+        self.distill.validate()
         for name in ("max_steps", "warmup_steps", "weight_decay", "grad_clip", "min_lr"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: expected >= 0, got {getattr(self, name)}")

@@ -1,4 +1,5 @@
-"""`mindvl quickstart`: build data, train the tiny recipe, evaluate, export and verify, then summarise."""
+"""`mindvl quickstart`: build data, train the tiny recipe, evaluate, write and verify the model package, then
+summarise."""
 import json
 import time
 from dataclasses import asdict
@@ -12,7 +13,8 @@ def run_quickstart(workdir: str = "mindvl_quickstart", config: str = "tiny", ove
                    progress: bool = True) -> Dict[str, Any]:
     from mindvl.data.build import build_dataset
     from mindvl.eval import evaluate, load_trained
-    from mindvl.export.mindir import export_and_verify
+    from mindvl.export.pipeline import PackageOptions, package_and_check
+    from mindvl.export.source import load_source
     from mindvl.train import train
 
     start = time.perf_counter()
@@ -25,8 +27,9 @@ def run_quickstart(workdir: str = "mindvl_quickstart", config: str = "tiny", ove
     _stage("3/4 evaluate")
     cfg, model = load_trained(result.output_dir)
     metrics = evaluate(cfg, model, progress=progress)
-    _stage("4/4 export to MindIR and verify")
-    check = export_and_verify(cfg, model, work / "export" / "answer.mindir")
+    _stage("4/4 export the model package and verify it")
+    cfg, model, source = load_source(result.output_dir)
+    check = package_and_check(cfg, model, source, work / "package", PackageOptions(force=True, progress=progress))
     summary = {"data": report.to_dict(), "train": asdict(result), "eval": metrics, "export": check,
                "wall_seconds": round(time.perf_counter() - start, 1)}
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -63,8 +66,8 @@ def format_summary(summary: Dict[str, Any]) -> str:
         ["majority baseline", f"{_pct(baseline['accuracy'])} (always '{baseline['answer']}')"],
         ["image -> caption", f"R@1 {_pct(metrics['image_to_caption']['R@1'])}, R@5 {_pct(metrics['image_to_caption']['R@5'])}"],
         ["speech -> text", f"R@1 {_pct(metrics['audio_to_text']['R@1'])}, R@5 {_pct(metrics['audio_to_text']['R@5'])}"],
-        ["MindIR export", f"{'OK' if export['answers_equal'] else 'MISMATCH'}: {export['count']} answers equal, "
-                          f"max |diff| {export['max_abs_diff']:.1e}"],
+        ["model package", f"{export['package']}: {len({c['graph'] for c in export['verify']['checks']})} MindIR graphs "
+                          f"verified, max |diff| {max(c['max_abs_diff'] for c in export['verify']['checks']):.1e}"],
         ["wall time", f"{summary['wall_seconds']:.0f} s"],
     ]
     width = max(len(r[0]) for r in rows)

@@ -44,10 +44,11 @@ def test_quickstart_runs_every_stage_and_prints_the_summary(tmp_path):
     result = run_cli(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     for line in ("VQA, text question", "VQA, spoken question", "majority baseline", "image -> caption",
-                 "speech -> text", "MindIR export"):
+                 "speech -> text", "model package"):
         assert line in result.stdout
     summary = json.loads((tmp_path / "qs" / "summary.json").read_text())
-    assert summary["export"]["answers_equal"] is True
+    assert summary["export"]["verify"]["ok"] is True
     assert summary["train"]["steps"] == 12
     assert summary["eval"]["vqa_text"]["count"] == summary["data"]["counts"]["test"]["examples"]
-    assert (tmp_path / "qs" / "export" / "answer.mindir").is_file()
+    assert (tmp_path / "qs" / "package" / "manifest.json").is_file()
+    assert run_cli("export", "verify", str(tmp_path / "qs" / "package")).returncode == 0

@@ -1,7 +1,7 @@
 """VQA accuracy of the answer classifier and of the generated answer text, per question modality."""
 import weakref
 from collections import Counter
-from typing import Dict, Sequence
+from typing import Callable, Dict, Sequence
 
 import mindspore as ms
 import numpy as np
@@ -76,17 +76,10 @@ def vqa_accuracy(cfg: Config, model, modality: str, progress: bool = True, token
     The encoders run once per batch (EncodeNet), or not at all when `tokens` (EncoderTokens filled for
     that split; a cache filled for "train" covers "validation" too) holds their states; the fusion then
     answers and decodes from those states."""
-    meta = load_meta(cfg.data.root)
     tokenizer = load_tokenizer(cfg.data.root)
-    answers = meta["answers"]
     answer_net, generate_net, encode_net = vqa_nets(model)
-    # the whole split on every rank, also under msrun (evaluation during data-parallel training)
-    dataset = create_dataset(cfg, split, question_modality=modality, tokens=tokens, shard_id=0, num_shards=1)
-    correct, generated_correct, total = 0, 0, 0
-    per_kind_correct, per_kind_total = Counter(), Counter()
-    iterator = dataset.create_dict_iterator(num_epochs=1, output_numpy=True)
-    for batch in tqdm(iterator, total=dataset.get_dataset_size(), desc=f"eval vqa {split} ({modality})",
-                      disable=not progress, leave=False):
+
+    def predict(batch):
         if tokens is None:
             states = encode_net(*(ms.Tensor(batch[name]) for name in
                                   ("image", "question_ids", "question_mask", "audio_mel", "audio_mask")))
@@ -95,9 +88,28 @@ def vqa_accuracy(cfg: Config, model, modality: str, progress: bool = True, token
         image_tokens, question_tokens, audio_tokens = states
         inputs = [image_tokens, question_tokens, ms.Tensor(batch["question_mask"]), audio_tokens,
                   *(ms.Tensor(batch[name]) for name in ("audio_mask", "use_text", "use_audio"))]
-        predicted = answer_net(*inputs).asnumpy().argmax(-1)
+        return (answer_net(*inputs).asnumpy().argmax(-1),
+                greedy_decode(generate_net, inputs, tokenizer, cfg.preprocess.max_answer_length))
+
+    return score_vqa(cfg, predict, modality, progress, tokens, split)
+
+
+def score_vqa(cfg: Config, predict: Callable, modality: str, progress: bool = True, tokens=None,
+              split: str = "test") -> Dict[str, float]:
+    """Accuracy of `predict(batch) -> (answer ids (B,), generated token ids (B, L))` over `split` with
+    questions as `modality`, overall, for the generated text, and per answer kind. Any predictor: the
+    model's graphs (vqa_accuracy) or a package's exported VQA graph (mindvl.export.evaluate)."""
+    answers = load_meta(cfg.data.root)["answers"]
+    tokenizer = load_tokenizer(cfg.data.root)
+    # the whole split on every rank, also under msrun (evaluation during data-parallel training)
+    dataset = create_dataset(cfg, split, question_modality=modality, tokens=tokens, shard_id=0, num_shards=1)
+    correct, generated_correct, total = 0, 0, 0
+    per_kind_correct, per_kind_total = Counter(), Counter()
+    iterator = dataset.create_dict_iterator(num_epochs=1, output_numpy=True)
+    for batch in tqdm(iterator, total=dataset.get_dataset_size(), desc=f"eval vqa {split} ({modality})",
+                      disable=not progress, leave=False):
+        predicted, generated = predict(batch)
         hits = predicted == batch["answer"]
-        generated = greedy_decode(generate_net, inputs, tokenizer, cfg.preprocess.max_answer_length)
         for row, answer_id in enumerate(batch["answer"]):
             kind = answer_kind(answers[answer_id])
             per_kind_total[kind] += 1

@@ -8,7 +8,7 @@ train) from the first ingredient and is evaluated with them. The one shape that 
 vision position table (one row per patch of preprocess.image_size), is resized to the first
 ingredient's patch grid, so runs trained at other resolutions join the soup at the first one's.
 
-Output: a run-like folder that `mindvl eval --run`, `mindvl export --run` and `load_trained` accept:
+Output: a run-like folder that `mindvl eval --run`, `mindvl export --checkpoint` and `load_trained` accept:
 `config.json`, `model.safetensors` and `average.json` (ingredients with the sha256 of their weights,
 normalised weights, and the evaluation once `evaluate_soup` ran).
 """

@@ -293,8 +293,8 @@ def _foreign_format(checkpoint: Path, state: Dict[str, Any], what: str) -> Check
     return CheckpointError(
         f"{checkpoint}: {what}: written by mindvl {version} with checkpoint format {fmt}; this mindvl "
         f"({mindvl_version()}) reads format {CHECKPOINT_FORMAT}: finish that run with its mindvl version, or "
-        f"start a fresh run (its weights still load with `mindvl eval/export --run {checkpoint}` or "
-        f"mindvl.train.checkpoint.load_model_weights)")
+        f"start a fresh run (its weights still load with `mindvl eval --run {checkpoint}`, "
+        f"`mindvl export --checkpoint {checkpoint}` or mindvl.train.checkpoint.load_model_weights)")
 
 
 def verify_checkpoint(path: Path) -> Dict[str, Any]:
@@ -374,6 +374,23 @@ def read_weights(path: Path) -> Dict[str, np.ndarray]:
                               f"use an earlier checkpoint or re-export it") from exc
 
 
+def assign_state(model: nn.Cell, weights: Dict[str, np.ndarray], source: str) -> None:
+    """Set every parameter of `model` from `weights` by name, strictly: missing, unexpected or mis-shaped
+    entries raise CheckpointError naming `source` and the parameter."""
+    params = parameter_paths(model)
+    missing = sorted(set(params) - set(weights))
+    unexpected = sorted(set(weights) - set(params))
+    if missing or unexpected:
+        raise CheckpointError(f"{source}: does not match the model (missing {missing[:5]}"
+                              f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}); "
+                              f"was it written for another config?")
+    for name, param in params.items():
+        value = weights[name]
+        if tuple(value.shape) != tuple(param.shape):
+            raise CheckpointError(f"{source}: {name} has shape {value.shape}, the model expects {param.shape}")
+        param.set_data(Tensor(np.ascontiguousarray(value.astype(np.float32) if value.dtype == np.float16 else value)))
+
+
 def load_model_weights(model: nn.Cell, path: Path) -> Dict[str, Any]:
     """Load weights into `model` strictly: missing, unexpected or mis-shaped entries are errors.
 
@@ -381,19 +398,7 @@ def load_model_weights(model: nn.Cell, path: Path) -> Dict[str, Any]:
     loads: weights are plain safetensors (resuming needs `verify_checkpoint` too).
     """
     path = resolve_checkpoint(path)
-    weights = read_weights(path)
-    params = parameter_paths(model)
-    missing = sorted(set(params) - set(weights))
-    unexpected = sorted(set(weights) - set(params))
-    if missing or unexpected:
-        raise CheckpointError(f"{path}: does not match the model (missing {missing[:5]}"
-                              f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}); "
-                              f"was it written for another config?")
-    for name, param in params.items():
-        value = weights[name]
-        if tuple(value.shape) != tuple(param.shape):
-            raise CheckpointError(f"{path}: {name} has shape {value.shape}, the model expects {param.shape}")
-        param.set_data(Tensor(value.astype(np.float32) if value.dtype == np.float16 else value))
+    assign_state(model, read_weights(path), str(path))
     return read_state(path.parent) if (path.parent / STATE_FILE).is_file() else {}
 
 

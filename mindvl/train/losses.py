@@ -108,6 +108,8 @@ class MultimodalLoss(nn.Cell):
     embeddings and group ids for the contrastive loss, in rank order.
     """
 
+    part_names = LOSS_NAMES  # the trainer logs the parts by these names
+
     def __init__(self, network, weights, pad_id: int = 0, weighting: str = "fixed", gather: nn.Cell = None):
         super().__init__()
         self.network = network
@@ -122,9 +124,15 @@ class MultimodalLoss(nn.Cell):
 
     def construct(self, answer, answer_tokens, question_group, caption_group, *inputs):
         answer_in = answer_tokens[:, :-1]  # teacher forcing: predict token t+1 from tokens <= t
+        parts = self.task_parts(answer, answer_tokens, question_group, caption_group, self.network(answer_in, *inputs))
+        return self.weighting(parts), parts
+
+    def task_parts(self, answer, answer_tokens, question_group, caption_group, outputs):
+        """The unweighted objectives (3,) in LOSS_NAMES order from the network's first 8 outputs (a
+        distillation loss reuses them on a student that returns more)."""
         answer_next = answer_tokens[:, 1:]
         (answer_logits, lm_logits, image_emb, caption_emb, audio_emb, question_emb,
-         scale_image_text, scale_audio_text) = self.network(answer_in, *inputs)
+         scale_image_text, scale_audio_text) = outputs[:8]
         if self.gather is not None:
             image_emb, caption_emb = self.gather(image_emb), self.gather(caption_emb)
             audio_emb, question_emb = self.gather(audio_emb), self.gather(question_emb)
@@ -133,5 +141,4 @@ class MultimodalLoss(nn.Cell):
                        + self.contrastive(audio_emb, question_emb, scale_audio_text, question_group)) / 2
         answer = self.answer_loss(answer_logits, answer)
         lm = self.lm_loss(lm_logits, answer_next)
-        parts = ops.stack([contrastive, answer, lm])
-        return self.weighting(parts), parts
+        return ops.stack([contrastive, answer, lm])

@@ -72,9 +72,10 @@ def create_optimizer(model: nn.Cell, cfg: TrainConfig, total_steps: int,
 
 def group_indices(optimizer: nn.Optimizer, names: Dict[int, str]) -> Dict[str, tuple]:
     """Per module, the positions of its parameters in optimizer.parameters (for gradient norms).
-    `names`: id(parameter) -> its name in the model; other parameters count as `loss_weighting`."""
+    `names`: id(parameter) -> its name in the model; other parameters (learned loss weights, distillation
+    feature maps) count as `objective`."""
     groups: Dict[str, list] = {}
     for index, param in enumerate(optimizer.parameters):
         name = names.get(id(param))
-        groups.setdefault(module_of(name) if name else "loss_weighting", []).append(index)
+        groups.setdefault(module_of(name) if name else "objective", []).append(index)
     return {module: tuple(indices) for module, indices in groups.items()}

@@ -30,6 +30,7 @@ from mindvl.pretrained.tokens import token_cache
 from mindvl.train.checkpoint import (CheckpointError, STATE_FILE, check_same_model, find_resumable,
                                      load_model_weights, load_optimizer_state, mark_best, parameter_paths,
                                      read_state, save_checkpoint, verify_checkpoint)
+from mindvl.train.distill import DistillationLoss, distillation_loss, load_teacher
 from mindvl.train.distributed import GatherWithGrad, RankMean, gradient_reducer, init_data_parallel
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss
 from mindvl.train.optim import apply_recompute, create_optimizer, freeze_modules, group_indices
@@ -147,6 +148,8 @@ class Trainer:
         if train_cfg.eval_every and cfg.data.validation_fraction <= 0:
             raise ConfigError("train.eval_every: evaluation during training needs a validation split; set "
                               "data.validation_fraction (e.g. 0.05) or train.eval_every=0")
+        # checked and loaded before any data work: a teacher that does not fit the recipe fails fast
+        teacher = load_teacher(cfg) if train_cfg.distill.teacher else None
         freeze_modules(model, train_cfg)
         self.recomputed = apply_recompute(model, train_cfg)
         self.tokens = token_cache(cfg, model)  # frozen encoders' cached states, or None: they run every step
@@ -164,8 +167,11 @@ class Trainer:
                                        load_tokenizer(cfg.data.root).pad_id, train_cfg.loss_weighting,
                                        GatherWithGrad(self.rank, self.world))
         set_objective_precision(self.loss_net.objectives(), train_cfg.precision)
+        if teacher is not None:  # the student's objectives plus the teacher's (mindvl.train.distill)
+            self.loss_net = distillation_loss(cfg, model, self.loss_net, teacher)
+        inside = {id(param) for param in model.get_parameters()}  # learned loss weights, feature maps: outside
         self.optimizer = create_optimizer(model, train_cfg, self.total_steps,
-                                          extra=self.loss_net.weighting.trainable_params())
+                                          extra=[p for p in self.loss_net.trainable_params() if id(p) not in inside])
         names = {id(param): name for name, param in parameter_paths(model).items()}
         self.groups = group_indices(self.optimizer, names)
         self.scaler = self._loss_scaler()
@@ -193,6 +199,8 @@ class Trainer:
             extra["loss_scale_counter"] = self.scaler.counter.asnumpy()
         if self.loss_net.weighting.learned:
             extra["loss_log_variance"] = self.loss_net.weighting.log_variance.asnumpy()
+        if isinstance(self.loss_net, DistillationLoss):
+            extra.update(self.loss_net.projection_state())
         return extra
 
     def _resume_point(self, resume: Optional[str]) -> Optional[Tuple[Path, Dict]]:
@@ -237,6 +245,8 @@ class Trainer:
             self.scaler.counter.set_data(ms.Tensor(extra["loss_scale_counter"]))
         if self.loss_net.weighting.learned and "loss_log_variance" in extra:
             self.loss_net.weighting.log_variance.set_data(ms.Tensor(extra["loss_log_variance"]))
+        if isinstance(self.loss_net, DistillationLoss):
+            self.loss_net.load_projection_state(extra)
         self.stream.load_state(state["data"])
         self.start_step = int(state["step"])
         self.best = state.get("best", {})
@@ -311,7 +321,7 @@ class Trainer:
             if window and (done % cfg.train.log_every == 0 or done == self.total_steps):
                 elapsed = time.perf_counter() - window_start
                 rate = window_steps * global_batch / elapsed if window_steps else 0.0
-                losses = dict(zip(("loss", *LOSS_NAMES), np.mean(window, axis=0).round(4).tolist()))
+                losses = dict(zip(("loss", *self.loss_net.part_names), np.mean(window, axis=0).round(4).tolist()))
                 first_losses = first_losses or losses
                 record = {"step": done, **losses, "lr": float(self.lr[step]), "samples_per_second": round(rate, 1),
                           "loss_scale": float(scale.asnumpy()), "skipped_steps": skipped,

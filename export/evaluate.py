@@ -1,0 +1,104 @@
+"""A package's row of the comparison table, measured on its exported graphs (not on the Python model).
+
+`evaluate_package` loads the MindIR graphs with nn.GraphCell and scores them on the test split of the
+data set named in the package's config.json (or `data_root`): VQA accuracy (text and spoken
+questions, answer classifier and generated answer), retrieval Recall@1 (image -> caption, speech ->
+question) and the VQA graph's CPU latency. The row is stored as `evaluation.json` beside the
+manifest (a measurement about the package, not part of it: not in the manifest's file list).
+`comparison_table` lines rows up against the first package.
+"""
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import mindspore as ms
+import numpy as np
+
+from mindvl.config import config_from_dict
+from mindvl.eval.retrieval import audio_to_text, image_to_caption
+from mindvl.eval.vqa import score_vqa
+from mindvl.export.errors import PackageError
+from mindvl.export.package import load_graph, load_samples, read_manifest
+
+EVALUATION = "evaluation.json"
+LATENCY_BATCHES = (1, 32)
+
+
+def _latency_ms(graph, inputs: Dict[str, np.ndarray], batch: int, repeats: int) -> float:
+    """Median wall time of one call at `batch` rows (the stored samples tiled), after a warm-up call."""
+    tensors = [ms.Tensor(np.resize(v, (batch, *v.shape[1:]))) for v in inputs.values()]
+    graph(*tensors)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        outputs = graph(*tensors)
+        (outputs[0] if isinstance(outputs, (tuple, list)) else outputs).asnumpy()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def measure_latency(package: Path, key: Optional[bytes] = None, repeats: int = 20, graph=None) -> Dict[str, float]:
+    """{latency_ms_b<N>: median ms of one VQA graph call at batch N} for LATENCY_BATCHES, on this machine now."""
+    manifest = read_manifest(package)
+    graph = graph or load_graph(package, manifest, "vqa", key)
+    samples, _ = load_samples(package, manifest, "vqa")
+    return {f"latency_ms_b{batch}": round(_latency_ms(graph, samples, batch, repeats), 2) for batch in LATENCY_BATCHES}
+
+
+def evaluate_package(package: Path, data_root: Optional[str] = None, key: Optional[bytes] = None,
+                     progress: bool = True, repeats: int = 20) -> dict:
+    """The package's comparison row (also written to <package>/evaluation.json)."""
+    package = Path(package)
+    manifest = read_manifest(package)
+    cfg = config_from_dict(json.loads((package / "config.json").read_text()))
+    if data_root:
+        cfg.data.root = data_root
+    vqa = load_graph(package, manifest, "vqa", key)
+    names = [t["name"] for t in manifest["graphs"]["vqa"]["inputs"]]
+
+    def predict(batch):
+        logits, ids = vqa(*(ms.Tensor(batch[name]) for name in names))
+        return logits.asnumpy().argmax(-1), ids.asnumpy()
+
+    row = {"package": str(package), "name": manifest["name"], "compression": manifest["compression"]["method"],
+           "parameters": manifest["parameters"],
+           "graph_bytes": sum(package.joinpath(g["file"]).stat().st_size
+                              for g in manifest["graphs"].values() if g["batch"] == "dynamic"),
+           "cpu_threads": os.cpu_count()}
+    row.update(measure_latency(package, key, repeats, vqa))
+    for modality in ("text", "audio"):
+        result = score_vqa(cfg, predict, modality, progress)
+        row[f"vqa_{modality}"] = result["accuracy"]
+        row[f"vqa_{modality}_generated"] = result["generated_accuracy"]
+    text_net = load_graph(package, manifest, "text_embed", key)
+    row["image_to_caption_r1"] = image_to_caption(cfg, load_graph(package, manifest, "image_embed", key),
+                                                  text_net)["R@1"]
+    row["audio_to_text_r1"] = audio_to_text(cfg, load_graph(package, manifest, "audio_embed", key), text_net)["R@1"]
+    (package / EVALUATION).write_text(json.dumps(row, indent=2))
+    return row
+
+
+def read_evaluation(package: Path) -> dict:
+    path = Path(package) / EVALUATION
+    if not path.is_file():
+        raise PackageError(f"{path}: missing; run `mindvl export evaluate {package}` first")
+    return json.loads(path.read_text())
+
+
+def comparison_table(packages: Sequence[Path]) -> str:
+    """Markdown table of the packages' evaluation rows; "VQA kept" is relative to the first package."""
+    rows: List[dict] = [read_evaluation(p) for p in packages]
+    base = rows[0]
+    header = ("| package | compression | parameters | graph MB | latency b1 / b32 (ms) | VQA text | VQA audio | "
+              "VQA kept | image->caption R@1 | speech->question R@1 |")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for package, row in zip(packages, rows):
+        kept = (row["vqa_text"] + row["vqa_audio"]) / max(base["vqa_text"] + base["vqa_audio"], 1e-9)
+        lines.append(f"| {Path(package).name} | {row['compression']} | {row['parameters']:,} | "
+                     f"{row['graph_bytes'] / 1e6:.2f} | {row['latency_ms_b1']:.1f} / {row['latency_ms_b32']:.1f} | "
+                     f"{row['vqa_text']:.1%} | {row['vqa_audio']:.1%} | {kept:.1%} | "
+                     f"{row['image_to_caption_r1']:.1%} | {row['audio_to_text_r1']:.1%} |")
+    return "\n".join(lines)

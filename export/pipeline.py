@@ -1,0 +1,43 @@
+"""Every export command ends the same way: write the package, verify it, and (for the comparison
+table) evaluate it. One function, so a quantized, pruned or distilled package is checked exactly like a
+plain one."""
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+
+from mindvl.export.errors import PackageError
+from mindvl.export.evaluate import evaluate_package
+from mindvl.export.package import write_package
+from mindvl.export.verify import verify_package
+
+
+@dataclass
+class PackageOptions:
+    static_batches: Sequence[int] = field(default_factory=tuple)
+    key: Optional[bytes] = None
+    version: int = 1
+    force: bool = False
+    evaluate: bool = False
+    data_root: Optional[str] = None  # evaluation data (default: the config's data.root)
+    progress: bool = True
+    graphs: Sequence[str] = field(default_factory=tuple)  # default: every graph
+
+
+def package_and_check(cfg, model, source: Mapping[str, object], out: Path, options: PackageOptions,
+                      compression: Optional[Mapping[str, object]] = None,
+                      log: Callable[[str], None] = print) -> dict:
+    """Write `out`, verify it (PackageError on any mismatch, naming graph and output) and, when asked,
+    evaluate it; returns {"package", "verify", "evaluation"?}."""
+    path = write_package(cfg, model, out, source, options.static_batches, options.key, compression,
+                         options.version, options.force, options.progress, options.graphs)
+    report = verify_package(path, options.key)
+    log(report.summary())
+    if not report.ok:
+        raise PackageError(f"{path}: the exported graphs do not reproduce the framework's outputs: "
+                           + "; ".join(f"graph {c.graph} output {c.output} (max |diff| {c.max_abs_diff:.2e})"
+                                       for c in report.failures()))
+    result = {"package": str(path), "verify": report.to_dict()}
+    if options.evaluate:
+        log(f"evaluating {path} on the test split (the exported graphs, not the Python model)")
+        result["evaluation"] = evaluate_package(path, options.data_root, options.key, options.progress)
+    return result
