@@ -3,6 +3,7 @@ built once per session, a small model trained on it once (for train, eval, expor
 the published pretrained encoders converted once (tests/pretrained)."""
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +127,16 @@ def pretrained_data(converted, tmp_path_factory):
     root = tmp_path_factory.mktemp("pretrained_data") / "root"
     build_dataset(pretrained_config(root, "unused", converted), progress=False)
     return root
+
+
+@pytest.fixture(scope="session")
+def writable_copy():
+    """writable_copy(package, folder) -> a copy of a model package folder whose files can be changed
+    (ms.export writes read-only files), for tampering tests."""
+    def copy(package, folder):
+        target = folder / package.name
+        shutil.copytree(package, target)
+        for path in target.rglob("*"):
+            path.chmod(0o644 if path.is_file() else 0o755)
+        return target
+    return copy

@@ -1,7 +1,6 @@
 """The model package: written from a real checkpoint, loaded back with no Python model, verified, and
 refused when anything about it is wrong (missing checkpoint, config mismatch, tampered file, no key)."""
 import json
-import shutil
 
 import mindspore as ms
 import numpy as np
@@ -41,14 +40,6 @@ def encrypted(source, tmp_path_factory):
     _, cfg, model, record = source
     return write_package(cfg, model, tmp_path_factory.mktemp("pkg") / "enc", record, static_batches=[2], key=KEY,
                          progress=False, graphs=["image_embed"])
-
-
-def copy_of(package, tmp_path):
-    target = tmp_path / package.name
-    shutil.copytree(package, target)
-    for path in target.rglob("*"):
-        path.chmod(0o644 if path.is_file() else 0o755)  # ms.export writes read-only files
-    return target
 
 
 def test_manifest_describes_every_graph_and_file(package, source):
@@ -101,8 +92,8 @@ def test_the_vqa_graph_answers_and_decodes_as_evaluation_does(package, source):
     assert set(inputs["use_text"].tolist()) == {0.0, 1.0}  # the samples mix text, audio and both
 
 
-def test_a_tampered_file_is_named(package, tmp_path):
-    target = copy_of(package, tmp_path)
+def test_a_tampered_file_is_named(package, tmp_path, writable_copy):
+    target = writable_copy(package, tmp_path)
     data = bytearray((target / "vqa.mindir").read_bytes())
     data[len(data) // 2] ^= 0xFF
     (target / "vqa.mindir").write_bytes(bytes(data))
@@ -111,12 +102,13 @@ def test_a_tampered_file_is_named(package, tmp_path):
     assert main(["export", "verify", str(target)]) == 2
 
 
-def test_a_wrong_expected_output_fails_verification_naming_graph_and_output(package, tmp_path, capsys):
+def test_a_wrong_expected_output_fails_verification_naming_graph_and_output(package, tmp_path, capsys,
+                                                                           writable_copy):
     """Samples edited and re-hashed: the hashes pass, the comparison must not."""
     from safetensors.numpy import load_file, save_file
     from mindvl.train.checkpoint import sha256_file
 
-    target = copy_of(package, tmp_path)
+    target = writable_copy(package, tmp_path)
     path = target / "samples" / "text_embed.safetensors"
     stored = load_file(str(path))
     stored["output.text_embedding"] = stored["output.text_embedding"] + 1e-2
@@ -131,8 +123,8 @@ def test_a_wrong_expected_output_fails_verification_naming_graph_and_output(pack
     assert "graph text_embed output text_embedding" in capsys.readouterr().out
 
 
-def test_a_malformed_manifest_is_named(package, tmp_path):
-    target = copy_of(package, tmp_path)
+def test_a_malformed_manifest_is_named(package, tmp_path, writable_copy):
+    target = writable_copy(package, tmp_path)
     (target / "manifest.json").write_text("{not json")
     with pytest.raises(PackageError, match="manifest.json: not valid JSON"):
         verify_package(target)

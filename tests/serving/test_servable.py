@@ -4,7 +4,6 @@ servable_config.py, whose preprocessing stages must give the model what the data
 import io
 import json
 import os
-import shutil
 import sys
 import threading
 import types
@@ -38,14 +37,6 @@ def package(source, tmp_path_factory):
     cfg, model, record = source
     return write_package(cfg, model, tmp_path_factory.mktemp("pkg") / "tiny", record, progress=False,
                          graphs=["image_embed"])
-
-
-def copy_of(package, tmp_path):
-    target = tmp_path / package.name
-    shutil.copytree(package, target)
-    for path in target.rglob("*"):
-        path.chmod(0o644 if path.is_file() else 0o755)  # ms.export writes read-only files
-    return target
 
 
 def write_config(folder, text):
@@ -259,8 +250,8 @@ def test_deploying_twice_gives_versions_1_and_2_with_verified_files(package, tmp
     assert sorted(p.name for p in (servables / "tiny").iterdir()) == ["1", "2", CONFIG_FILE]  # no leftovers
 
 
-def test_a_tampered_package_is_refused_naming_the_file(package, tmp_path):
-    target = copy_of(package, tmp_path)
+def test_a_tampered_package_is_refused_naming_the_file(package, tmp_path, writable_copy):
+    target = writable_copy(package, tmp_path)
     data = bytearray((target / "image_embed.mindir").read_bytes())
     data[len(data) // 2] ^= 0xFF
     (target / "image_embed.mindir").write_bytes(bytes(data))
@@ -269,8 +260,8 @@ def test_a_tampered_package_is_refused_naming_the_file(package, tmp_path):
     assert not (tmp_path / "servables" / "tiny").exists()
 
 
-def test_a_manifest_listing_files_outside_the_package_is_refused(package, tmp_path):
-    target = copy_of(package, tmp_path)
+def test_a_manifest_listing_files_outside_the_package_is_refused(package, tmp_path, writable_copy):
+    target = writable_copy(package, tmp_path)
     (tmp_path / "escape").write_bytes(b"not part of the package")
     manifest = read_manifest(target)
     manifest["files"]["../escape"] = {"sha256": sha256_file(tmp_path / "escape"), "bytes": 23}
@@ -362,10 +353,10 @@ def test_missing_servables_and_versions_are_named_with_what_exists(package, tmp_
 
 # ----------------------------------------------------------------------------- deploy checks the config
 
-def test_a_generated_config_refuses_a_package_with_other_preprocessing(package, tmp_path):
+def test_a_generated_config_refuses_a_package_with_other_preprocessing(package, tmp_path, writable_copy):
     servables = tmp_path / "servables"
     deploy(package, servables, "tiny")
-    other = copy_of(package, tmp_path)
+    other = writable_copy(package, tmp_path)
     manifest = read_manifest(other)
     manifest["preprocess"]["image_size"] += 32
     manifest["labels"] = manifest["labels"][::-1]
