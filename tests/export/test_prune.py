@@ -29,7 +29,7 @@ def scored(trained_run):
 
 
 @pytest.fixture(scope="module")
-def test_batch(scored):
+def question_batch(scored):
     return next(create_dataset(scored[0], "test", question_modality="both").create_dict_iterator(
         num_epochs=1, output_numpy=True))
 
@@ -38,7 +38,7 @@ def _answers(model, batch):
     return AnswerNet(model)(*[ms.Tensor(batch[name]) for name in ANSWER_INPUTS]).asnumpy()
 
 
-def test_keeping_every_head_and_channel_only_permutes_them_and_answers_the_same(scored, test_batch):
+def test_keeping_every_head_and_channel_only_permutes_them_and_answers_the_same(scored, question_batch):
     cfg, model, scores = scored
     plans = plan_pruning(cfg.model, scores, 1.0, 1.0)
     permuted = [plan.heads[layer] != sorted(plan.heads[layer]) for plan in plans.values()
@@ -49,10 +49,10 @@ def test_keeping_every_head_and_channel_only_permutes_them_and_answers_the_same(
         before, after = getattr(cfg.model, stack), getattr(pruned_cfg.model, stack)
         assert (after.heads, after.head_dim, mlp_hidden(after)) == (before.heads, head_dim(before), mlp_hidden(before))
     assert parameter_count(pruned) == parameter_count(model)
-    np.testing.assert_allclose(_answers(pruned, test_batch), _answers(model, test_batch), atol=1e-5)
+    np.testing.assert_allclose(_answers(pruned, question_batch), _answers(model, question_batch), atol=1e-5)
 
 
-def test_half_the_heads_and_channels_keeps_the_most_important_and_still_answers(scored, test_batch):
+def test_half_the_heads_and_channels_keeps_the_most_important_and_still_answers(scored, question_batch):
     cfg, model, scores = scored
     pruned_cfg, pruned = prune_model(cfg, model, scores, 0.5, 0.5)
     plans = plan_pruning(cfg.model, scores, 0.5, 0.5)
@@ -72,7 +72,7 @@ def test_half_the_heads_and_channels_keeps_the_most_important_and_still_answers(
             kept = dict(pruned.parameters_and_names())[prefix + "attn.q_proj.weight"].asnumpy()
             np.testing.assert_array_equal(kept, np.concatenate([original[h * size:(h + 1) * size] for h in heads]))
     assert removed > 0 and parameter_count(pruned) == parameter_count(model) - removed
-    probabilities = _answers(pruned, test_batch)
+    probabilities = _answers(pruned, question_batch)
     assert probabilities.shape == (cfg.data.batch_size, cfg.model.num_answers)
     assert np.isfinite(probabilities).all()
     np.testing.assert_allclose(probabilities.sum(-1), 1.0, atol=1e-5)
