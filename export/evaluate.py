@@ -21,7 +21,7 @@ from mindvl.config import config_from_dict
 from mindvl.eval.retrieval import audio_to_text, image_to_caption
 from mindvl.eval.vqa import score_vqa
 from mindvl.export.errors import PackageError
-from mindvl.export.package import load_graph, load_samples, read_manifest
+from mindvl.export.package import as_tuple, load_graph, load_samples, read_manifest
 
 EVALUATION = "evaluation.json"
 LATENCY_BATCHES = (1, 32)
@@ -35,7 +35,7 @@ def _latency_ms(graph, inputs: Dict[str, np.ndarray], batch: int, repeats: int) 
     for _ in range(repeats):
         start = time.perf_counter()
         outputs = graph(*tensors)
-        (outputs[0] if isinstance(outputs, (tuple, list)) else outputs).asnumpy()
+        as_tuple(outputs)[0].asnumpy()
         times.append((time.perf_counter() - start) * 1000)
     return statistics.median(times)
 

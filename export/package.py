@@ -65,7 +65,8 @@ def sample_graph_inputs(spec: GraphSpec, columns: Mapping[str, np.ndarray]) -> D
                                          .astype(DTYPES[t.dtype][1])) for t in spec.inputs}
 
 
-def _as_tuple(outputs) -> tuple:
+def as_tuple(outputs) -> tuple:
+    """A graph's outputs as a tuple (a single-output graph returns one tensor)."""
     return tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
 
 
@@ -100,7 +101,7 @@ def _write_graph(spec: GraphSpec, model: nn.Cell, columns: Mapping[str, np.ndarr
     net.set_train(False)
     path = export_graph(net, spec.name, spec.inputs, folder / f"{spec.name}.mindir", key)
     inputs = sample_graph_inputs(spec, columns)
-    expected = _as_tuple(net(*(ms.Tensor(v) for v in inputs.values())))
+    expected = as_tuple(net(*(ms.Tensor(v) for v in inputs.values())))
     save_file({**{f"input.{k}": v for k, v in inputs.items()},
                **{f"output.{t.name}": np.ascontiguousarray(o.asnumpy()) for t, o in zip(spec.outputs, expected)}},
               str(folder / "samples" / f"{spec.name}.safetensors"))

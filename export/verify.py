@@ -13,7 +13,7 @@ import mindspore as ms
 import numpy as np
 
 from mindvl.export.errors import PackageError
-from mindvl.export.package import check_files, load_graph, load_samples, read_manifest
+from mindvl.export.package import as_tuple, check_files, load_graph, load_samples, read_manifest
 
 
 @dataclass
@@ -74,11 +74,10 @@ def verify_package(package: Path, key: Optional[bytes] = None) -> VerifyReport:
         graph = load_graph(package, manifest, name, key)
         inputs, expected = load_samples(package, manifest, name)
         try:
-            outputs = graph(*(ms.Tensor(value) for value in inputs.values()))
+            outputs = as_tuple(graph(*(ms.Tensor(value) for value in inputs.values())))
         except (RuntimeError, ValueError, TypeError) as exc:
             raise PackageError(f"graph {name} ({entry['file']}): running the stored samples failed: "
                                f"{str(exc).strip().splitlines()[0]}") from exc
-        outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
         for (output, want), got in zip(expected.items(), outputs):
             report.checks.append(compare(name, output, got.asnumpy(), want, manifest["tolerance"]))
     return report

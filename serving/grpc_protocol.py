@@ -22,7 +22,7 @@ import grpc
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from .protocol import MAX_DIMS, MAX_VERSION, NAME, InstanceError, ProtocolError
+from .protocol import MAX_DIMS, MAX_VERSION, InstanceError, ProtocolError, is_safe_name
 
 Value = Union[np.ndarray, str, bytes]
 Result = Union[Mapping[str, Any], BaseException]
@@ -273,7 +273,7 @@ def request_to_instances(request: PredictRequest) -> Tuple[str, str, int, List[D
     """
     spec = request.servable_spec
     for kind, name in (("servable", spec.name), ("method", spec.method_name)):
-        if not NAME.fullmatch(name) or name in (".", ".."):
+        if not is_safe_name(name):
             raise ProtocolError(f"invalid {kind} name {name[:64]!r} in servable_spec: expected letters, digits "
                                 f"and '_.-', not '.' or '..'")
     if spec.version_number > MAX_VERSION:

@@ -28,6 +28,11 @@ MAX_VERSION = 2 ** 32 - 2  # MindSpore Serving rejects version >= UINT32_MAX
 MAX_DIMS = 32  # numpy's limit on ndim
 MAX_DIM_SIZE = 2 ** 31 - 1  # MindSpore Serving reads shape dims as int32
 NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def is_safe_name(name) -> bool:
+    """Whether `name` may name a servable or method: `NAME`, never '.' or '..' (so it cannot walk a folder)."""
+    return isinstance(name, str) and bool(NAME.fullmatch(name)) and name not in (".", "..")
 URL_FORM = "/model/<servable>[/version/<n>]:<method>"
 TENSOR_TYPES = {
     "int8": "<i1", "int16": "<i2", "int32": "<i4", "int64": "<i8",
@@ -94,7 +99,7 @@ def parse_url(path: str) -> Tuple[str, int, str]:
                                 f"{_show(number)}: at most {MAX_VERSION}")
         version = int(number)
     for kind, name in (("servable", servable), ("method", method)):
-        if not NAME.fullmatch(name) or name in (".", ".."):
+        if not is_safe_name(name):
             raise ProtocolError(f"please check url, invalid {kind} name {_show(name)}: expected letters, digits "
                                 f"and '_.-', not '.' or '..'")
     return servable, version, method

@@ -22,10 +22,10 @@ from typing import List, Optional, Tuple, Union
 from mindvl.config import PreprocessConfig
 from mindvl.export.errors import PackageError
 from mindvl.export.package import MANIFEST, check_files, read_manifest
+from mindvl.serving.protocol import is_safe_name
 from mindvl.serving.register import ServableDefinition, ServableError, load_servable_config
 
 CONFIG_FILE = "servable_config.py"
-NAME = re.compile(r"[A-Za-z0-9_.-]+")
 VERSION = re.compile(r"[1-9][0-9]*")
 RENAME_ATTEMPTS = 100  # a failed rename means another deploy took the number; this only bounds a broken filesystem
 
@@ -34,7 +34,7 @@ PathLike = Union[str, Path]
 
 def check_name(name: str) -> str:
     """`name` if it can name a servable (one folder of the servable directory), else ServableError."""
-    if not isinstance(name, str) or not NAME.fullmatch(name) or name in (".", ".."):
+    if not is_safe_name(name):
         raise ServableError(f"servable name {name!r}: expected letters, digits, '_', '.' or '-' (not '.' or '..')")
     return name
 
@@ -57,7 +57,7 @@ def list_servables(servable_dir: PathLike) -> List[str]:
     root = Path(servable_dir)
     if not root.is_dir():
         raise ServableError(f"servable directory {root}: no such folder; deploy a package into it first")
-    return sorted(p.name for p in root.iterdir() if NAME.fullmatch(p.name) and (p / CONFIG_FILE).is_file())
+    return sorted(p.name for p in root.iterdir() if is_safe_name(p.name) and (p / CONFIG_FILE).is_file())
 
 
 def servable_folder(servable_dir: PathLike, name: str) -> Path:
