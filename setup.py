@@ -37,6 +37,7 @@ setup(
         "onnx==1.17.0",  # reads the DINOv2 weights (mindvl convert dinov2); 1.17 is the last for numpy 1.x
         "aiohttp>=3.9,<4",  # the REST endpoint (mindvl serve)
         "grpcio>=1.60,<2",  # the gRPC endpoint, MindSpore Serving's MSService/Predict
+        "prometheus_client>=0.17,<1",  # /metrics of mindvl serve
         "protobuf>=4.21",  # gRPC messages, built from descriptors at import (no generated code)
     ],
     # onnxruntime: the peer runtime the ONNX export is checked against (tests only; mindvl never imports it)

@@ -235,6 +235,16 @@ def tokenizer():
                        f"for (sha256 {{PACKAGE['tokenizer']['sha256']}}); deploy that package again")
 
 
+def pixels(image):
+    """PNG/JPEG bytes -> float32 (3, image_size, image_size), normalised as in training."""
+    return P.decode_image(image, PRE)
+
+
+def tokens(text, name):
+    """str -> (token ids int32 (max_text_length,), mask float32 (max_text_length,))."""
+    return tokenizer().encode(text, PRE.max_text_length, name=name)
+
+
 def speech(audio, name):
     """WAV/FLAC/OGG bytes -> (log-mel float32 (n_mels, max_audio_frames), frame mask float32 (max_audio_frames,))."""
     waveform = P.load_wav(audio, PRE.sample_rate, name=name)
@@ -249,23 +259,23 @@ _GRAPHS = {
 vqa_graph = register.declare_model(model_file="{file}", model_format="MindIR", with_batch_dim=True)
 
 
-def vqa_inputs(image, question, audio):
-    """One predict instance -> the vqa graph's inputs; the model sees the question modalities given."""
-    use_text, use_audio = bool(question.strip()), len(audio) > 0
-    if not (use_text or use_audio):
+def question_input(question, audio):
+    """The typed question -> (ids, mask, use_text); zeros and use_text 0 when the question is only spoken."""
+    if question.strip():
+        question_ids, question_mask = tokens(question, "question")
+        return question_ids, question_mask, np.float32(1)
+    if len(audio) == 0:
         raise P.InputError("predict: question and audio are both empty; ask as text, as audio or both")
-    if use_text:
-        question_ids, question_mask = tokenizer().encode(question, PRE.max_text_length, name="question")
-    else:
-        question_ids = np.zeros((PRE.max_text_length,), np.int32)
-        question_mask = np.zeros((PRE.max_text_length,), np.float32)
-    if use_audio:
-        audio_mel, audio_mask = speech(audio, "audio")
-    else:
-        audio_mel = np.zeros((PRE.n_mels, PRE.max_audio_frames), np.float32)
-        audio_mask = np.zeros((PRE.max_audio_frames,), np.float32)
-    return (P.decode_image(image, PRE), question_ids, question_mask, audio_mel, audio_mask,
-            np.float32(use_text), np.float32(use_audio))
+    return np.zeros((PRE.max_text_length,), np.int32), np.zeros((PRE.max_text_length,), np.float32), np.float32(0)
+
+
+def audio_input(audio):
+    """The spoken question -> (log-mel, frame mask, use_audio); zeros and use_audio 0 when there is none."""
+    if len(audio) == 0:
+        return (np.zeros((PRE.n_mels, PRE.max_audio_frames), np.float32),
+                np.zeros((PRE.max_audio_frames,), np.float32), np.float32(0))
+    audio_mel, audio_mask = speech(audio, "audio")
+    return audio_mel, audio_mask, np.float32(1)
 
 
 def vqa_answer(answer_logits, answer_ids):
@@ -279,10 +289,11 @@ def vqa_answer(answer_logits, answer_ids):
 
 @register.register_method(output_names=["answer", "confidence", "answer_text"])
 def predict(image, question, audio):
-    pixels, question_ids, question_mask, audio_mel, audio_mask, use_text, use_audio = register.add_stage(
-        vqa_inputs, image, question, audio, outputs_count=7)
-    answer_logits, answer_ids = register.add_stage(
-        vqa_graph, pixels, question_ids, question_mask, audio_mel, audio_mask, use_text, use_audio, outputs_count=2)
+    image_pixels = register.add_stage(pixels, image, outputs_count=1)
+    question_ids, question_mask, use_text = register.add_stage(question_input, question, audio, outputs_count=3)
+    audio_mel, audio_mask, use_audio = register.add_stage(audio_input, audio, outputs_count=3)
+    answer_logits, answer_ids = register.add_stage(vqa_graph, image_pixels, question_ids, question_mask, audio_mel,
+                                                   audio_mask, use_text, use_audio, outputs_count=2)
     answer, confidence, answer_text = register.add_stage(vqa_answer, answer_logits, answer_ids, outputs_count=3)
     return answer, confidence, answer_text
 '''),
@@ -291,14 +302,10 @@ def predict(image, question, audio):
 image_embed_graph = register.declare_model(model_file="{file}", model_format="MindIR", with_batch_dim=True)
 
 
-def image_input(image):
-    return P.decode_image(image, PRE)
-
-
 @register.register_method(output_names=["embedding"])
 def embed_image(image):
-    pixels = register.add_stage(image_input, image, outputs_count=1)
-    embedding = register.add_stage(image_embed_graph, pixels, outputs_count=1)
+    image_pixels = register.add_stage(pixels, image, outputs_count=1)
+    embedding = register.add_stage(image_embed_graph, image_pixels, outputs_count=1)
     return embedding
 '''),
     "text_embed": ("embed_text(text) -> embedding      text: str; embedding: float32, unit length", '''
@@ -306,13 +313,13 @@ def embed_image(image):
 text_embed_graph = register.declare_model(model_file="{file}", model_format="MindIR", with_batch_dim=True)
 
 
-def text_inputs(text):
-    return tokenizer().encode(text, PRE.max_text_length, name="text")
+def text_input(text):
+    return tokens(text, "text")
 
 
 @register.register_method(output_names=["embedding"])
 def embed_text(text):
-    text_ids, text_mask = register.add_stage(text_inputs, text, outputs_count=2)
+    text_ids, text_mask = register.add_stage(text_input, text, outputs_count=2)
     embedding = register.add_stage(text_embed_graph, text_ids, text_mask, outputs_count=1)
     return embedding
 '''),
@@ -322,13 +329,13 @@ def embed_text(text):
 audio_embed_graph = register.declare_model(model_file="{file}", model_format="MindIR", with_batch_dim=True)
 
 
-def audio_inputs(audio):
+def audio_embed_input(audio):
     return speech(audio, "audio")
 
 
 @register.register_method(output_names=["embedding"])
 def embed_audio(audio):
-    audio_mel, audio_mask = register.add_stage(audio_inputs, audio, outputs_count=2)
+    audio_mel, audio_mask = register.add_stage(audio_embed_input, audio, outputs_count=2)
     embedding = register.add_stage(audio_embed_graph, audio_mel, audio_mask, outputs_count=1)
     return embedding
 '''),

@@ -1,6 +1,7 @@
 """The servable directory: MindSpore Serving's registration API recorded from servable_config.py files,
 deploy of a real model package (versions, hashes, races, path traversal), and the generated
 servable_config.py, whose preprocessing stages must give the model what the data loader gives it."""
+import functools
 import io
 import json
 import os
@@ -409,7 +410,7 @@ def test_the_generated_config_serves_the_graphs_the_package_has(package, tmp_pat
     assert list(definition.methods) == ["embed_image"]
     method = definition.methods["embed_image"]
     assert (method.inputs, method.output_names) == (("image",), ("embedding",))
-    assert [(s.name, s.is_model) for s in method.stages] == [("image_input", False), ("image_embed.mindir", True)]
+    assert [(s.name, s.is_model) for s in method.stages] == [("pixels", False), ("image_embed.mindir", True)]
     assert "from mindspore_serving.server import register" in (servables / "tiny" / CONFIG_FILE).read_text()
 
 
@@ -447,14 +448,26 @@ def test_the_generated_methods_for_every_graph(every_graph):
                   definition.methods.items()}
     assert signatures == {
         "predict": (("image", "question", "audio"), ("answer", "confidence", "answer_text"),
-                    ["vqa_inputs", "vqa.mindir", "vqa_answer"]),
-        "embed_image": (("image",), ("embedding",), ["image_input", "image_embed.mindir"]),
-        "embed_text": (("text",), ("embedding",), ["text_inputs", "text_embed.mindir"]),
-        "embed_audio": (("audio",), ("embedding",), ["audio_inputs", "audio_embed.mindir"])}
-    for method in definition.methods.values():  # every model stage takes the graph's inputs, in order
-        model = method.stages[1]
+                    ["pixels", "question_input", "audio_input", "vqa.mindir", "vqa_answer"]),
+        "embed_image": (("image",), ("embedding",), ["pixels", "image_embed.mindir"]),
+        "embed_text": (("text",), ("embedding",), ["text_input", "text_embed.mindir"]),
+        "embed_audio": (("audio",), ("embedding",), ["audio_embed_input", "audio_embed.mindir"])}
+    for method in definition.methods.values():  # every model stage takes all that preprocessing made
+        model = next(stage for stage in method.stages if stage.is_model)
         graph = graphs[model.target.files[0][:-len(".mindir")]]
-        assert model.args == method.stages[0].outputs and len(model.args) == len(graph["inputs"])
+        before = [output for stage in method.stages[:method.stages.index(model)] for output in stage.outputs]
+        assert set(model.args) == set(before) and len(model.args) == len(graph["inputs"])
+
+
+def model_inputs(method, *inputs):
+    """The method's Python stages before its model stage run on one instance; -> the model stage's inputs."""
+    values = {Placeholder(method.name, 0, i): value for i, value in enumerate(inputs)}
+    for stage in method.stages:
+        if stage.is_model:
+            return [values[arg] for arg in stage.args]
+        result = stage.target(*(values[arg] for arg in stage.args))
+        values.update(zip(stage.outputs, result if len(stage.outputs) > 1 else (result,)))
+    raise AssertionError(f"method {method.name} has no model stage")
 
 
 def matches(arrays, specs):
@@ -471,7 +484,7 @@ def test_the_generated_stages_give_the_graphs_what_the_data_loader_gives_the_mod
     definition, graphs = every_graph
     cfg = source[0]
     root, pre = cfg.data.root, cfg.preprocess
-    stage = {name: m.stages[0].target for name, m in definition.methods.items()}
+    stage = {name: functools.partial(model_inputs, m) for name, m in definition.methods.items()}
     rows = read_split(root, "test", ["image", "question_id"])
     questions = load_meta(root)["questions"]
     clips = {int(r["question_id"]): r["pcm"] for r in read_table(os.path.join(root, "speech.mindrecord"))
@@ -486,7 +499,7 @@ def test_the_generated_stages_give_the_graphs_what_the_data_loader_gives_the_mod
         for name, value in zip(("image", "question_ids", "question_mask", "audio_mel", "audio_mask"), inputs):
             np.testing.assert_allclose(value, batch[name][i], atol=1e-6, err_msg=name)
         assert (inputs[5], inputs[6]) == (1.0, 1.0)
-        matches([stage["embed_image"](image)], graphs["image_embed"]["inputs"])
+        matches(stage["embed_image"](image), graphs["image_embed"]["inputs"])
         matches(stage["embed_text"](question), graphs["text_embed"]["inputs"])
         matches(stage["embed_audio"](audio), graphs["audio_embed"]["inputs"])
         np.testing.assert_array_equal(stage["embed_text"](question)[0], batch["question_ids"][i])
@@ -506,7 +519,7 @@ def test_the_generated_stages_give_the_graphs_what_the_data_loader_gives_the_mod
 def test_the_generated_answer_stage_names_the_label_and_decodes_the_generated_text(every_graph, source):
     definition, graphs = every_graph
     cfg = source[0]
-    answer_stage = definition.methods["predict"].stages[2].target
+    answer_stage = definition.methods["predict"].stages[-1].target
     labels, tokenizer = load_meta(cfg.data.root)["answers"], load_tokenizer(cfg.data.root)
     logits = np.linspace(-1.0, 1.0, len(labels)).astype(np.float32)[::-1].copy()  # label 0 the most probable
     ids = tokenizer.encode_answer(labels[0], cfg.preprocess.max_answer_length)[1:]  # what the graph generates

@@ -1,0 +1,163 @@
+"""Which servable versions are loaded, and the loads, switches and unloads that change it while requests run.
+
+Readers take the current mapping without a lock; a load or unload builds a new mapping and swaps it in, so
+a request sees the default version either before or after a switch, never half of one. A version in use
+is closed only once its last request has finished: a request pinned to a version keeps getting it until
+the version is unloaded, and none fails because of a switch.
+"""
+import asyncio
+import contextlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+from mindvl.serving.protocol import ProtocolError
+from mindvl.serving.register import ServableError
+from mindvl.serving.runtime import LoadedVersion, load_version
+from mindvl.serving.servable import list_servables, list_versions
+
+LOG = logging.getLogger("mindvl.serving")
+
+
+class NotAvailable(ProtocolError):
+    """The servable or version asked for is not loaded (the message lists what is)."""
+
+
+class Catalog:
+    """The loaded versions of the servables in `servable_dir`, by name and version number."""
+
+    def __init__(self, servable_dir: Path, key: Optional[bytes], max_batch: int) -> None:
+        self.servable_dir = Path(servable_dir)
+        self.key = key
+        self.max_batch = max_batch
+        self.loaded: Dict[str, Dict[int, LoadedVersion]] = {}  # replaced, never changed in place
+        self.failed: Dict[Tuple[str, int], str] = {}  # versions that did not load, and why
+        self.unloaded: Set[Tuple[str, int]] = set()  # unloaded on request: a refresh leaves them alone
+        self.users: Dict[int, int] = {}  # id(LoadedVersion) -> requests using it
+        self.loader = ThreadPoolExecutor(1, thread_name_prefix="load")  # one load at a time
+        self.lock = asyncio.Lock()  # orders swaps with the loads and unloads that make them
+
+    # ---- requests -------------------------------------------------------------------------------------
+
+    def get(self, name: str, version: int) -> LoadedVersion:
+        """The loaded version `version` of `name`; version 0: the newest loaded."""
+        versions = self.loaded.get(name)
+        if not versions:
+            have = ", ".join(sorted(self.loaded)) or "none"
+            raise NotAvailable(f"servable is not available: servable {name!r} is not loaded (loaded: {have})")
+        if version == 0:
+            return versions[max(versions)]
+        if version not in versions:
+            raise NotAvailable(f"servable is not available: servable {name} version {version} is not loaded "
+                               f"(loaded: {', '.join(map(str, sorted(versions)))})")
+        return versions[version]
+
+    @contextlib.contextmanager
+    def using(self, loaded: LoadedVersion) -> Iterator[LoadedVersion]:
+        """Mark `loaded` in use while a request runs on it, so an unload waits for the request."""
+        self.users[id(loaded)] = self.users.get(id(loaded), 0) + 1
+        try:
+            yield loaded
+        finally:
+            self.users[id(loaded)] -= 1
+
+    # ---- changes --------------------------------------------------------------------------------------
+
+    async def load(self, name: str, version: int) -> LoadedVersion:
+        """Load version `version` (0: the newest on disk) in the background, then make it available."""
+        loop = asyncio.get_running_loop()
+        try:
+            loaded = await loop.run_in_executor(self.loader, load_version, self.servable_dir, name, version,
+                                                self.key, self.max_batch)
+        except (ServableError, ValueError, OSError, RuntimeError) as error:  # PackageError is a ValueError
+            if version:
+                self.failed[(name, version)] = str(error)
+            raise
+        async with self.lock:
+            self.failed.pop((name, loaded.version), None)
+            self.unloaded.discard((name, loaded.version))
+            previous = self.loaded.get(name, {}).get(loaded.version)
+            self.loaded = {**self.loaded, name: {**self.loaded.get(name, {}), loaded.version: loaded}}
+        if previous is not None:
+            await self._close_when_idle(previous)
+        LOG.info("loaded servable %s version %d (methods %s)", name, loaded.version, ", ".join(loaded.methods))
+        return loaded
+
+    async def unload(self, name: str, version: int) -> None:
+        """Make version `version` unavailable, then close it once its requests have finished."""
+        async with self.lock:
+            loaded = self.get(name, version) if version else None
+            if loaded is None:
+                raise NotAvailable(f"unload: give the version to unload of servable {name}")
+            versions = {v: lv for v, lv in self.loaded[name].items() if v != version}
+            self.loaded = {**{n: v for n, v in self.loaded.items() if n != name}, **({name: versions} if versions else {})}
+            self.unloaded.add((name, version))
+        await self._close_when_idle(loaded)
+        LOG.info("unloaded servable %s version %d", name, version)
+
+    async def _close_when_idle(self, loaded: LoadedVersion) -> None:
+        while self.users.get(id(loaded), 0) > 0:
+            await asyncio.sleep(0.01)
+        self.users.pop(id(loaded), None)
+        await asyncio.get_running_loop().run_in_executor(None, loaded.close)
+
+    async def refresh(self) -> List[Tuple[str, int]]:
+        """Load each servable's newest version on disk unless it is loaded, failed or was unloaded on
+        request; -> what was loaded. Failures are logged and kept in `failed`, never raised."""
+        try:
+            names = list_servables(self.servable_dir)
+        except ServableError as error:
+            LOG.warning("%s", error)
+            return []
+        done = []
+        for name in names:
+            try:
+                versions = list_versions(self.servable_dir, name)
+            except ServableError as error:
+                LOG.warning("%s", error)
+                continue
+            if not versions:
+                continue
+            newest = versions[-1]
+            key = (name, newest)
+            if newest in self.loaded.get(name, {}) or key in self.failed or key in self.unloaded:
+                continue
+            try:
+                await self.load(name, newest)
+                done.append(key)
+            except (ServableError, ValueError, OSError, RuntimeError) as error:
+                LOG.error("servable %s version %d not loaded: %s", name, newest, error)
+        return done
+
+    def state(self) -> dict:
+        """Every servable on disk or loaded: its default version and each version's status."""
+        try:
+            on_disk = {name: list_versions(self.servable_dir, name) for name in list_servables(self.servable_dir)}
+        except ServableError:
+            on_disk = {}
+        names = sorted(set(on_disk) | set(self.loaded))
+        report = {}
+        for name in names:
+            loaded = self.loaded.get(name, {})
+            versions = {}
+            for version in sorted(set(on_disk.get(name, [])) | set(loaded)):
+                if version in loaded:
+                    entry = {"status": "loaded", "methods": sorted(loaded[version].methods)}
+                elif (name, version) in self.failed:
+                    entry = {"status": "failed", "error": self.failed[(name, version)]}
+                elif (name, version) in self.unloaded:
+                    entry = {"status": "unloaded"}
+                else:
+                    entry = {"status": "available"}
+                versions[str(version)] = entry
+            report[name] = {"default_version": max(loaded) if loaded else None, "versions": versions}
+        return report
+
+    async def close(self) -> None:
+        async with self.lock:
+            everything = [lv for versions in self.loaded.values() for lv in versions.values()]
+            self.loaded = {}
+        for loaded in everything:
+            await self._close_when_idle(loaded)
+        self.loader.shutdown(wait=False)

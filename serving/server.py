@@ -1,0 +1,407 @@
+"""`mindvl serve`: MindSpore Serving 2.0's REST and gRPC protocols over a servable directory, in one event loop.
+
+REST (aiohttp) and gRPC (grpc.aio) share the catalog of loaded versions, the dynamic batchers, the worker
+pool for Python stages and the metrics. Besides `POST /model/<servable>[/version/<n>]:<method>`:
+  GET  /health                           the process answers (liveness)
+  GET  /ready                            200 once every servable on disk has a loaded version, else 503
+  GET  /metrics                          Prometheus text: requests, errors, latency, batch sizes
+  GET  /servables                        every servable's versions and their status (JSON)
+  POST /servables/<name>/version/<n>:load|unload   load a version (it becomes the default when newest) or
+                                         unload one (its running requests finish first)
+A new version folder (`mindvl deploy`) is noticed within `poll_s` and loaded while the old one serves.
+Errors answer HTTP 200 with {"error_msg": ...} as MindSpore Serving does; `strict_http` uses 4xx/5xx.
+"""
+import asyncio
+import json
+import logging
+import re
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import grpc
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from mindvl.config import ConfigError, build_dataclass
+from mindvl.export.keys import read_key
+from mindvl.serving import grpc_protocol as G
+from mindvl.serving.batching import Batcher
+from mindvl.serving.catalog import Catalog, NotAvailable
+from mindvl.serving.protocol import (MAX_VERSION, InstanceError, ProtocolError, encode_error, encode_reply,
+                                     parse_request, parse_url)
+from mindvl.serving.register import ServableError
+from mindvl.serving.runtime import MAX_GRAPH_BATCH, MethodNotFound
+
+LOG = logging.getLogger("mindvl.serving")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+ADMIN_URL = re.compile(r"/servables/([^/]+)/version/([0-9]{1,10}):(load|unload)")
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass
+class ServeConfig:
+    """Settings of `mindvl serve` (each a command-line flag; a YAML file may hold them under these keys)."""
+
+    servable_dir: str = ""
+    host: str = "127.0.0.1"  # loopback only unless told otherwise
+    port: int = 1500  # REST; 0: any free port (MindSpore Serving's examples use 1500 for REST)
+    grpc_port: int = 5500  # 0: any free port, -1: no gRPC server
+    batching: bool = True
+    max_batch_size: int = 16  # instances run together per (servable, version, method)
+    max_wait_ms: float = 2.0  # how long a batch waits for more requests once it could run
+    workers: int = 4  # threads for the Python stages (decode, resize, tokenise, log-mel)
+    max_request_mb: float = 32.0
+    max_instances: int = 64  # per request
+    timeout_s: float = 60.0  # per request, queueing included
+    strict_http: bool = False  # 4xx/5xx status codes instead of MindSpore Serving's HTTP 200 for errors
+    poll_s: float = 2.0  # how often the servable directory is checked for new versions; 0: never
+    key_file: str = ""  # AES-GCM key of encrypted packages, from a file ...
+    key_env: str = ""  # ... or from this environment variable
+
+    def validate(self) -> "ServeConfig":
+        if not self.servable_dir:
+            raise ConfigError("servable_dir: required; pass --servable-dir DIR (fill it with `mindvl deploy`)")
+        if not Path(self.servable_dir).is_dir():
+            raise ConfigError(f"servable_dir: {self.servable_dir} is not a folder; create it with "
+                              f"`mindvl deploy PKG --servable-dir {self.servable_dir} --name NAME`")
+        for name in ("max_batch_size", "workers", "max_instances"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: expected an integer >= 1, got {getattr(self, name)}")
+        for name in ("max_request_mb", "timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: expected a number > 0, got {getattr(self, name)}")
+        for name in ("max_wait_ms", "poll_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: expected a number >= 0, got {getattr(self, name)}")
+        if not 0 <= self.port <= 65535 or not -1 <= self.grpc_port <= 65535:
+            raise ConfigError(f"port {self.port} / grpc_port {self.grpc_port}: expected 0..65535 (grpc_port -1: off)")
+        if self.max_batch_size > MAX_GRAPH_BATCH:
+            raise ConfigError(f"max_batch_size: at most {MAX_GRAPH_BATCH}, got {self.max_batch_size}")
+        return self
+
+    @classmethod
+    def from_mapping(cls, values: Dict[str, Any]) -> "ServeConfig":
+        return build_dataclass(cls, values)
+
+
+class Metrics:
+    """Prometheus counters and histograms, in a registry of their own (several servers in one process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("mindvl_requests", "Predict requests answered", ["servable", "method", "protocol", "outcome"],
+                                registry=self.registry)
+        self.errors = Counter("mindvl_errors", "Failed requests or instances by kind", ["kind"], registry=self.registry)
+        self.instances = Counter("mindvl_instances", "Instances answered", ["servable", "method"], registry=self.registry)
+        self.latency = Histogram("mindvl_request_latency_seconds", "Predict latency, queueing included",
+                                 ["servable", "method", "protocol"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.batch_size = Histogram("mindvl_batch_size", "Instances per executed batch", ["servable", "method"],
+                                    buckets=(1, 2, 4, 8, 16, 32, 64), registry=self.registry)
+        self.loaded = Gauge("mindvl_loaded_versions", "Loaded versions per servable", ["servable"], registry=self.registry)
+
+
+class Failure(Exception):
+    """A whole request failed: the message for the client and the HTTP status of strict mode."""
+
+    def __init__(self, message: str, status: int, kind: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+def _failure(error: BaseException) -> Failure:
+    """Any exception of a request -> the Failure the client reads (internal errors named, never raised)."""
+    if isinstance(error, Failure):
+        return error
+    if isinstance(error, (NotAvailable, MethodNotFound)):
+        return Failure(str(error), 404, "not_found")
+    if isinstance(error, ProtocolError):
+        return Failure(str(error), 400, "protocol")
+    if isinstance(error, asyncio.TimeoutError):
+        return Failure(str(error) or "request timed out", 504, "timeout")
+    LOG.exception("request failed", exc_info=error)
+    return Failure(f"internal error: {type(error).__name__}: {error}", 500, "internal")
+
+
+class Server:
+    """The REST and gRPC servers over one catalog; `start` and `stop` from a running event loop."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config.validate()
+        self.key = read_key(config.key_file or None, config.key_env or None)
+        self.catalog = Catalog(Path(config.servable_dir), self.key, config.max_batch_size if config.batching else 1)
+        self.metrics = Metrics()
+        self.pool = ThreadPoolExecutor(config.workers, thread_name_prefix="stage")
+        self.batchers: Dict[Tuple[str, int, str], Batcher] = {}
+        self.ready = False
+        self.rest_port: Optional[int] = None
+        self.grpc_port: Optional[int] = None
+        self._runner: Optional[web.AppRunner] = None
+        self._grpc: Optional[grpc.aio.Server] = None
+        self._poller: Optional[asyncio.Task] = None
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://{self.config.host}:{self.rest_port}"
+
+    @property
+    def grpc_target(self) -> Optional[str]:
+        return f"{self.config.host}:{self.grpc_port}" if self.grpc_port else None
+
+    # ---- lifecycle ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen first (so /health and /ready answer while loading), then load each servable's newest version."""
+        config = self.config
+        if config.host not in LOOPBACK:
+            LOG.warning("listening on %s: every machine that reaches this address can query the servables",
+                        config.host)
+        app = web.Application(client_max_size=int(config.max_request_mb * 2 ** 20))
+        app.router.add_route("*", "/{path:.*}", self._rest)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, config.host, config.port)
+        await site.start()
+        self.rest_port = site._server.sockets[0].getsockname()[1]
+        if config.grpc_port >= 0:
+            size = int(config.max_request_mb * 2 ** 20)
+            self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", size),
+                                                  ("grpc.max_send_message_length", size)])
+            G.add_predict_handler(self._grpc, self._grpc_predict)
+            self.grpc_port = self._grpc.add_insecure_port(f"{config.host}:{config.grpc_port}")
+            if self.grpc_port == 0:
+                raise OSError(f"gRPC: cannot listen on {config.host}:{config.grpc_port} (in use?)")
+            await self._grpc.start()
+        LOG.info("REST on http://%s:%d%s", config.host, self.rest_port,
+                 f", gRPC on {config.host}:{self.grpc_port}" if self._grpc else "")
+        await self.catalog.refresh()
+        self._update_loaded()
+        self.ready = True
+        if config.poll_s > 0:
+            self._poller = asyncio.create_task(self._poll())
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.poll_s)
+            try:
+                if await self.catalog.refresh():
+                    self._update_loaded()
+            except Exception:  # the poller must outlive any one bad servable
+                LOG.exception("refreshing %s failed", self.config.servable_dir)
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        for batcher in self.batchers.values():
+            await batcher.close()
+        await self.catalog.close()
+        self.pool.shutdown(wait=False)
+
+    def _update_loaded(self) -> None:
+        for name, versions in self.catalog.loaded.items():
+            self.metrics.loaded.labels(name).set(len(versions))
+
+    # ---- predict (both protocols) ---------------------------------------------------------------------
+
+    async def predict(self, servable: str, version: int, method: str, instances: List[Dict[str, Any]],
+                      protocol: str) -> Tuple[List[Any], int]:
+        """The results of `instances` and the version that answered; raises Failure."""
+        start = time.perf_counter()
+        labels = ("", "", protocol)  # names become labels only once they exist (bounded label sets)
+        try:
+            if len(instances) > self.config.max_instances:
+                raise ProtocolError(f"the request holds {len(instances)} instances, more than the limit of "
+                                    f"{self.config.max_instances} (--max-instances)")
+            loaded = self.catalog.get(servable, version)
+            loaded.method(method)
+            labels = (servable, method, protocol)
+            with self.catalog.using(loaded):
+                results = await asyncio.wait_for(self._run(loaded, method, instances), self.config.timeout_s)
+        except asyncio.TimeoutError:
+            failure = Failure(f"request timed out after {self.config.timeout_s:g} s (--timeout-s)", 504, "timeout")
+            self._count(labels, start, failure.kind)
+            raise failure from None
+        except Exception as error:
+            failure = _failure(error)
+            self._count(labels, start, failure.kind)
+            raise failure from None
+        failed = sum(isinstance(result, BaseException) for result in results)
+        if failed:
+            self.metrics.errors.labels("instance").inc(failed)
+        self.metrics.instances.labels(servable, method).inc(len(results))
+        self._count(labels, start, "partial" if failed else "ok")
+        return results, loaded.version
+
+    def _count(self, labels: Tuple[str, str, str], start: float, outcome: str) -> None:
+        self.metrics.requests.labels(*labels, "ok" if outcome == "ok" else "error" if outcome != "partial"
+                                     else "partial").inc()
+        if outcome not in ("ok", "partial"):
+            self.metrics.errors.labels(outcome).inc()
+        self.metrics.latency.labels(*labels).observe(time.perf_counter() - start)
+
+    async def _run(self, loaded, method: str, instances: List[Dict[str, Any]]) -> List[Any]:
+        if not self.config.batching:
+            return await loaded.run(method, instances, self.pool)
+        key = (loaded.name, loaded.version, method)
+        batcher = self.batchers.get(key)
+        if batcher is None:
+            sizes = self.metrics.batch_size.labels(loaded.name, method)
+            batcher = self.batchers[key] = Batcher(lambda batch: loaded.run(method, batch, self.pool),
+                                                   self.config.max_batch_size, self.config.max_wait_ms / 1000,
+                                                   sizes.observe)
+        return await batcher.submit(instances)
+
+    # ---- REST -----------------------------------------------------------------------------------------
+
+    def _json(self, payload: bytes, status: int = 200) -> web.Response:
+        return web.Response(body=payload, status=status if self.config.strict_http else 200,
+                            content_type="application/json")
+
+    async def _rest(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        try:
+            if path.startswith("/model/") or path == "/model":
+                return await self._rest_predict(request)
+            if request.method == "GET" and path in ("/health", "/ready", "/metrics", "/servables"):
+                return self._status_page(path)
+            match = ADMIN_URL.fullmatch(path)
+            if match and request.method == "POST":
+                return await self._admin(*match.groups())
+            raise Failure(f"please check url: {request.method} {path[:64]!r} is not served; predict with "
+                          f"POST /model/<servable>[/version/<n>]:<method>, or GET /health, /ready, /metrics, "
+                          f"/servables", 404, "protocol")
+        except Exception as error:
+            failure = _failure(error)
+            return self._json(encode_error(str(failure)), failure.status)
+
+    async def _rest_predict(self, request: web.Request) -> web.Response:
+        if request.method != "POST":
+            raise Failure("http message only support POST right now", 405, "protocol")
+        try:
+            servable, version, method = parse_url(path=request.path)
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise Failure(f"request body exceeds {self.config.max_request_mb:g} MB (--max-request-mb)", 413,
+                              "too_large") from None
+            instances = parse_request(body, self.config.max_instances)
+        except ProtocolError as error:
+            self.metrics.errors.labels("protocol").inc()
+            raise Failure(f"Parser request failed, {error}", 400, "protocol") from None
+        results, _ = await self.predict(servable, version, method, instances, "rest")
+        return self._json(encode_reply(results))
+
+    def _status_page(self, path: str) -> web.Response:
+        if path == "/metrics":
+            return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        if path == "/health":
+            return web.json_response({"status": "alive"})
+        state = self.catalog.state()
+        if path == "/servables":
+            return web.json_response({"servables": state})
+        waiting = [name for name, entry in state.items() if entry["default_version"] is None]
+        ready = self.ready and not waiting
+        return web.json_response({"ready": ready, "not_loaded": waiting}, status=200 if ready else 503)
+
+    async def _admin(self, name: str, version_text: str, action: str) -> web.Response:
+        version = int(version_text)
+        if not 1 <= version <= MAX_VERSION:
+            raise Failure(f"version {version}: expected 1..{MAX_VERSION}", 400, "protocol")
+        try:
+            if action == "load":
+                await self.catalog.load(name, version)
+            else:
+                await self.catalog.unload(name, version)
+                for key in [k for k in self.batchers if k[:2] == (name, version)]:
+                    await self.batchers.pop(key).close()
+        except (ServableError, ValueError, OSError) as error:  # ValueError: PackageError, ProtocolError
+            status = 404 if isinstance(error, NotAvailable) else 400
+            raise Failure(f"{action} servable {name} version {version}: {error}", status, "admin") from None
+        self._update_loaded()
+        return web.json_response({"servable": name, "version": version, "action": action,
+                                  "state": self.catalog.state().get(name)})
+
+    # ---- gRPC -----------------------------------------------------------------------------------------
+
+    async def _grpc_predict(self, request, context) -> Any:
+        spec = request.servable_spec
+        try:
+            servable, method, version, instances = G.request_to_instances(request)
+        except ProtocolError as error:
+            self.metrics.errors.labels("protocol").inc()
+            return G.reply_from_error(spec, ProtocolError(f"Parser request failed, {error}"))
+        try:
+            results, served = await self.predict(servable, version, method, instances, "grpc")
+        except Failure as failure:
+            error = ProtocolError(str(failure)) if failure.status < 500 else InstanceError(str(failure))
+            return G.reply_from_error(spec, error)
+        answered = G.ServableSpec(name=servable, method_name=method, version_number=served)
+        return G.reply_from_results(answered, results)
+
+
+# ---- running ------------------------------------------------------------------------------------------
+
+def serve(config: ServeConfig) -> None:
+    """Run the server until SIGINT or SIGTERM (the `mindvl serve` command)."""
+
+    async def main() -> None:
+        server = Server(config)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await server.start()
+        print(f"mindvl serve: REST http://{config.host}:{server.rest_port}"
+              + (f", gRPC {config.host}:{server.grpc_port}" if server.grpc_port else "")
+              + f"; servables: {json.dumps({n: e['default_version'] for n, e in server.catalog.state().items()})}",
+              flush=True)
+        await stop.wait()
+        await server.stop()
+
+    asyncio.run(main())
+
+
+class BackgroundServer:
+    """A Server on its own event loop thread: `with BackgroundServer(config) as server: server.rest_url`
+    (tests, benchmarks, quickstart). Entering waits until the initial versions are loaded."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.server: Optional[Server] = None
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="mindvl-serve", daemon=True)
+
+    def __enter__(self) -> Server:
+        self.thread.start()
+        try:
+            self.server = self.call(self._create())
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self.server
+
+    async def _create(self) -> Server:
+        server = Server(self.config)
+        await server.start()
+        return server
+
+    def call(self, coroutine, timeout: Optional[float] = None):
+        """Run a coroutine on the server's loop from another thread; -> its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def __exit__(self, *exc) -> None:
+        if self.server is not None:
+            self.call(self.server.stop(), timeout=60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=60)
+        self.loop.close()
