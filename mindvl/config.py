@@ -638,7 +638,8 @@ def _resolve(name_or_path: str, relative_to: Optional[Path] = None) -> Path:
                       f"{recipe_names()}")
 
 
-def _read_yaml(path: Path) -> Dict[str, Any]:
+def read_yaml(path: Path) -> Dict[str, Any]:
+    """The mapping at the top of a YAML file; ConfigError names the file when it is not one."""
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -661,7 +662,7 @@ def _merge(base: Dict[str, Any], top: Mapping[str, Any]) -> Dict[str, Any]:
 def _load_mapping(path: Path, seen: Sequence[Path] = ()) -> Dict[str, Any]:
     if path.resolve() in seen:
         raise ConfigError(f"config {path}: include cycle through {[str(p) for p in seen]}")
-    data = _read_yaml(path)
+    data = read_yaml(path)
     include = data.pop("include", None)
     if include is None:
         return data

@@ -1,8 +1,9 @@
 """Dynamic batching: the instances of concurrent requests to one (servable, version, method) run together.
 
-A batch starts when a run slot is free; it then waits at most `max_wait_s` for more requests unless it
-already holds `max_batch` instances. Two batches may run at once, so one batch's preprocessing overlaps
-the previous batch's graph. Each request gets back exactly its own instances' results, in order.
+A batch starts when a run slot is free. While another batch is running it waits at most `max_wait_s`
+for more requests unless it already holds `max_batch` instances; an idle batcher runs at once, so a lone
+client pays no batching delay. Two batches may run at once, so one batch's preprocessing overlaps the
+previous batch's graph. Each request gets back exactly its own instances' results, in order.
 """
 import asyncio
 import collections
@@ -44,7 +45,7 @@ class Batcher:
                 self.arrived.clear()
                 await self.arrived.wait()
             await self.slots.acquire()
-            deadline = loop.time() + self.max_wait_s
+            deadline = loop.time() + (self.max_wait_s if self.running else 0.0)
             while self._queued() < self.max_batch and loop.time() < deadline:
                 self.arrived.clear()
                 try:

@@ -70,8 +70,8 @@ class Catalog:
         try:
             loaded = await loop.run_in_executor(self.loader, load_version, self.servable_dir, name, version,
                                                 self.key, self.max_batch)
-        except (ServableError, ValueError, OSError, RuntimeError) as error:  # PackageError is a ValueError
-            if version:
+        except (ServableError, ValueError, OSError, RuntimeError) as error:  # PackageError is a RuntimeError
+            if version and self._on_disk(name, version):  # not a version asked for before it was deployed
                 self.failed[(name, version)] = str(error)
             raise
         async with self.lock:
@@ -83,6 +83,12 @@ class Catalog:
             await self._close_when_idle(previous)
         LOG.info("loaded servable %s version %d (methods %s)", name, loaded.version, ", ".join(loaded.methods))
         return loaded
+
+    def _on_disk(self, name: str, version: int) -> bool:
+        try:
+            return version in list_versions(self.servable_dir, name)
+        except ServableError:
+            return False
 
     async def unload(self, name: str, version: int) -> None:
         """Make version `version` unavailable, then close it once its requests have finished."""
@@ -132,10 +138,16 @@ class Catalog:
 
     def state(self) -> dict:
         """Every servable on disk or loaded: its default version and each version's status."""
+        on_disk = {}
         try:
-            on_disk = {name: list_versions(self.servable_dir, name) for name in list_servables(self.servable_dir)}
+            names = list_servables(self.servable_dir)
         except ServableError:
-            on_disk = {}
+            names = []
+        for name in names:  # one unreadable servable (a symlink pointing outside) hides only itself
+            try:
+                on_disk[name] = list_versions(self.servable_dir, name)
+            except ServableError:
+                continue
         names = sorted(set(on_disk) | set(self.loaded))
         report = {}
         for name in names:

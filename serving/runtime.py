@@ -10,6 +10,7 @@ graphs do not reproduce the exported outputs is refused, and the graphs are comp
 request arrives.
 """
 import asyncio
+import threading
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,6 +30,9 @@ from mindvl.serving.servable import CONFIG_FILE, check_config, resolve
 # recipe): batches are padded up to one of these sizes, and loading compiles them all before requests come.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MAX_GRAPH_BATCH = BATCH_BUCKETS[-1]  # larger batches run in chunks of this many rows (bounded memory)
+# MindSpore deadlocks when two GraphCells execute at once from two threads (both stuck in _exec_pip): graphs
+# run one at a time in the process, each still on its own runner thread; the Python stages stay parallel.
+GRAPH_LOCK = threading.Lock()
 
 
 def bucket(size: int) -> int:
@@ -92,8 +96,9 @@ class GraphRunner:
         padding = bucket(rows) - rows  # repeats of row 0: real inputs, so no NaN from an empty mask
         batch = [np.concatenate([array, np.repeat(array[:1], padding, axis=0)]) if padding else array
                  for array in batch]
-        outputs = as_tuple(self.cell(*(ms.Tensor(array) for array in batch)))
-        return tuple(output.asnumpy()[:rows] for output in outputs)
+        with GRAPH_LOCK:
+            outputs = as_tuple(self.cell(*(ms.Tensor(array) for array in batch)))
+            return tuple(output.asnumpy()[:rows] for output in outputs)
 
     def __call__(self, *batch: np.ndarray, subgraph: int = 0) -> Tuple[np.ndarray, ...]:
         return self.thread.submit(self.run, *batch, subgraph=subgraph).result()

@@ -235,19 +235,27 @@ def tokenizer():
                        f"for (sha256 {{PACKAGE['tokenizer']['sha256']}}); deploy that package again")
 
 
+def expect(value, kind, name):
+    """`value` if it is a `kind` (str or bytes), else an input error saying how to send one."""
+    if not isinstance(value, kind):
+        how = "a JSON string" if kind is str else 'base64 as {{"b64": "..."}}'
+        raise P.InputError(f"{{name}}: expected {{kind.__name__}} ({{how}}), got {{type(value).__name__}}")
+    return value
+
+
 def pixels(image):
     """PNG/JPEG bytes -> float32 (3, image_size, image_size), normalised as in training."""
-    return P.decode_image(image, PRE)
+    return P.decode_image(expect(image, bytes, "image"), PRE)
 
 
 def tokens(text, name):
     """str -> (token ids int32 (max_text_length,), mask float32 (max_text_length,))."""
-    return tokenizer().encode(text, PRE.max_text_length, name=name)
+    return tokenizer().encode(expect(text, str, name), PRE.max_text_length, name=name)
 
 
 def speech(audio, name):
     """WAV/FLAC/OGG bytes -> (log-mel float32 (n_mels, max_audio_frames), frame mask float32 (max_audio_frames,))."""
-    waveform = P.load_wav(audio, PRE.sample_rate, name=name)
+    waveform = P.load_wav(expect(audio, bytes, name), PRE.sample_rate, name=name)
     return P.pad_mel(P.log_mel(waveform, PRE, name=name), PRE, name=name)
 '''
 
@@ -261,17 +269,17 @@ vqa_graph = register.declare_model(model_file="{file}", model_format="MindIR", w
 
 def question_input(question, audio):
     """The typed question -> (ids, mask, use_text); zeros and use_text 0 when the question is only spoken."""
-    if question.strip():
+    if expect(question, str, "question").strip():
         question_ids, question_mask = tokens(question, "question")
         return question_ids, question_mask, np.float32(1)
-    if len(audio) == 0:
+    if len(expect(audio, bytes, "audio")) == 0:
         raise P.InputError("predict: question and audio are both empty; ask as text, as audio or both")
     return np.zeros((PRE.max_text_length,), np.int32), np.zeros((PRE.max_text_length,), np.float32), np.float32(0)
 
 
 def audio_input(audio):
     """The spoken question -> (log-mel, frame mask, use_audio); zeros and use_audio 0 when there is none."""
-    if len(audio) == 0:
+    if len(expect(audio, bytes, "audio")) == 0:
         return (np.zeros((PRE.n_mels, PRE.max_audio_frames), np.float32),
                 np.zeros((PRE.max_audio_frames,), np.float32), np.float32(0))
     audio_mel, audio_mask = speech(audio, "audio")

@@ -3,7 +3,7 @@
 REST (aiohttp) and gRPC (grpc.aio) share the catalog of loaded versions, the dynamic batchers, the worker
 pool for Python stages and the metrics. Besides `POST /model/<servable>[/version/<n>]:<method>`:
   GET  /health                           the process answers (liveness)
-  GET  /ready                            200 once every servable on disk has a loaded version, else 503
+  GET  /ready                            200 once there are servables and each has a loaded version, else 503
   GET  /metrics                          Prometheus text: requests, errors, latency, batch sizes
   GET  /servables                        every servable's versions and their status (JSON)
   POST /servables/<name>/version/<n>:load|unload   load a version (it becomes the default when newest) or
@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mindvl.config import ConfigError, build_dataclass
+from mindvl.export.errors import PackageError
 from mindvl.export.keys import read_key
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.batching import Batcher
@@ -292,6 +293,7 @@ class Server:
             try:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge:
+                self.metrics.errors.labels("too_large").inc()
                 raise Failure(f"request body exceeds {self.config.max_request_mb:g} MB (--max-request-mb)", 413,
                               "too_large") from None
             instances = parse_request(body, self.config.max_instances)
@@ -310,7 +312,7 @@ class Server:
         if path == "/servables":
             return web.json_response({"servables": state})
         waiting = [name for name, entry in state.items() if entry["default_version"] is None]
-        ready = self.ready and not waiting
+        ready = self.ready and bool(state) and not waiting  # an empty servable directory serves nothing
         return web.json_response({"ready": ready, "not_loaded": waiting}, status=200 if ready else 503)
 
     async def _admin(self, name: str, version_text: str, action: str) -> web.Response:
@@ -324,7 +326,7 @@ class Server:
                 await self.catalog.unload(name, version)
                 for key in [k for k in self.batchers if k[:2] == (name, version)]:
                     await self.batchers.pop(key).close()
-        except (ServableError, ValueError, OSError) as error:  # ValueError: PackageError, ProtocolError
+        except (ServableError, PackageError, ValueError, OSError) as error:  # ValueError: ProtocolError
             status = 404 if isinstance(error, NotAvailable) else 400
             raise Failure(f"{action} servable {name} version {version}: {error}", status, "admin") from None
         self._update_loaded()
@@ -360,13 +362,15 @@ def serve(config: ServeConfig) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await server.start()
-        print(f"mindvl serve: REST http://{config.host}:{server.rest_port}"
-              + (f", gRPC {config.host}:{server.grpc_port}" if server.grpc_port else "")
-              + f"; servables: {json.dumps({n: e['default_version'] for n, e in server.catalog.state().items()})}",
-              flush=True)
-        await stop.wait()
-        await server.stop()
+        try:
+            await server.start()
+            print(f"mindvl serve: REST http://{config.host}:{server.rest_port}"
+                  + (f", gRPC {config.host}:{server.grpc_port}" if server.grpc_port else ", gRPC off")
+                  + f"; servables: {json.dumps({n: e['default_version'] for n, e in server.catalog.state().items()})}",
+                  flush=True)
+            await stop.wait()
+        finally:
+            await server.stop()
 
     asyncio.run(main())
 

@@ -44,11 +44,14 @@ def test_quickstart_runs_every_stage_and_prints_the_summary(tmp_path):
     result = run_cli(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     for line in ("VQA, text question", "VQA, spoken question", "majority baseline", "image -> caption",
-                 "speech -> text", "model package"):
+                 "speech -> text", "model package", "serving"):
         assert line in result.stdout
     summary = json.loads((tmp_path / "qs" / "summary.json").read_text())
     assert summary["export"]["verify"]["ok"] is True
     assert summary["train"]["steps"] == 12
     assert summary["eval"]["vqa_text"]["count"] == summary["data"]["counts"]["test"]["examples"]
+    served = summary["serve"]  # the package answered over REST and gRPC, alike, typed and spoken questions
+    assert served["questions"] == 8 and served["protocols_agree"]
+    assert not any(answer.startswith("error") for answer in served["answers"]["rest"])
     assert (tmp_path / "qs" / "package" / "manifest.json").is_file()
     assert run_cli("export", "verify", str(tmp_path / "qs" / "package")).returncode == 0

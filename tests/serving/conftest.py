@@ -7,7 +7,9 @@ import pytest
 from mindvl.export.package import write_package
 from mindvl.export.source import load_source
 from mindvl.serving.servable import deploy
-from mindvl.serving.server import BackgroundServer, ServeConfig
+from mindvl.serving.server import BackgroundServer
+
+from live import config
 
 
 @pytest.fixture(scope="session")
@@ -34,14 +36,8 @@ def fresh_servables(deployed, tmp_path):
     return target
 
 
-def serve_config(servable_dir, **settings) -> ServeConfig:
-    """Free ports on 127.0.0.1, no directory polling unless asked: tests decide when versions change."""
-    return ServeConfig(servable_dir=str(servable_dir), port=0, grpc_port=0, poll_s=settings.pop("poll_s", 0),
-                       **settings)
-
-
 @pytest.fixture(scope="module")
 def live_server(deployed):
     """A server over `deployed` with dynamic batching (max batch 8), shared by a test module."""
-    with BackgroundServer(serve_config(deployed, max_batch_size=8)) as server:
+    with BackgroundServer(config(deployed, max_batch_size=8)) as server:
         yield server

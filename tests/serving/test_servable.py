@@ -514,6 +514,10 @@ def test_the_generated_stages_give_the_graphs_what_the_data_loader_gives_the_mod
         stage["predict"](image, "", b"")
     with pytest.raises(ValueError, match="image: cannot decode the image"):
         stage["embed_image"](b"not an image")
+    with pytest.raises(ValueError, match=r"question: expected str \(a JSON string\), got ndarray"):
+        stage["predict"](image, np.array([1, 2], np.int32), b"")  # a tensor where the question goes
+    with pytest.raises(ValueError, match=r"audio: expected bytes \(base64 as \{\"b64\""):
+        stage["embed_audio"]("a string")
 
 
 def test_the_generated_answer_stage_names_the_label_and_decodes_the_generated_text(every_graph, source):

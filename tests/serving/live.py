@@ -1,0 +1,83 @@
+"""Helpers of the live-server tests (test_server, test_versions, test_fuzz): settings on free ports, a urllib
+REST call that returns a 4xx/5xx answer instead of raising it, a raw gRPC predict, the request values of a
+test example, and /metrics as numbers."""
+import base64
+import json
+import urllib.error
+import urllib.request
+
+import grpc
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from mindvl.serving import grpc_protocol as G
+from mindvl.serving.server import ServeConfig
+
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1, never through a proxy
+
+
+def config(servable_dir, **settings) -> ServeConfig:
+    """Free ports on 127.0.0.1 and no directory polling unless asked: tests decide when versions change."""
+    return ServeConfig(servable_dir=str(servable_dir), port=0, grpc_port=0, poll_s=settings.pop("poll_s", 0),
+                       **settings)
+
+
+def call(url, body=None, method="POST"):
+    """(HTTP status, decoded JSON answer); `body`: bytes as they are, anything else as JSON."""
+    data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+    try:
+        with OPENER.open(urllib.request.Request(url, data=data, method=method), timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def predict(server, path, instances):
+    """POST {"instances": instances} to /model/<path> of a server that must answer it; -> the reply's instances."""
+    status, answer = call(f"{server.rest_url}/model/{path}", {"instances": instances})
+    assert status == 200 and "instances" in answer, answer
+    return answer["instances"]
+
+
+def b64(data: bytes) -> dict:
+    return {"b64": base64.b64encode(data).decode("ascii")}
+
+
+def grpc_predict(server, servable, method, instances, version=0):
+    """The PredictReply to a PredictRequest built from `instances` ({name: numpy / str / bytes} each)."""
+    return grpc_raw(server, G.instances_to_request(servable, method, version, instances))
+
+
+def grpc_raw(server, request):
+    """The PredictReply to `request` as it is (malformed ones included)."""
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        return G.predict_stub(channel)(request, timeout=120)
+
+
+QUESTION_MODES = ("typed", "spoken", "both")
+
+
+def vqa_inputs(example, mode):
+    """predict's inputs for a test example, as gRPC values: the question typed, spoken (WAV) or both."""
+    return {"image": example.image, "question": "" if mode == "spoken" else example.question,
+            "audio": b"" if mode == "typed" else example.audio}
+
+
+def rest_inputs(inputs):
+    """gRPC-style values as REST JSON: bytes as {"b64"}, arrays as nested lists, str as they are."""
+    return {name: b64(value) if isinstance(value, bytes) else value.tolist() if isinstance(value, np.ndarray)
+            else value for name, value in inputs.items()}
+
+
+def metrics(server):
+    """Every sample of /metrics: {(sample name, ((label, value), ...)): value}."""
+    with OPENER.open(f"{server.rest_url}/metrics", timeout=60) as response:
+        text = response.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def total(samples, name, **labels):
+    """The sum of the /metrics samples called `name` whose labels include `labels`."""
+    return sum(value for (sample, sample_labels), value in samples.items()
+               if sample == name and set(labels.items()) <= set(sample_labels))
