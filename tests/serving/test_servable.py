@@ -2,18 +2,17 @@
 deploy of a real model package (versions, hashes, races, path traversal), and the generated
 servable_config.py, whose preprocessing stages must give the model what the data loader gives it."""
 import functools
-import io
 import json
 import os
 import sys
 import threading
 import types
-import wave
 
 import numpy as np
 import pytest
 
 from mindvl.data import create_dataset, load_meta, load_tokenizer
+from mindvl.data.examples import wav_bytes
 from mindvl.data.records import read_split, read_table
 from mindvl.export.errors import PackageError
 from mindvl.export.graphs import graph_specs
@@ -412,16 +411,6 @@ def test_the_generated_config_serves_the_graphs_the_package_has(package, tmp_pat
     assert (method.inputs, method.output_names) == (("image",), ("embedding",))
     assert [(s.name, s.is_model) for s in method.stages] == [("pixels", False), ("image_embed.mindir", True)]
     assert "from mindspore_serving.server import register" in (servables / "tiny" / CONFIG_FILE).read_text()
-
-
-def wav_bytes(pcm: bytes, sample_rate: int) -> bytes:
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(sample_rate)
-        out.writeframes(pcm)
-    return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")
