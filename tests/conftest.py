@@ -140,3 +140,46 @@ def writable_copy():
             path.chmod(0o644 if path.is_file() else 0o755)
         return target
     return copy
+
+
+# ----------------------------------------------------------------------------- serving
+# Here, not in tests/serving/conftest.py: a second conftest module would shadow this one for the tests
+# that `from conftest import ...`.
+@pytest.fixture(scope="session")
+def vqa_package(trained_run, tmp_path_factory):
+    """(config, package folder) of the small trained model: vqa, image_embed, text_embed, audio_embed."""
+    from mindvl.export.package import write_package
+    from mindvl.export.source import load_source
+
+    _, result = trained_run
+    cfg, model, record = load_source(result.output_dir)
+    return cfg, write_package(cfg, model, tmp_path_factory.mktemp("serving_pkg") / "vqa", record, progress=False)
+
+
+@pytest.fixture(scope="session")
+def deployed(vqa_package, tmp_path_factory):
+    """A servable directory holding servable `vqa` version 1 (tests that change it copy it first)."""
+    from mindvl.serving.servable import deploy
+
+    servables = tmp_path_factory.mktemp("servables")
+    deploy(vqa_package[1], servables, "vqa")
+    return servables
+
+
+@pytest.fixture
+def fresh_servables(deployed, tmp_path):
+    """A writable copy of `deployed` for a test that adds, breaks or removes versions."""
+    target = tmp_path / "servables"
+    shutil.copytree(deployed, target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def live_server(deployed):
+    """A server over `deployed` on free 127.0.0.1 ports with dynamic batching (max batch 8), no directory
+    polling, shared by a test module."""
+    from mindvl.serving.server import BackgroundServer, ServeConfig
+
+    config = ServeConfig(servable_dir=str(deployed), port=0, grpc_port=0, poll_s=0, max_batch_size=8)
+    with BackgroundServer(config) as server:
+        yield server
