@@ -1,9 +1,12 @@
 """Shared fixtures: a small real data set (8 easy-VQA images per split, 2 training voices, 1 test voice)
-built once per session, a small model trained on it once (for train, eval, export and CLI tests), and
-the published pretrained encoders converted once (tests/pretrained)."""
+built once per session, a small model trained on it once (for train, eval, export and CLI tests), one
+2-rank msrun job over it (data and train tests), and the published pretrained encoders converted once,
+with a pretrained-s Trainer whose token cache holds their states of the data (tests/pretrained)."""
 import importlib.util
 import os
 import shutil
+import socket
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +65,33 @@ def trained_run(small_cfg, small_report, tmp_path_factory):
                                "train.warmup_steps=5", "train.log_every=5", "train.checkpoint_every=10",
                                "train.lr=3e-3", "data.validation_fraction=0.25", "train.eval_every=10", *SMALL_MODEL])
     return cfg, train(cfg, progress=False)
+
+
+# ----------------------------------------------------------------------------- msrun
+MSRUN_WORKER = Path(__file__).resolve().with_name("msrun_worker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def msrun_ranks(small_cfg, small_report, tmp_path_factory):
+    """The folder tests/msrun_worker.py's two ranks wrote to under a real `msrun --worker_num=2` on CPU, over
+    the small data set. One launch serves the data and the train tests: of its ~15 s here, the workers' own
+    work is ~2 s, the rest msrun's start-up and the ranks' rendezvous."""
+    msrun = shutil.which("msrun")
+    assert msrun, "msrun ships with mindspore; it should be on PATH next to python"
+    out = tmp_path_factory.mktemp("msrun")
+    command = [msrun, "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
+               f"--log_dir={out / 'logs'}", "--join=True", str(MSRUN_WORKER), str(out), str(small_cfg.data.root)]
+    done = subprocess.run(command, cwd=out, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "GLOG_v": "3"})
+    logs = "\n".join(p.read_text()[-2000:] for p in (out / "logs").glob("*.log"))
+    assert done.returncode == 0, logs
+    return out
 
 
 # ----------------------------------------------------------------------------- pretrained encoders
@@ -127,6 +157,17 @@ def pretrained_data(converted, tmp_path_factory):
     root = tmp_path_factory.mktemp("pretrained_data") / "root"
     build_dataset(pretrained_config(root, "unused", converted), progress=False)
     return root
+
+
+@pytest.fixture(scope="session")
+def pretrained_trainer(converted, pretrained_data, tmp_path_factory):
+    """A pretrained-s Trainer over pretrained_data. Building it ran the frozen encoders once per distinct
+    input into its token cache (tests/pretrained/test_tokens.py checks that), so other runs of the same
+    encoders on the same data read that cache instead of computing it again."""
+    from mindvl.train import Trainer, TrainingArguments, create_model
+
+    cfg = pretrained_config(pretrained_data, tmp_path_factory.mktemp("token_run"), converted)
+    return Trainer(create_model(cfg), TrainingArguments(cfg, progress=False))
 
 
 @pytest.fixture(scope="session")

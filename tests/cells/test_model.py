@@ -77,6 +77,12 @@ def outputs(cfg, model, batch):
     return run(model, packed(cfg, batch))
 
 
+@pytest.fixture(scope="module")
+def answer_net(model):
+    """AnswerNet (the export path) for every test here: a graph compiles once per cell instance and shapes."""
+    return AnswerNet(model)
+
+
 def changed(batch, **updates):
     new = {k: v.copy() for k, v in batch.items()}
     for key, fn in updates.items():
@@ -154,7 +160,7 @@ def test_parameter_names_are_stable_checkpoint_keys(model):
 
 # ------------------------------------------------------------------------------------------ masks
 
-def test_padded_question_tokens_and_audio_frames_change_nothing(cfg, model, batch, outputs):
+def test_padded_question_tokens_and_audio_frames_change_nothing(cfg, model, answer_net, batch, outputs):
     def scramble_text(ids):
         ids[0, 9:] = 7
         ids[2, 5:] = 3
@@ -166,8 +172,7 @@ def test_padded_question_tokens_and_audio_frames_change_nothing(cfg, model, batc
     new = changed(batch, question_ids=scramble_text, audio_mel=scramble_audio)
     assert_all_close(run(model, packed(cfg, new)), outputs)  # training packs the valid entries only
     # deployment reads the padded arrays: there the masks make their padding harmless
-    np.testing.assert_allclose(run(AnswerNet(model), new, EXPORT_INPUTS), run(AnswerNet(model), batch, EXPORT_INPUTS),
-                               atol=1e-5)
+    np.testing.assert_allclose(run(answer_net, new, EXPORT_INPUTS), run(answer_net, batch, EXPORT_INPUTS), atol=1e-5)
     audio_tokens, token_mask, audio_pooled = run(model.audio, batch, ("audio_mel", "audio_mask"))
     new_audio, _, new_pooled = run(model.audio, new, ("audio_mel", "audio_mask"))
     np.testing.assert_allclose(new_audio[token_mask == 1], audio_tokens[token_mask == 1], atol=1e-5)
@@ -211,19 +216,18 @@ def test_use_audio_zero_hides_the_audio_from_the_answer(cfg, model, batch, outpu
 
 # ------------------------------------------------------------------------------------------ wrappers
 
-def test_export_wrappers_match_the_training_graph(model, batch, outputs):
+def test_export_wrappers_match_the_training_graph(model, answer_net, batch, outputs):
     names_before = [p.name for p in model.get_parameters()]
-    answer_probs = run(AnswerNet(model), batch, EXPORT_INPUTS)
+    answer_probs = run(answer_net, batch, EXPORT_INPUTS)
     logits = outputs[0]
     expected = np.exp(logits - logits.max(-1, keepdims=True))
     np.testing.assert_allclose(answer_probs, expected / expected.sum(-1, keepdims=True), atol=1e-5)
     np.testing.assert_allclose(run(GenerateNet(model), batch, EXPORT_INPUTS + ("answer_in",)), outputs[1],
                                atol=1e-5)
     np.testing.assert_allclose(run(ImageEmbedNet(model), batch, ("image",)), outputs[2], atol=1e-5)
-    np.testing.assert_allclose(run(TextEmbedNet(model), batch, ("caption_ids", "caption_mask")), outputs[3],
-                               atol=1e-5)
-    np.testing.assert_allclose(run(TextEmbedNet(model), batch, ("question_ids", "question_mask")), outputs[5],
-                               atol=1e-5)
+    text_embed = TextEmbedNet(model)  # captions and questions: same shapes, one graph
+    np.testing.assert_allclose(run(text_embed, batch, ("caption_ids", "caption_mask")), outputs[3], atol=1e-5)
+    np.testing.assert_allclose(run(text_embed, batch, ("question_ids", "question_mask")), outputs[5], atol=1e-5)
     np.testing.assert_allclose(run(AudioEmbedNet(model), batch, ("audio_mel", "audio_mask")), outputs[4],
                                atol=1e-5)
     assert [p.name for p in model.get_parameters()] == names_before  # wrapping renames nothing

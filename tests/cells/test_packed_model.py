@@ -152,6 +152,12 @@ def packed_outputs(model, packed):
     return run(model, packed, MODEL_INPUTS)
 
 
+@pytest.fixture(scope="module")
+def export_outputs(model, batch):
+    """AnswerNet's probabilities and GenerateNet's LM logits on the padded batch: the export path."""
+    return run(AnswerNet(model), batch, EXPORT_INPUTS), run(GenerateNet(model), batch, EXPORT_INPUTS + ("answer_in",))
+
+
 def test_the_batch_really_packs_several_samples_per_row(cfg, packed, padded):
     pre = cfg.preprocess
     text_segment, audio_segment, fusion_segment = (packed[name] for name in
@@ -255,33 +261,30 @@ def test_the_token_input_graph_from_the_encoders_states_computes_the_full_model(
         p.name for p in model.get_parameters())  # the model's own names: checkpoints stay the model's
 
 
-def test_evaluation_from_encoder_states_computes_what_the_export_graphs_compute(model, batch):
+def test_evaluation_from_encoder_states_computes_what_the_export_graphs_compute(model, batch, export_outputs):
     """EncodeNet once, then StateAnswerNet / StateGenerateNet: AnswerNet's and GenerateNet's outputs."""
     image_tokens, question_tokens, audio_tokens = run(EncodeNet(model), batch, EXPORT_INPUTS[:5])
     states = {**batch, "image_tokens": image_tokens, "question_tokens": question_tokens,
               "audio_tokens": audio_tokens}
     names = ("image_tokens", "question_tokens", "question_mask", "audio_tokens", "audio_mask", "use_text",
              "use_audio")
-    np.testing.assert_allclose(run(StateAnswerNet(model), states, names), run(AnswerNet(model), batch, EXPORT_INPUTS),
-                               atol=1e-6)
-    np.testing.assert_allclose(run(StateGenerateNet(model), states, names + ("answer_in",)),
-                               run(GenerateNet(model), batch, EXPORT_INPUTS + ("answer_in",)), atol=1e-5)
+    np.testing.assert_allclose(run(StateAnswerNet(model), states, names), export_outputs[0], atol=1e-6)
+    np.testing.assert_allclose(run(StateGenerateNet(model), states, names + ("answer_in",)), export_outputs[1],
+                               atol=1e-5)
 
 
-def test_packed_training_equals_the_padded_export_path(model, batch, packed_outputs):
+def test_packed_training_equals_the_padded_export_path(model, batch, packed_outputs, export_outputs):
     answer_logits, lm_logits, image_emb, caption_emb, audio_emb, question_emb = packed_outputs[:6]
     # Export: fusion.construct / construct_prefix over the padded table, with text_mask = question_mask *
     # use_text and audio token mask = audio_mask[:, ::2] * use_audio (MultimodalModel.fusion_inputs).
-    probs = run(AnswerNet(model), batch, EXPORT_INPUTS)
+    probs, export_lm_logits = export_outputs
     expected = np.exp(answer_logits - answer_logits.max(-1, keepdims=True))
     np.testing.assert_allclose(probs, expected / expected.sum(-1, keepdims=True), atol=1e-5)
-    np.testing.assert_allclose(run(GenerateNet(model), batch, EXPORT_INPUTS + ("answer_in",)), lm_logits,
-                               atol=1e-5)
+    np.testing.assert_allclose(export_lm_logits, lm_logits, atol=1e-5)
     np.testing.assert_allclose(run(ImageEmbedNet(model), batch, ("image",)), image_emb, atol=1e-5)
-    np.testing.assert_allclose(run(TextEmbedNet(model), batch, ("caption_ids", "caption_mask")), caption_emb,
-                               atol=1e-5)
-    np.testing.assert_allclose(run(TextEmbedNet(model), batch, ("question_ids", "question_mask")), question_emb,
-                               atol=1e-5)
+    text_embed = TextEmbedNet(model)  # captions and questions: same shapes, one graph
+    np.testing.assert_allclose(run(text_embed, batch, ("caption_ids", "caption_mask")), caption_emb, atol=1e-5)
+    np.testing.assert_allclose(run(text_embed, batch, ("question_ids", "question_mask")), question_emb, atol=1e-5)
     np.testing.assert_allclose(run(AudioEmbedNet(model), batch, ("audio_mel", "audio_mask")), audio_emb, atol=1e-5)
     assert np.abs(answer_logits[0] - answer_logits[1]).max() > 1e-3  # samples differ: the check has teeth
     assert np.abs(audio_emb[1] - audio_emb[7]).max() > 1e-3

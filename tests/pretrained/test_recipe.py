@@ -23,8 +23,10 @@ def _train(converted, pretrained_data, tmp_path, *extra):
     return trainer, trainer.train()
 
 
-def test_frozen_encoders_keep_their_converted_weights_while_the_rest_trains(converted, pretrained_data, tmp_path):
-    trainer, result = _train(converted, pretrained_data, tmp_path)
+def test_frozen_encoders_keep_their_converted_weights_while_the_rest_trains(converted, pretrained_data,
+                                                                             pretrained_trainer, tmp_path):
+    cache = pretrained_trainer.cfg.model.pretrained.cache  # the same encoders' states of the same data
+    trainer, result = _train(converted, pretrained_data, tmp_path, f"model.pretrained.cache={cache}")
     trainable = _trainable(trainer.model)
     assert not any(name.startswith(("vision.", "text.", "audio.")) for name in trainable)
     assert any(name.startswith("fusion.") for name in trainable)

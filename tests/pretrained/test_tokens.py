@@ -7,15 +7,11 @@ import pytest
 from mindvl.config import ConfigError, load_config
 from mindvl.pretrained.tokens import EncoderTokens, MissingTokens, token_cache
 
-from conftest import pretrained_config  # noqa: E402  (tests/conftest.py)
 
-
-@pytest.fixture(scope="module")
-def trainer(converted, pretrained_data, tmp_path_factory):
-    from mindvl.train import Trainer, TrainingArguments, create_model
-
-    cfg = pretrained_config(pretrained_data, tmp_path_factory.mktemp("token_run"), converted)
-    return Trainer(create_model(cfg), TrainingArguments(cfg, progress=False))
+@pytest.fixture
+def trainer(pretrained_trainer):
+    """The session's pretrained-s Trainer (tests/conftest.py): building it filled the token cache."""
+    return pretrained_trainer
 
 
 def _inputs(trainer):

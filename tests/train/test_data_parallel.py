@@ -4,7 +4,6 @@ through GatherWithGrad; gradients averaged over the ranks)."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
@@ -12,19 +11,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from conftest import SMALL_MODEL  # noqa: E402  (tests/conftest.py)
+from conftest import SMALL_MODEL, free_port  # noqa: E402  (tests/conftest.py)
 
 # Float32 sums split over two ranks differ in the last bits, and Adam's update g / (sqrt(v) + eps) * lr turns
 # such a difference on a near-zero gradient into a visible fraction of lr (3e-3) on that one weight.
 # Measured over 4 steps: median 1e-8, 99.9th percentile 2.4e-6, max 2.8e-5 (one weight).
 TOLERANCE = 1e-4  # max absolute difference, lr / 30
 MEDIAN_TOLERANCE = 1e-7
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -41,7 +34,7 @@ def test_two_msrun_workers_end_with_the_weights_of_one_process_with_the_whole_ba
     msrun, mindvl = shutil.which("msrun"), shutil.which("mindvl")
     assert msrun and mindvl, "msrun ships with mindspore and mindvl with this package: both belong on PATH"
     sets = [arg for override in [*overrides, f"train.output_dir={tmp_path / 'ranks'}"] for arg in ("--set", override)]
-    command = [msrun, "--worker_num=2", "--local_worker_num=2", f"--master_port={_free_port()}",
+    command = [msrun, "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
                f"--log_dir={tmp_path / 'logs'}", "--join=True", mindvl, "train", *sets]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=400,
                           env={**os.environ, "GLOG_v": "3"})

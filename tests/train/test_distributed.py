@@ -1,23 +1,15 @@
 """Data parallelism: two real msrun ranks on CPU, each embedding half of a batch and gathering with
 GatherWithGrad, get exactly the gradients one process computes over the whole batch."""
 import os
-import shutil
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-WORKER = Path(__file__).with_name("msrun_gather_worker.py")
+from conftest import MSRUN_WORKER  # noqa: E402  (tests/conftest.py)
+
 TOLERANCE = 1e-6  # float32; measured differences are ~6e-8 (the two halves' partial sums vs one matmul)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_init_data_parallel_without_msrun_initialises_nothing(monkeypatch):
@@ -34,21 +26,13 @@ def test_init_data_parallel_without_msrun_initialises_nothing(monkeypatch):
 
 
 @pytest.mark.slow
-def test_two_msrun_ranks_with_gathered_embeddings_get_the_single_process_gradients(tmp_path):
-    msrun = shutil.which("msrun")
-    assert msrun, "msrun ships with mindspore; it should be on PATH next to python"
-    env = {**os.environ, "GLOG_v": "3"}
-    single = subprocess.run([sys.executable, str(WORKER), str(tmp_path)], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120, env=env)
+def test_two_msrun_ranks_with_gathered_embeddings_get_the_single_process_gradients(msrun_ranks, tmp_path):
+    single = subprocess.run([sys.executable, str(MSRUN_WORKER), str(tmp_path)], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "GLOG_v": "3"})
     assert single.returncode == 0, single.stderr[-3000:]
-    command = [msrun, "--worker_num=2", "--local_worker_num=2", f"--master_port={_free_port()}",
-               f"--log_dir={tmp_path / 'logs'}", "--join=True", str(WORKER), str(tmp_path)]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=240, env=env)
-    logs = "\n".join(p.read_text()[-2000:] for p in (tmp_path / "logs").glob("*.log"))
-    assert done.returncode == 0, logs
 
     reference = np.load(tmp_path / "rank_0_of_1.npz")
-    ranks = [np.load(tmp_path / f"rank_{r}_of_2.npz") for r in (0, 1)]
+    ranks = [np.load(msrun_ranks / f"rank_{r}_of_2.npz") for r in (0, 1)]
     parameters = [name for name in reference.files if name not in ("loss", "gathered")]
     assert len(parameters) == 4
     for rank in ranks:

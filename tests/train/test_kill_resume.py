@@ -1,5 +1,6 @@
-"""SIGKILL a real `mindvl train` process at two points, resume it each time with --resume auto, and it
-ends with the weights of the uninterrupted run (the session's trained_run, same config and samples)."""
+"""SIGKILL a real `mindvl train` process at two points and resume it each time, with --resume auto after
+the first kill and from the step-20 checkpoint folder after the second, and it ends with the weights and
+data position of the uninterrupted run (the session's trained_run, same config and samples)."""
 import json
 import os
 import signal
@@ -15,9 +16,9 @@ from safetensors.numpy import load_file
 TOLERANCE = 1e-6  # float32 sums may be ordered differently between compilations; measured: exactly equal
 
 
-def _start(config: Path, run: Path, resume: bool) -> subprocess.Popen:
+def _start(config: Path, run: Path, resume: str = "") -> subprocess.Popen:
     command = [sys.executable, "-m", "mindvl.cli", "train", "--config", str(config), "--set",
-               f"train.output_dir={run}", *(["--resume", "auto"] if resume else [])]
+               f"train.output_dir={run}", *(["--resume", resume] if resume else [])]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "GLOG_v": "3"})
 
@@ -44,19 +45,19 @@ def test_training_killed_twice_and_resumed_ends_with_the_uninterrupted_weights(t
     run = tmp_path / "run"
     checkpoints = run / "checkpoints"
 
-    first = _start(config, run, resume=False)  # killed between checkpoints: steps 11..15 are lost
+    first = _start(config, run)  # killed between checkpoints: steps 11..15 are lost
     _wait_for(first, lambda: _logged_step(run, 15), "step 15")
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert (checkpoints / "latest").read_text() == "step_00000010"
 
-    second = _start(config, run, resume=True)  # killed as soon as the step-20 checkpoint is in place
+    second = _start(config, run, resume="auto")  # killed as soon as the step-20 checkpoint is in place
     _wait_for(second, lambda: (checkpoints / "latest").is_file()
               and (checkpoints / "latest").read_text() == "step_00000020", "the step-20 checkpoint")
     second.send_signal(signal.SIGKILL)
     second.wait()
 
-    third = _start(config, run, resume=True)
+    third = _start(config, run, resume=str(checkpoints / "step_00000020"))
     output, _ = third.communicate(timeout=300)
     assert third.returncode == 0, output[-3000:]
     result = json.loads((run / "train_result.json").read_text())

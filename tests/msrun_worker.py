@@ -1,16 +1,24 @@
-"""Run by tests/train/test_distributed.py, under msrun (2 ranks) and as one plain process: the gradients of
-a group-contrastive loss over a fixed batch of 8, each rank embedding its half of the batch and gathering
-the embeddings with GatherWithGrad, then averaging gradients with gradient_reducer.
+"""Run under msrun (2 ranks) by tests/conftest.py's msrun_ranks fixture, once per session, and as one plain
+process by tests/train/test_distributed.py. Every rank writes to OUT (`msrun_worker.py OUT [DATA_ROOT]`):
 
-Writes <out>/rank_<r>_of_<world>.npz: the loss, the gathered image embeddings and every parameter's
-gradient (after the reducer), by parameter name.
+rank_<r>_of_<world>.npz: the gradients of a group-contrastive loss over a fixed batch of 8, each rank
+embedding its half of the batch and gathering the embeddings with GatherWithGrad, then averaging gradients
+with gradient_reducer: the loss, the gathered image embeddings and every parameter's gradient (after the
+reducer), by parameter name.
+
+rank_<r>.json, given DATA_ROOT: the shard the rank's TrainStream took from the communication context and
+the sample ids it read over one epoch.
 """
+import json
 import sys
+from typing import Optional
 
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from mindvl.config import load_config
+from mindvl.data.loader import TrainStream
 from mindvl.train.distributed import GatherWithGrad, gradient_reducer, init_data_parallel
 
 BATCH, INPUT, EMBED = 8, 6, 4
@@ -58,10 +66,7 @@ class Gradients(nn.Cell):
         return loss, images, self.reducer(grads)
 
 
-def main(out: str) -> None:
-    ms.set_context(mode=ms.GRAPH_MODE)
-    rank, world = init_data_parallel()
-    assert init_data_parallel() == (rank, world)  # idempotent
+def gradients(rank: int, world: int, out: str) -> None:
     rng = np.random.default_rng(0)  # the same batch and weights on every rank: parameters are not broadcast
     images, texts = (rng.normal(size=(BATCH, INPUT)).astype(np.float32) for _ in range(2))
     weights = [rng.normal(size=shape).astype(np.float32) * 0.5
@@ -74,5 +79,26 @@ def main(out: str) -> None:
              **{p.name: g.asnumpy() for p, g in zip(net.weights, grads)})
 
 
+def shard_ids(rank: int, world: int, root: str, out: str) -> None:
+    stream = TrainStream(load_config("tiny", [f"data.root={root}", "data.batch_size=8", "data.num_workers=1"]))
+    ids = []
+    for sample_ids, _ in stream:
+        ids.append(sample_ids.tolist())
+        if len(ids) == stream.steps_per_epoch * stream.accumulation:
+            break
+    with open(f"{out}/rank_{rank}.json", "w") as handle:
+        json.dump({"shard": [stream.shard_id, stream.num_shards], "context": [rank, world],
+                   "micro_batch_size": stream.micro_batch_size, "ids": ids}, handle)
+
+
+def main(out: str, root: Optional[str] = None) -> None:
+    ms.set_context(mode=ms.GRAPH_MODE)
+    rank, world = init_data_parallel()
+    assert init_data_parallel() == (rank, world)  # idempotent
+    gradients(rank, world, out)
+    if root is not None:
+        shard_ids(rank, world, root, out)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
