@@ -96,8 +96,9 @@ class Catalog:
             loaded = self.get(name, version) if version else None
             if loaded is None:
                 raise NotAvailable(f"unload: give the version to unload of servable {name}")
-            versions = {v: lv for v, lv in self.loaded[name].items() if v != version}
-            self.loaded = {**{n: v for n, v in self.loaded.items() if n != name}, **({name: versions} if versions else {})}
+            remaining = {n: dict(v) for n, v in self.loaded.items()}  # a new mapping: readers keep the old one
+            del remaining[name][version]
+            self.loaded = {n: v for n, v in remaining.items() if v}
             self.unloaded.add((name, version))
         await self._close_when_idle(loaded)
         LOG.info("unloaded servable %s version %d", name, version)

@@ -244,9 +244,9 @@ class Server:
         return results, loaded.version
 
     def _count(self, labels: Tuple[str, str, str], start: float, outcome: str) -> None:
-        self.metrics.requests.labels(*labels, "ok" if outcome == "ok" else "error" if outcome != "partial"
-                                     else "partial").inc()
-        if outcome not in ("ok", "partial"):
+        answered = outcome in ("ok", "partial")  # anything else is the kind of error that failed the request
+        self.metrics.requests.labels(*labels, outcome if answered else "error").inc()
+        if not answered:
             self.metrics.errors.labels(outcome).inc()
         self.metrics.latency.labels(*labels).observe(time.perf_counter() - start)
 
