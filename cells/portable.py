@@ -1,9 +1,14 @@
 """Standard-op formulations of primitives some export targets lack, swapped in only for those targets.
 
 MindSpore 2.10's ONNX exporter has no converter for Erf (exact GELU) or Rsqrt (the embedding heads' L2
-normalisation). Training and MindIR keep the fast primitives; `export/onnx.py` puts these cells in
-their place (same attribute names, so `construct` is untouched) for the length of an ONNX export.
+normalisation); MindSpore Lite 2.0's LayerNorm kernel returns wrong rows for batch index >= 1 when it
+runs on more than one thread. Training and the standard MindIR keep the fast primitives; an export
+target puts these cells in their place with `substituted` (same attribute names, so `construct` is
+untouched) for the length of its export.
 """
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence, Tuple, Type
+
 from mindspore import nn, ops
 
 # Abramowitz & Stegun 7.1.26: erf(x) = 1 - (a1 t + ... + a5 t^5) exp(-x^2), t = 1 / (1 + p x), x >= 0;
@@ -45,3 +50,45 @@ class PowRsqrt(nn.Cell):
 
     def construct(self, x):
         return self.pow(x, -0.5)
+
+
+class DecomposedLayerNorm(nn.Cell):
+    """ops.LayerNorm over the last axis from ReduceMean, Sub, Mul, Add and Rsqrt; returns (y, mean,
+    variance) like the primitive (within 1e-6 of it in float32)."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.mean = ops.ReduceMean(keep_dims=True)
+        self.sub = ops.Sub()
+        self.mul = ops.Mul()
+        self.add = ops.Add()
+        self.rsqrt = ops.Rsqrt()
+
+    def construct(self, x, weight, bias):
+        mean = self.mean(x, -1)
+        centred = self.sub(x, mean)
+        variance = self.mean(self.mul(centred, centred), -1)
+        y = self.add(self.mul(self.mul(centred, self.rsqrt(self.add(variance, self.eps))), weight), bias)
+        return y, mean, variance
+
+
+# (cell class, attribute, cell -> its portable replacement)
+Substitution = Tuple[Type[nn.Cell], str, Callable[[nn.Cell], nn.Cell]]
+
+
+@contextmanager
+def substituted(model: nn.Cell, substitutions: Sequence[Substitution]) -> Iterator[None]:
+    """Within the block, each matching cell of `model` has its attribute replaced by the portable
+    formulation; the originals are restored on exit."""
+    swapped = []
+    for _, cell in model.cells_and_names():
+        for kind, attribute, portable in substitutions:
+            if isinstance(cell, kind):
+                swapped.append((cell, attribute, getattr(cell, attribute)))
+                setattr(cell, attribute, portable(cell))
+    try:
+        yield
+    finally:
+        for cell, attribute, original in swapped:
+            setattr(cell, attribute, original)

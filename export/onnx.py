@@ -7,7 +7,6 @@ Rsqrt (embedding normalisation); for the export they are replaced by standard-op
 substitution. A graph that still fails is reported with the operator MindSpore names instead of
 stopping the others. Exported files are checked with `onnx.checker` and their operator set is listed.
 """
-from contextlib import contextmanager
 import json
 import re
 from pathlib import Path
@@ -17,7 +16,7 @@ import mindspore as ms
 
 from mindvl.cells.activation import GELU
 from mindvl.cells.heads import ContrastiveHead
-from mindvl.cells.portable import PolynomialErf, PowRsqrt
+from mindvl.cells.portable import PolynomialErf, PowRsqrt, substituted
 from mindvl.config import Config
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.export.graphs import DTYPES, graph_specs
@@ -41,21 +40,11 @@ def failing_op(message: str) -> str:
 SUBSTITUTIONS = {"Erf": "PolynomialErf (Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7)", "Rsqrt": "Pow(x, -0.5)"}
 
 
-@contextmanager
 def portable_ops(model):
     """Within the block, every GELU's Erf and every ContrastiveHead's Rsqrt in `model` is its portable
     formulation; the primitives are restored on exit."""
-    swapped = []
-    for _, cell in model.cells_and_names():
-        for kind, attribute, portable in ((GELU, "erf", PolynomialErf), (ContrastiveHead, "rsqrt", PowRsqrt)):
-            if isinstance(cell, kind):
-                swapped.append((cell, attribute, getattr(cell, attribute)))
-                setattr(cell, attribute, portable())
-    try:
-        yield
-    finally:
-        for cell, attribute, original in swapped:
-            setattr(cell, attribute, original)
+    return substituted(model, [(GELU, "erf", lambda cell: PolynomialErf()),
+                               (ContrastiveHead, "rsqrt", lambda cell: PowRsqrt())])
 
 
 def export_onnx(cfg: Config, model, out: Path, graphs: Sequence[str] = ()) -> Dict[str, object]:

@@ -29,6 +29,7 @@ from mindvl.config import Config
 from mindvl.data import create_dataset, load_meta, load_tokenizer
 from mindvl.export.errors import PackageError
 from mindvl.export.graphs import DTYPES, GraphSpec, TensorSpec, graph_specs
+from mindvl.export.lite2 import write_lite2
 from mindvl.preprocess import preprocess_dict
 from mindvl.train.checkpoint import mindvl_version, sha256_file
 
@@ -114,13 +115,15 @@ def _write_graph(spec: GraphSpec, model: nn.Cell, columns: Mapping[str, np.ndarr
 def write_package(cfg: Config, model: nn.Cell, out: Path, source: Mapping[str, object],
                   static_batches: Sequence[int] = (), key: Optional[bytes] = None,
                   compression: Optional[Mapping[str, object]] = None, version: int = 1, force: bool = False,
-                  progress: bool = True, graphs: Sequence[str] = ()) -> Path:
+                  progress: bool = True, graphs: Sequence[str] = (), lite2_batch: Optional[int] = None) -> Path:
     """Export every graph of `model` (a MultimodalModel sized by `cfg`, in eval mode) into the package `out`.
 
     source: where the weights came from (checkpoint path, its sha256, step), recorded as given.
     static_batches: also write each graph with these fixed batch sizes. key: AES-GCM key (16/24/32 bytes)
     encrypting every .mindir. compression: what made this model from its source (recorded as given).
     graphs: only these graphs (default: all; a device that only answers questions needs only "vqa").
+    lite2_batch: also write lite2/ (export/lite2.py): every graph down-converted for the MindSpore Lite 2.0
+    runtime at this static batch, plus the device assets; its `<graph>_b<N>` graphs are the reference.
     The stored samples' expected outputs are computed by the framework cells that were exported.
     """
     out = Path(out)
@@ -128,14 +131,19 @@ def write_package(cfg: Config, model: nn.Cell, out: Path, source: Mapping[str, o
         raise PackageError(f"{out}: already exists; pass --force to replace it or choose another --out")
     if any(b <= 0 for b in static_batches):
         raise PackageError(f"--static-batch: expected positive batch sizes, got {list(static_batches)}")
+    if lite2_batch is not None:
+        if key:
+            raise PackageError("--target lite2 with a key: Lite 2.0's own decryption is untested; export the lite2 "
+                               "package without --key-file/--key-env, or without --target lite2")
+        static_batches = (*static_batches, lite2_batch)
     tokenizer = load_tokenizer(cfg.data.root)
     labels = load_meta(cfg.data.root)["answers"]
     available = graph_specs(cfg.preprocess, cfg.model.embed_dim, len(labels), tokenizer)
     unknown = sorted(set(graphs) - set(available))
     if unknown:
         raise PackageError(f"--graph {', '.join(unknown)}: no such graph; choose from {', '.join(available)}")
-    specs = [spec for name, spec in available.items() if not graphs or name in graphs]
-    specs += [spec.static(b) for b in sorted(set(static_batches)) for spec in specs]
+    chosen = [spec for name, spec in available.items() if not graphs or name in graphs]
+    specs = chosen + [spec.static(b) for b in sorted(set(static_batches)) for spec in chosen]
     columns = sample_inputs(cfg, max([len(SAMPLE_MODALITIES), *static_batches]))
 
     work = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -146,6 +154,8 @@ def write_package(cfg: Config, model: nn.Cell, out: Path, source: Mapping[str, o
         entries = {spec.name: _write_graph(spec, model, columns, work, key)
                    for spec in tqdm(specs, desc="export graphs", disable=not progress, leave=False)}
         tokenizer.save(work / "tokenizer.json")
+        lite2 = None if lite2_batch is None else write_lite2(work, model, chosen, lite2_batch, tokenizer, labels,
+                                                             cfg.preprocess)
         (work / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION,
@@ -159,6 +169,7 @@ def write_package(cfg: Config, model: nn.Cell, out: Path, source: Mapping[str, o
                            "pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id},
             "labels": labels,
             "graphs": entries,
+            **({"lite2": lite2} if lite2 else {}),
             "tolerance": TOLERANCE,
             "files": _file_entries(work),
         }

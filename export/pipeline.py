@@ -21,6 +21,7 @@ class PackageOptions:
     data_root: Optional[str] = None  # evaluation data (default: the config's data.root)
     progress: bool = True
     graphs: Sequence[str] = field(default_factory=tuple)  # default: every graph
+    lite2_batch: Optional[int] = None  # also write the Lite 2.0 graphs (--target lite2) at this static batch
 
 
 def package_and_check(cfg, model, source: Mapping[str, object], out: Path, options: PackageOptions,
@@ -29,7 +30,7 @@ def package_and_check(cfg, model, source: Mapping[str, object], out: Path, optio
     """Write `out`, verify it (PackageError on any mismatch, naming graph and output) and, when asked,
     evaluate it; returns {"package", "verify", "evaluation"?}."""
     path = write_package(cfg, model, out, source, options.static_batches, options.key, compression,
-                         options.version, options.force, options.progress, options.graphs)
+                         options.version, options.force, options.progress, options.graphs, options.lite2_batch)
     report = verify_package(path, options.key)
     log(report.summary())
     if not report.ok:

@@ -54,7 +54,7 @@ def _key(args) -> Optional[bytes]:
 def _package_options(args, evaluate: bool):
     from mindvl.export.pipeline import PackageOptions
     return PackageOptions(args.static_batch, _key(args), args.version, args.force, evaluate, args.data_root,
-                          graphs=args.graph)
+                          graphs=args.graph, lite2_batch=args.lite2_batch if args.target == "lite2" else None)
 
 
 def _print_export(result: dict, as_json: bool) -> None:
@@ -198,6 +198,11 @@ def _add_package_args(parser: argparse.ArgumentParser) -> None:
                         help="also write every graph with batch size fixed to N (repeatable)")
     parser.add_argument("--graph", action="append", default=[], metavar="NAME",
                         help="export only this graph (repeatable; vqa, image_embed, text_embed, audio_embed)")
+    parser.add_argument("--target", choices=("standard", "lite2"), default="standard",
+                        help="lite2: also write lite2/, the graphs down-converted to MindIR v1 for the MindSpore "
+                             "Lite 2.0 runtime, and the device assets (mindvl lite, lite/runner)")
+    parser.add_argument("--lite2-batch", type=int, default=1, metavar="N",
+                        help="static batch of the lite2 graphs (the device resizes them; default 1)")
     parser.add_argument("--version", type=int, default=1, help="model version recorded in the manifest")
     parser.add_argument("--force", action="store_true", help="replace an existing package folder")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
