@@ -229,8 +229,8 @@ def backend_report() -> List[Dict[str, object]]:
                      "detail": f"mindspore_lite {getattr(mindspore_lite, '__version__', '?')} imports"})
     except Exception as exc:  # ImportError, or a wheel for another Python failing to load
         rows.append({"backend": "mindspore_lite", "available": False,
-                     "detail": f"cannot import mindspore_lite ({type(exc).__name__}: {exc}); no release of it "
-                               f"supports Python {sys.version_info.major}.{sys.version_info.minor}"})
+                     "detail": f"cannot import mindspore_lite ({type(exc).__name__}: {exc}); the package registry has it "
+                               f"for Python 3.7 only (this is {sys.version_info.major}.{sys.version_info.minor})"})
     reason = runtime2.status()
     rows.append({"backend": "lite2", "available": not reason,
                  "detail": reason or f"MindSpore Lite 2.0 ({runtime2.WHEEL_REQUIREMENT}) in {runtime2.runtime_dir()}, "

@@ -492,6 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     quick.set_defaults(func=_quickstart)
 
     _add_serving_commands(commands)
+    from mindvl.lite.cli import add_lite_commands
+    add_lite_commands(commands)
     return parser
 
 
@@ -500,13 +502,14 @@ def _user_errors() -> tuple:
     their modules import MindSpore, which `mindvl query` never needs)."""
     from mindvl.data.loader import DataRootError
     from mindvl.export.errors import PackageError
+    from mindvl.lite.model import LiteError
     from mindvl.preprocess import InputError
     from mindvl.pretrained import ConversionError
     from mindvl.serving.client import ServingError
     from mindvl.serving.register import ServableError
     from mindvl.train.checkpoint import CheckpointError
     return ConfigError, InputError, CheckpointError, DataRootError, ConversionError, PackageError, ServingError, \
-        ServableError
+        ServableError, LiteError
 
 
 def main(argv: Optional[List[str]] = None) -> int:
