@@ -53,8 +53,9 @@ class PowRsqrt(nn.Cell):
 
 
 class DecomposedLayerNorm(nn.Cell):
-    """ops.LayerNorm over the last axis from ReduceMean, Sub, Mul, Add and Rsqrt; returns (y, mean,
-    variance) like the primitive (within 1e-6 of it in float32)."""
+    """ops.LayerNorm over the last axis from ReduceMean, Sub, Mul, Add, Sqrt and RealDiv; returns (y, mean,
+    variance) like the primitive (within 1e-6 of it in float32). Sqrt and a division, not Rsqrt: Lite
+    2.0's single-thread Rsqrt is an approximation (relative error ~2e-4)."""
 
     def __init__(self, eps: float):
         super().__init__()
@@ -63,13 +64,14 @@ class DecomposedLayerNorm(nn.Cell):
         self.sub = ops.Sub()
         self.mul = ops.Mul()
         self.add = ops.Add()
-        self.rsqrt = ops.Rsqrt()
+        self.sqrt = ops.Sqrt()
+        self.div = ops.RealDiv()
 
     def construct(self, x, weight, bias):
         mean = self.mean(x, -1)
         centred = self.sub(x, mean)
         variance = self.mean(self.mul(centred, centred), -1)
-        y = self.add(self.mul(self.mul(centred, self.rsqrt(self.add(variance, self.eps))), weight), bias)
+        y = self.add(self.mul(self.div(centred, self.sqrt(self.add(variance, self.eps))), weight), bias)
         return y, mean, variance
 
 

@@ -25,7 +25,7 @@ from mindvl.export.errors import PackageError
 
 LITE2_MINDIR_VERSION = 1
 FOLDER = "lite2"  # inside the package: the converted graphs and the device assets
-SUBSTITUTED = {"LayerNorm": "ReduceMean, Sub, Mul, Add, Rsqrt (Lite 2.0's LayerNorm kernel is wrong on >1 thread)"}
+SUBSTITUTED = {"LayerNorm": "ReduceMean, Sub, Mul, Add, Sqrt, RealDiv (Lite 2.0's LayerNorm kernel is wrong on >1 thread)"}
 
 
 @dataclass(frozen=True)
@@ -218,11 +218,15 @@ def mindir_io(data: bytes) -> Tuple[list, list]:
               pb.TensorProto.FLOAT16: "float16", pb.TensorProto.DOUBLE: "float64", pb.TensorProto.BOOL: "bool",
               pb.TensorProto.UINT8: "uint8", pb.TensorProto.INT8: "int8"}
 
-    def describe(values) -> list:
-        return [(v.name.split(":")[-1], dtypes.get(v.tensor[0].data_type, "float32"), tuple(v.tensor[0].dims))
-                for v in values]
+    def describe(name: str, tensor) -> tuple:
+        return name.split(":")[-1], dtypes.get(tensor.data_type, "float32"), tuple(tensor.dims)
 
-    return describe(model.graph.input), describe(model.graph.output)
+    inputs = [describe(v.name, v.tensor[0]) for v in model.graph.input]
+    outputs = []
+    for value in model.graph.output:  # one tensor, or a tuple of them (in attr_info)
+        tensors = [value.tensor[0]] if len(value.tensor) else [v.tensors[0] for v in value.attr_info.values]
+        outputs += [describe(f"output{len(outputs)}", t) for t in tensors]
+    return inputs, outputs
 
 
 def mindir_version(data: bytes) -> int:
