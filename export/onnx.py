@@ -47,16 +47,17 @@ def portable_ops(model):
                                (ContrastiveHead, "rsqrt", lambda cell: PowRsqrt())])
 
 
-def export_onnx(cfg: Config, model, out: Path, graphs: Sequence[str] = ()) -> Dict[str, object]:
-    """Write <out>/<graph>.onnx for every graph (or only `graphs`) MindSpore can export, and
-    <out>/onnx_report.json naming, for each graph that fails, the operator it failed at."""
+def export_onnx(cfg: Config, model, out: Path, graphs: Sequence[str] = (), batch: int = len(SAMPLE_MODALITIES)
+                ) -> Dict[str, object]:
+    """Write <out>/<graph>.onnx for every graph (or only `graphs`) MindSpore can export, with the static
+    batch `batch`, and <out>/onnx_report.json naming, for each graph that fails, the operator it failed at."""
     import onnx
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     labels = load_meta(cfg.data.root)["answers"]
     specs = graph_specs(cfg.preprocess, cfg.model.embed_dim, len(labels), load_tokenizer(cfg.data.root))
-    columns = sample_inputs(cfg, len(SAMPLE_MODALITIES))
+    columns = sample_inputs(cfg, batch)
     model.set_train(False)
     results: Dict[str, dict] = {}
     for name, spec in specs.items():

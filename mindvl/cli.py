@@ -150,7 +150,7 @@ def _export_onnx(args) -> int:
     from mindvl.export.onnx import export_onnx
     from mindvl.export.source import load_source
     cfg, model, _ = load_source(args.checkpoint, args.config, args.overrides, args.data_root)
-    report = export_onnx(cfg, model, args.out, args.graph)
+    report = export_onnx(cfg, model, args.out, args.graph, args.batch)
     print(json.dumps(report, indent=2) if args.json else report["summary"])
     return 0 if report["ok"] else 1
 
@@ -262,6 +262,7 @@ def _add_export_commands(commands) -> None:
     onnx.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     onnx.add_argument("--data-root", help="data set folder (default: the config's)")
     onnx.add_argument("--graph", action="append", default=[], metavar="NAME", help="only this graph (repeatable)")
+    onnx.add_argument("--batch", type=int, default=3, metavar="N", help="static batch of the ONNX graphs (default 3)")
     onnx.add_argument("--json", action="store_true", help="print the report as JSON")
     onnx.set_defaults(func=_export_onnx)
 
