@@ -21,7 +21,9 @@ setup(
     python_requires=">=3.9,<3.12",
     packages=packages,
     package_dir=package_dir,
-    package_data={"mindvl": ["configs/*.yaml"]},
+    # the C++ sources mindvl.lite compiles on first use (the Lite 2.0 bridge and the on-device runner)
+    package_data={"mindvl": ["configs/*.yaml"],
+                  "mindvl.lite": ["bridge.cc", "runner/CMakeLists.txt", "runner/*.cc", "runner/*.h"]},
     install_requires=[
         "mindspore==2.10.0",
         "numpy>=1.26,<2",

@@ -1,0 +1,144 @@
+// Reads the plain-text device assets of a package's lite2/ folder: no JSON library on the device.
+#include "assets.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "error.h"
+
+namespace mvl {
+namespace {
+
+const char *kFix = "export the package with `mindvl export --target lite2`";
+
+std::string read_text(const std::string &path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw RunnerError(path + ": no such file or not readable; " + kFix);
+  std::ostringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// One entry per line; the file's final line break ends the last entry, it does not add an empty one.
+std::vector<std::string> read_lines(const std::string &path) {
+  std::string text = read_text(path);
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return lines;
+}
+
+// Values are parsed as Python wrote them: floats through double (then float32, as numpy casts them).
+double number(const std::string &where, const std::string &word) {
+  errno = 0;
+  char *end = nullptr;
+  double value = std::strtod(word.c_str(), &end);
+  if (word.empty() || *end != '\0' || errno != 0) throw RunnerError(where + ": '" + word + "' is not a number");
+  return value;
+}
+
+int integer(const std::string &where, const std::string &word) {
+  double value = number(where, word);
+  if (value != static_cast<int>(value)) throw RunnerError(where + ": '" + word + "' is not an integer");
+  return static_cast<int>(value);
+}
+
+void parse_preprocess(const std::string &path, Preprocess &pre) {
+  std::set<std::string> seen;
+  std::vector<std::string> lines = read_lines(path);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    std::istringstream line(lines[i]);
+    std::string key, word;
+    std::vector<std::string> values;
+    line >> key;
+    while (line >> word) values.push_back(word);
+    if (key.empty()) continue;
+    const std::string where = path + " line " + std::to_string(i + 1) + " (" + key + ")";
+    auto expect = [&](size_t count) {
+      if (values.size() != count) {
+        throw RunnerError(where + ": expected " + std::to_string(count) + " value(s), got " +
+                          std::to_string(values.size()));
+      }
+    };
+    seen.insert(key);
+    if (key.rfind("graph_", 0) == 0) {
+      expect(1);
+      pre.graphs[key.substr(6)] = values[0];
+    } else if (key == "image_mean" || key == "image_std") {
+      expect(3);
+      auto &target = key == "image_mean" ? pre.image_mean : pre.image_std;
+      for (int c = 0; c < 3; ++c) target[c] = static_cast<float>(number(where, values[c]));
+    } else if (key == "tokenizer" || key == "continuing_subword_prefix") {
+      expect(1);
+      (key == "tokenizer" ? pre.tokenizer : pre.continuing_subword_prefix) = values[0];
+    } else {
+      static const std::map<std::string, int Preprocess::*> integers = {
+          {"batch", &Preprocess::batch}, {"image_size", &Preprocess::image_size},
+          {"max_text_length", &Preprocess::max_text_length}, {"n_mels", &Preprocess::n_mels},
+          {"max_audio_frames", &Preprocess::max_audio_frames}, {"pad_id", &Preprocess::pad_id},
+          {"unk_id", &Preprocess::unk_id}, {"cls_id", &Preprocess::cls_id}, {"sep_id", &Preprocess::sep_id}};
+      auto found = integers.find(key);
+      if (found != integers.end()) {
+        expect(1);
+        pre.*(found->second) = integer(where, values[0]);
+      } else if (key == "lowercase") {
+        expect(1);
+        pre.lowercase = integer(where, values[0]) != 0;
+      }  // other keys: written by a newer exporter, not needed here
+    }
+  }
+  for (const char *key : {"image_size", "image_mean", "image_std", "max_text_length", "n_mels", "max_audio_frames",
+                          "tokenizer", "pad_id", "unk_id", "cls_id", "sep_id"}) {
+    if (!seen.count(key)) throw RunnerError(path + ": has no '" + key + "' line; " + kFix + " again");
+  }
+  if (pre.tokenizer != "wordlevel" && pre.tokenizer != "wordpiece") {
+    throw RunnerError(path + ": tokenizer '" + pre.tokenizer + "' is not supported (wordlevel or wordpiece)");
+  }
+  if (pre.image_size <= 0 || pre.max_text_length < 2 || pre.batch < 1) {
+    throw RunnerError(path + ": image_size, max_text_length (>= 2) and batch must be positive");
+  }
+  for (float s : pre.image_std) {
+    if (s == 0.0f) throw RunnerError(path + ": image_std holds a 0");
+  }
+}
+
+}  // namespace
+
+std::string Assets::graph_path(const std::string &graph) const {
+  auto found = pre.graphs.find(graph);
+  if (found == pre.graphs.end()) {
+    throw RunnerError(package + "/lite2/preprocess.txt: has no graph_" + graph + " line; " + kFix);
+  }
+  std::string path = package + "/" + found->second;
+  if (!std::ifstream(path)) throw RunnerError(path + ": no such file; " + kFix);
+  return path;
+}
+
+Assets read_assets(const std::string &package) {
+  Assets assets;
+  assets.package = package;
+  const std::string folder = package + "/lite2/";
+  parse_preprocess(folder + "preprocess.txt", assets.pre);
+  assets.vocab = read_lines(folder + "vocab.txt");
+  assets.labels = read_lines(folder + "labels.txt");
+  const Preprocess &pre = assets.pre;
+  const int size = static_cast<int>(assets.vocab.size());
+  for (int id : {pre.pad_id, pre.unk_id, pre.cls_id, pre.sep_id}) {
+    if (id < 0 || id >= size) {
+      throw RunnerError(folder + "preprocess.txt: special token id " + std::to_string(id) + " is outside vocab.txt (" +
+                        std::to_string(size) + " tokens)");
+    }
+  }
+  if (assets.labels.empty()) throw RunnerError(folder + "labels.txt: holds no labels; " + kFix);
+  return assets;
+}
+
+}  // namespace mvl

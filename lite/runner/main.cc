@@ -1,0 +1,250 @@
+// mindvl_runner: what a mobile app does with the MindSpore Lite C++ API, on a mindvl model package.
+//
+//   mindvl_runner PKG --image FILE --question TEXT [--threads N] [--dump DIR] [--preprocess-only]
+//
+// Reads PKG/lite2/ (preprocess.txt, vocab.txt, labels.txt, vqa.mindir), preprocesses the image and the
+// typed question as the server does (serving/servable.py: no audio, so audio_mel and audio_mask are zeros,
+// use_text 1, use_audio 0), builds the model on N CPU threads, predicts and prints one JSON line:
+//   {"answer", "confidence", "logits", "answer_ids", "preprocess_ms", "build_ms", "predict_ms"}
+// --dump DIR writes the preprocessed image.f32 (3,S,S), question_ids.i32 and question_mask.f32 (T,) as raw
+// little-endian arrays; --preprocess-only stops after that (no model needed).
+// Exit codes: 0 answered; 2 unusable arguments, package files or inputs (message on stderr); 1 the Lite
+// runtime failed to build or run the model.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "assets.h"
+#include "error.h"
+#include "image.h"
+#include "include/api/context.h"
+#include "include/api/model.h"
+#include "include/api/types.h"
+#include "tokenizer.h"
+
+namespace {
+
+using mvl::RunnerError;
+
+struct RuntimeFailure : std::runtime_error {  // exit code 1, not 2: the inputs were fine
+  explicit RuntimeFailure(const std::string &message) : std::runtime_error(message) {}
+};
+
+struct Options {
+  std::string package, image, question, dump;
+  int threads = 1;
+  bool have_question = false;
+  bool preprocess_only = false;
+};
+
+const char *kUsage =
+    "usage: mindvl_runner PKG --image FILE --question TEXT [--threads N] [--dump DIR] [--preprocess-only]";
+
+Options parse(int argc, char **argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw RunnerError(arg + ": needs a value; " + kUsage);
+      return argv[++i];
+    };
+    if (arg == "--image") {
+      options.image = value();
+    } else if (arg == "--question") {
+      options.question = value();
+      options.have_question = true;
+    } else if (arg == "--dump") {
+      options.dump = value();
+    } else if (arg == "--preprocess-only") {
+      options.preprocess_only = true;
+    } else if (arg == "--threads") {
+      const std::string text = value();
+      char *end = nullptr;
+      long threads = std::strtol(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || threads < 1 || threads > 256) {
+        throw RunnerError("--threads " + text + ": use a whole number from 1 to 256");
+      }
+      options.threads = static_cast<int>(threads);
+    } else if (arg.rfind("--", 0) == 0 || !options.package.empty()) {
+      throw RunnerError("unexpected argument '" + arg + "'; " + kUsage);
+    } else {
+      options.package = arg;
+    }
+  }
+  if (options.package.empty() || options.image.empty() || !options.have_question) {
+    throw RunnerError(std::string("PKG, --image and --question are required; ") + kUsage);
+  }
+  return options;
+}
+
+void write_raw(const std::string &folder, const std::string &name, const void *data, size_t bytes) {
+  const std::string path = folder + "/" + name;
+  std::ofstream file(path, std::ios::binary);
+  file.write(static_cast<const char *>(data), static_cast<std::streamsize>(bytes));
+  if (!file) throw RunnerError(path + ": cannot write the dump");
+}
+
+double elapsed_ms(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
+}
+
+std::string json_string(const std::string &text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";  // JSON has no NaN or inf
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", value);  // enough digits to give a float32 back exactly
+  return text;
+}
+
+// One example's inputs, by the vqa graph's input names; each is copied into every row of the batch.
+struct Example {
+  std::vector<float> image, question_mask, audio_mel, audio_mask;
+  std::vector<int32_t> question_ids;
+  float use_text = 1.0f, use_audio = 0.0f;
+};
+
+std::vector<mindspore::MSTensor> fill_inputs(mindspore::Model &model, const Example &example) {
+  struct Source {
+    const void *data;
+    size_t bytes;  // per row
+    mindspore::DataType dtype;
+  };
+  const auto f32 = mindspore::DataType::kNumberTypeFloat32;
+  const std::map<std::string, Source> sources = {
+      {"image", {example.image.data(), example.image.size() * 4, f32}},
+      {"question_ids", {example.question_ids.data(), example.question_ids.size() * 4,
+                        mindspore::DataType::kNumberTypeInt32}},
+      {"question_mask", {example.question_mask.data(), example.question_mask.size() * 4, f32}},
+      {"audio_mel", {example.audio_mel.data(), example.audio_mel.size() * 4, f32}},
+      {"audio_mask", {example.audio_mask.data(), example.audio_mask.size() * 4, f32}},
+      {"use_text", {&example.use_text, 4, f32}},
+      {"use_audio", {&example.use_audio, 4, f32}}};
+  std::vector<mindspore::MSTensor> inputs = model.GetInputs();
+  for (mindspore::MSTensor &tensor : inputs) {
+    const std::string name = tensor.Name();
+    auto found = sources.find(name);
+    if (found == sources.end()) throw RunnerError("the model has an input '" + name + "' the vqa graph does not");
+    const Source &source = found->second;
+    const size_t rows = tensor.Shape().empty() ? 1 : static_cast<size_t>(tensor.Shape()[0]);
+    if (tensor.DataType() != source.dtype || tensor.DataSize() != rows * source.bytes) {
+      throw RunnerError("input " + name + ": the model expects " + std::to_string(tensor.DataSize()) + " bytes for " +
+                        std::to_string(rows) + " row(s), preprocessing made " + std::to_string(source.bytes) +
+                        " per row; lite2/preprocess.txt does not match the graph: export the package again");
+    }
+    auto *target = static_cast<uint8_t *>(tensor.MutableData());
+    if (target == nullptr) throw RuntimeFailure("input " + name + ": the runtime gave no buffer");
+    for (size_t row = 0; row < rows; ++row) std::memcpy(target + row * source.bytes, source.data, source.bytes);
+  }
+  return inputs;
+}
+
+int run(const Options &options) {
+  // 1. preprocess: package assets, the image, the question; audio absent
+  auto start = std::chrono::steady_clock::now();
+  const mvl::Assets assets = mvl::read_assets(options.package);
+  const mvl::Preprocess &pre = assets.pre;
+  Example example;
+  example.image = mvl::image_tensor(options.image, pre);
+  mvl::Tokenizer(assets).encode(options.question, example.question_ids, example.question_mask);
+  example.audio_mel.assign(static_cast<size_t>(pre.n_mels) * pre.max_audio_frames, 0.0f);
+  example.audio_mask.assign(static_cast<size_t>(pre.max_audio_frames), 0.0f);
+  const double preprocess_ms = elapsed_ms(start);
+  if (!options.dump.empty()) {
+    mkdir(options.dump.c_str(), 0755);  // an existing folder is fine; a failure shows when writing
+    write_raw(options.dump, "image.f32", example.image.data(), example.image.size() * 4);
+    write_raw(options.dump, "question_ids.i32", example.question_ids.data(), example.question_ids.size() * 4);
+    write_raw(options.dump, "question_mask.f32", example.question_mask.data(), example.question_mask.size() * 4);
+  }
+  if (options.preprocess_only) {
+    std::printf("{\"preprocess_ms\": %s}\n", json_number(preprocess_ms).c_str());
+    return 0;
+  }
+
+  // 2. build the model on the CPU with the requested threads
+  const std::string graph = assets.graph_path("vqa");
+  start = std::chrono::steady_clock::now();
+  auto context = std::make_shared<mindspore::Context>();
+  context->SetThreadNum(options.threads);
+  context->MutableDeviceInfo().push_back(std::make_shared<mindspore::CPUDeviceInfo>());
+  mindspore::Model model;
+  mindspore::Status status = model.Build(graph, mindspore::kMindIR, context);
+  if (status != mindspore::kSuccess) throw RuntimeFailure(graph + ": Lite could not build it: " + status.ToString());
+  const double build_ms = elapsed_ms(start);
+
+  // 3. predict; outputs: answer_logits float32 (B, answers), answer_ids int32 (B, steps); row 0 is ours
+  std::vector<mindspore::MSTensor> inputs = fill_inputs(model, example);
+  std::vector<mindspore::MSTensor> outputs;
+  start = std::chrono::steady_clock::now();
+  status = model.Predict(inputs, &outputs);
+  if (status != mindspore::kSuccess) throw RuntimeFailure(graph + ": predict failed: " + status.ToString());
+  const double predict_ms = elapsed_ms(start);
+  if (outputs.size() != 2 || outputs[0].DataType() != mindspore::DataType::kNumberTypeFloat32 ||
+      outputs[1].DataType() != mindspore::DataType::kNumberTypeInt32 || outputs[0].Shape().size() != 2 ||
+      outputs[1].Shape().size() != 2) {
+    throw RunnerError(graph + ": expected the vqa graph's outputs answer_logits float32 (B, answers) and "
+                      "answer_ids int32 (B, steps)");
+  }
+  const size_t answers = static_cast<size_t>(outputs[0].Shape()[1]);
+  const size_t steps = static_cast<size_t>(outputs[1].Shape()[1]);
+  if (answers != assets.labels.size()) {
+    throw RunnerError(options.package + "/lite2/labels.txt: " + std::to_string(assets.labels.size()) +
+                      " labels but the model scores " + std::to_string(answers) + " answers");
+  }
+  const auto *logits = static_cast<const float *>(outputs[0].MutableData());
+  const auto *answer_ids = static_cast<const int32_t *>(outputs[1].MutableData());
+
+  // 4. the answer: the most probable label and its softmax probability, in double as the server does
+  const size_t best = static_cast<size_t>(std::max_element(logits, logits + answers) - logits);
+  double total = 0.0;
+  for (size_t i = 0; i < answers; ++i) total += std::exp(static_cast<double>(logits[i]) - logits[best]);
+  const float confidence = static_cast<float>(1.0 / total);
+  std::string line = "{\"answer\": " + json_string(assets.labels[best]) +
+                     ", \"confidence\": " + json_number(confidence) + ", \"logits\": [";
+  for (size_t i = 0; i < answers; ++i) line += (i ? ", " : "") + json_number(logits[i]);
+  line += "], \"answer_ids\": [";
+  for (size_t i = 0; i < steps; ++i) line += (i ? ", " : "") + std::to_string(answer_ids[i]);
+  line += "], \"preprocess_ms\": " + json_number(preprocess_ms) + ", \"build_ms\": " + json_number(build_ms) +
+          ", \"predict_ms\": " + json_number(predict_ms) + "}";
+  std::printf("%s\n", line.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const RunnerError &error) {
+    std::fprintf(stderr, "mindvl_runner: error: %s\n", error.what());
+    return 2;
+  } catch (const std::exception &error) {  // RuntimeFailure, or out of memory
+    std::fprintf(stderr, "mindvl_runner: error: %s\n", error.what());
+    return 1;
+  }
+}

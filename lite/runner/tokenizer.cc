@@ -1,0 +1,107 @@
+#include "tokenizer.h"
+
+#include "error.h"
+
+namespace mvl {
+namespace {
+
+// the ASCII sets of Rust's char::is_whitespace / is_ascii_punctuation, which tokenizers uses
+bool is_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+bool is_punct(unsigned char c) {
+  return (c >= '!' && c <= '/') || (c >= ':' && c <= '@') || (c >= '[' && c <= '`') || (c >= '{' && c <= '~');
+}
+bool is_continuation(unsigned char c) { return (c & 0xC0) == 0x80; }  // a UTF-8 byte inside a character
+
+const size_t kMaxWordChars = 100;  // tokenizers' WordPiece max_input_chars_per_word default
+
+}  // namespace
+
+Tokenizer::Tokenizer(const Assets &assets) : pre_(assets.pre) {
+  for (size_t id = 0; id < assets.vocab.size(); ++id) {
+    if (!assets.vocab[id].empty()) vocab_.emplace(assets.vocab[id], static_cast<int32_t>(id));
+  }
+}
+
+std::vector<std::string> Tokenizer::split(const std::string &text) const {
+  std::vector<std::string> words;
+  std::string word;
+  auto flush = [&]() {
+    if (!word.empty()) words.push_back(word);
+    word.clear();
+  };
+  for (unsigned char c : text) {
+    if (pre_.lowercase && c >= 'A' && c <= 'Z') c = static_cast<unsigned char>(c - 'A' + 'a');
+    bool control = (c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f;
+    if (control && pre_.tokenizer == "wordpiece") continue;  // BERT's normaliser deletes them; NFKC keeps them
+    if (is_space(c)) {
+      flush();
+    } else if (is_punct(c)) {
+      flush();
+      words.emplace_back(1, static_cast<char>(c));
+    } else {
+      word += static_cast<char>(c);
+    }
+  }
+  flush();
+  return words;
+}
+
+// WordLevel: the word or [UNK]. WordPiece: greedy longest-prefix match, the continuation pieces carrying
+// the subword prefix ("##"); a word with a part that matches nothing is one [UNK], as in tokenizers.
+void Tokenizer::word_ids(const std::string &word, std::vector<int32_t> &out) const {
+  auto found = vocab_.find(word);
+  if (pre_.tokenizer == "wordlevel") {
+    out.push_back(found == vocab_.end() ? pre_.unk_id : found->second);
+    return;
+  }
+  size_t chars = 0;
+  for (unsigned char c : word) chars += !is_continuation(c);
+  if (chars > kMaxWordChars) {
+    out.push_back(pre_.unk_id);
+    return;
+  }
+  std::vector<int32_t> pieces;
+  for (size_t start = 0; start < word.size();) {
+    size_t end = word.size();
+    int32_t piece = -1;
+    while (end > start) {
+      std::string candidate = (start > 0 ? pre_.continuing_subword_prefix : "") + word.substr(start, end - start);
+      auto match = vocab_.find(candidate);
+      if (match != vocab_.end()) {
+        piece = match->second;
+        break;
+      }
+      do --end;  // back to the previous character boundary
+      while (end > start && is_continuation(static_cast<unsigned char>(word[end])));
+    }
+    if (piece < 0) {
+      out.push_back(pre_.unk_id);
+      return;
+    }
+    pieces.push_back(piece);
+    start = end;
+  }
+  out.insert(out.end(), pieces.begin(), pieces.end());
+}
+
+void Tokenizer::encode(const std::string &question, std::vector<int32_t> &ids, std::vector<float> &mask) const {
+  std::vector<std::string> words = split(question);
+  if (words.empty()) throw RunnerError("question: it is empty; ask a question in words");
+  std::vector<int32_t> tokens{pre_.cls_id};
+  for (const std::string &word : words) word_ids(word, tokens);
+  tokens.push_back(pre_.sep_id);
+  const size_t limit = static_cast<size_t>(pre_.max_text_length);
+  if (tokens.size() > limit) {
+    throw RunnerError("question: '" + question + "' is " + std::to_string(tokens.size()) +
+                      " tokens with [CLS]/[SEP] but at most " + std::to_string(limit) +
+                      " fit (max_text_length in lite2/preprocess.txt); shorten the question");
+  }
+  ids.assign(limit, pre_.pad_id);
+  mask.assign(limit, 0.0f);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    ids[i] = tokens[i];
+    mask[i] = 1.0f;
+  }
+}
+
+}  // namespace mvl
