@@ -2,7 +2,12 @@
 assets, and the edge-cloud cascade. Imported lazily: `import mindvl.lite` loads neither MindSpore nor Lite."""
 
 _EXPORTS = {"LiteModel": "model", "Context": "model", "LiteTensor": "model", "LiteError": "model",
-            "backend_report": "model"}
+            "backend_report": "model",
+            "DevicePipeline": "device", "DeviceAnswer": "device",
+            "Cascade": "cascade", "CascadeAnswer": "cascade",
+            "Calibration": "calibrate", "CalibrationError": "calibrate",
+            "load_calibration": "calibrate",
+            "ResolutionSearch": "resolution", "resolution_report": "resolution"}
 
 
 def __getattr__(name):

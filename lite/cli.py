@@ -22,3 +22,165 @@ def add_lite_commands(commands) -> None:
                                        "(fetches and prepares the Lite 2.0 runtime on first use)")
     info.add_argument("--json", action="store_true", help="print the report as JSON")
     info.set_defaults(func=_info)
+    _add_device_commands(sub)
+
+
+def _read_file(flag: str, path: str) -> bytes:
+    from mindvl.preprocess import InputError
+
+    try:
+        return open(path, "rb").read()
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from exc
+
+
+def _milliseconds(timings: dict) -> str:
+    return ", ".join(f"{stage} {seconds * 1000:.2f}" for stage, seconds in timings.items())
+
+
+def _ask(args) -> None:
+    import statistics
+
+    from mindvl.lite.cascade import Cascade
+    from mindvl.lite.device import DevicePipeline
+    from mindvl.lite.model import Context
+
+    image = _read_file("--image", args.image)
+    audio = _read_file("--audio", args.audio) if args.audio else b""
+    if args.repeat < 1:
+        from mindvl.lite.model import LiteError
+        raise LiteError(f"--repeat {args.repeat}: expected 1 or more")
+    with DevicePipeline(args.package, args.backend, threads=1, context=Context(args.threads)) as pipeline:
+        if args.cloud:
+            if args.calibration:
+                cascade = Cascade.from_calibration(args.calibration, pipeline, args.cloud, args.timeout,
+                                                   args.servable, args.threshold)
+            else:
+                cascade = Cascade(pipeline, args.cloud, 0.5 if args.threshold is None else args.threshold,
+                                  args.temperature, args.timeout, args.servable)
+            with cascade:
+                result = cascade.answer(image, args.question or "", audio)
+            record = {**result.to_dict(), "threshold": cascade.threshold, "temperature": cascade.temperature}
+            if args.json:
+                print(json.dumps(record, indent=2))
+                return
+            print(f"answer: {result.answer} (confidence {result.confidence:.4f}, source {result.source})")
+            print(f"edge: {result.edge_answer} (calibrated confidence {result.edge_confidence:.4f}; threshold "
+                  f"{cascade.threshold:.6f}, temperature {cascade.temperature:.4f})")
+            if result.cloud_error:
+                print(f"cloud error: {result.cloud_error}")
+            print(f"ms: {_milliseconds(result.timings)}")
+            return
+        runs = [pipeline.answer(image, args.question or "", audio) for _ in range(args.repeat)]
+    result = runs[0]
+    warm = {stage: statistics.median(run.timings[stage] for run in runs[1:]) for stage in result.timings} \
+        if len(runs) > 1 else None
+    if args.json:
+        print(json.dumps({"answer": result.answer, "confidence": result.confidence, "answer_text": result.answer_text,
+                          "source": "edge", "backend": pipeline.backend, "timings": result.timings,
+                          "warm_timings": warm, "threads": result.threads}, indent=2))
+        return
+    print(f"answer: {result.answer} (confidence {result.confidence:.4f}; generated: {result.answer_text!r}; "
+          f"backend {pipeline.backend})")
+    print(f"ms, first call: {_milliseconds(result.timings)}")
+    if warm:
+        print(f"ms, median of the next {len(runs) - 1}: {_milliseconds(warm)}")
+    print("preprocessing threads: " + ", ".join(f"{m} {t}" for m, t in result.threads.items()))
+
+
+def _calibrate(args) -> None:
+    from pathlib import Path
+
+    from mindvl.lite.calibrate import CALIBRATION_FILE, calibrate, format_report
+
+    calibration = calibrate(args.package, args.data, split=args.split, modality=args.modality,
+                            target_cloud_rate=args.target_cloud_rate, target_accuracy=args.target_accuracy,
+                            cloud_accuracy=args.cloud_accuracy, cloud=args.cloud, backend=args.backend,
+                            limit=args.limit, servable=args.servable, timeout_s=args.timeout)
+    path = calibration.save(args.out or Path(args.package) / CALIBRATION_FILE)
+    if args.json:
+        print(json.dumps({**calibration.to_dict(), "path": str(path)}, indent=2))
+        return
+    print(format_report(calibration))
+    print(f"\nwrote {path} (the full curve: {len(calibration.curve)} thresholds); use it with "
+          f"`mindvl lite ask {args.package} --cloud URL --calibration {path}` or Cascade.from_calibration")
+
+
+def _resolution(args) -> None:
+    from mindvl.lite.resolution import DEFAULT_VIEWS, format_resolution, resolution_report
+
+    views = [v.strip() for v in args.views.split(",") if v.strip()] if args.views else DEFAULT_VIEWS
+    report = resolution_report(args.package, args.data, scale=args.scale, mode=args.mode, views=views,
+                               modality=args.modality, limit=args.limit, backend=args.backend,
+                               temperature=args.temperature)
+    print(json.dumps(report, indent=2) if args.json else format_resolution(report))
+
+
+def _add_device_commands(sub) -> None:
+    # choices are checked where they are used (LiteModel, calibrate, resolution_report), so building the
+    # parser imports none of those modules (every `mindvl` command builds it)
+    backend_help = "auto (default), mindspore_lite, lite2 or graphcell: see `mindvl lite info`"
+    ask = sub.add_parser("ask", help="answer one question on the device (image decode, tokenising and log-mel in "
+                                     "parallel threads, then the package's vqa graph), optionally through the "
+                                     "edge-cloud cascade")
+    ask.add_argument("package", metavar="PKG", help="model package folder")
+    ask.add_argument("--image", required=True, metavar="FILE", help="PNG or JPEG")
+    ask.add_argument("--question", help="the typed question")
+    ask.add_argument("--audio", metavar="FILE", help="the spoken question (WAV/FLAC/OGG)")
+    ask.add_argument("--backend", default="auto", help=backend_help)
+    ask.add_argument("--threads", type=int, default=1, metavar="N", help="CPU threads of the model runtime")
+    ask.add_argument("--repeat", type=int, default=1, metavar="N",
+                     help="answer N times and also print the median timings of runs 2..N (warm)")
+    ask.add_argument("--cloud", metavar="URL", help="the cloud endpoint (http://host:port or host:port for gRPC): "
+                                                   "questions the device is unsure of go there")
+    ask.add_argument("--servable", default="vqa", help="the cloud's servable (default vqa)")
+    ask.add_argument("--calibration", metavar="FILE", help="temperature and threshold from `mindvl lite calibrate` "
+                                                           "(a file, or a package folder holding calibration.json)")
+    ask.add_argument("--threshold", type=float, help="calibrated confidence at or above which the device answers "
+                                                     "(default: the calibration's, else 0.5)")
+    ask.add_argument("--temperature", type=float, default=1.0, help="without --calibration (default 1)")
+    ask.add_argument("--timeout", type=float, default=5.0, metavar="S",
+                     help="seconds to wait for the cloud before answering from the device (default 5)")
+    ask.add_argument("--json", action="store_true")
+    ask.set_defaults(func=_ask)
+
+    cal = sub.add_parser("calibrate", help="fit the cascade's temperature and threshold on a labelled split and "
+                                           "print the accuracy vs cloud-rate curve")
+    cal.add_argument("package", metavar="PKG", help="model package folder")
+    cal.add_argument("--data", required=True, metavar="ROOT", help="the built data set the package was trained on")
+    cal.add_argument("--split", default="validation",
+                     help="validation (default: the training images the run held out), test or train")
+    cal.add_argument("--modality", default="typed", help="ask the questions typed (default), spoken or both")
+    target = cal.add_mutually_exclusive_group()
+    target.add_argument("--target-cloud-rate", type=float, metavar="R",
+                        help="fraction of questions to send to the cloud (default 0.3)")
+    target.add_argument("--target-accuracy", type=float, metavar="A",
+                        help="the lowest cloud rate whose overall accuracy reaches A")
+    cloud = cal.add_mutually_exclusive_group()
+    cloud.add_argument("--cloud-accuracy", type=float, metavar="A",
+                       help="assume the cloud answers correctly with probability A (default 1: always)")
+    cloud.add_argument("--cloud", metavar="URL", help="measure it: ask this endpoint every question")
+    cal.add_argument("--servable", default="vqa", help="the cloud's servable (default vqa)")
+    cal.add_argument("--timeout", type=float, default=60.0, metavar="S", help="per cloud request (default 60)")
+    cal.add_argument("--backend", default="auto", help=backend_help)
+    cal.add_argument("--limit", type=int, default=0, metavar="N", help="only the first N questions (0: all)")
+    cal.add_argument("--out", metavar="FILE", help="where to write it (default PKG/calibration.json)")
+    cal.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    cal.set_defaults(func=_calibrate)
+
+    res = sub.add_parser("resolution", help="test-time resolution search: accuracy of the plain resize vs views "
+                                            "combined, on the test split and on a resized copy of it")
+    res.add_argument("package", metavar="PKG", help="model package folder")
+    res.add_argument("--data", required=True, metavar="ROOT", help="the built data set (its test split)")
+    res.add_argument("--scale", type=int, default=4, help="how many times larger the copy's images are (default 4)")
+    res.add_argument("--mode", default="canvas",
+                     help="canvas: each image at its own size centred in a SCALE x larger canvas (the scene "
+                          "shrinks after the resize); upscale: the image enlarged SCALE x (default canvas)")
+    res.add_argument("--views", help="comma-separated grid of full, crop:F, pad:F (0 < F <= 1; default "
+                                     "full,crop:0.5,crop:0.25,pad:0.5)")
+    res.add_argument("--modality", default="typed", help="typed (default), spoken or both")
+    res.add_argument("--temperature", type=float, default=1.0, help="divides the logits (default 1)")
+    res.add_argument("--backend", default="auto", help=backend_help)
+    res.add_argument("--limit", type=int, default=0, metavar="N", help="only the first N test questions (0: all)")
+    res.add_argument("--json", action="store_true")
+    res.set_defaults(func=_resolution)

@@ -1,0 +1,393 @@
+"""`mindvl lite calibrate`: the temperature and threshold of an edge-cloud cascade, fitted on labelled data.
+
+1. The device pipeline answers every question of a split (validation by default: the training images the
+   run held out) and keeps the answer logits.
+2. The temperature T minimises the negative log-likelihood of the true answers under softmax(logits / T)
+   (a golden-section search on log T over [0.05, 20]; NLL is convex in 1/T, so the search finds the
+   minimum; T = 1 is kept if it is as good).
+3. Every threshold that changes which questions go to the cloud gives a row of the curve: threshold,
+   cloud rate (questions whose calibrated confidence is below it), edge accuracy on the questions the device
+   answers, and overall accuracy with the cloud's answers for the others: measured by asking the cloud
+   (`cloud=`), else assuming the cloud is right with probability `cloud_accuracy` (1: always right).
+4. The threshold is the one for the target cloud-call rate (the round(rate * n) least confident questions go
+   to the cloud; the threshold sits halfway between two neighbouring confidences), or the lowest cloud rate
+   whose overall accuracy reaches the target accuracy.
+The result is a JSON file (`calibration.json` beside the package's manifest, like evaluation.json, or
+anywhere) that `Cascade.from_calibration` reads; it records the package's vqa graph hash so it is never
+applied to another model.
+"""
+import dataclasses
+import datetime
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+from mindvl.lite.model import LiteError
+
+CALIBRATION_FILE = "calibration.json"
+FORMAT = "mindvl-calibration"
+FORMAT_VERSION = 1
+TEMPERATURE_BOUNDS = (0.05, 20.0)
+MODALITIES = ("typed", "spoken", "both")  # how each question is asked: text, WAV, or both at once
+SPLITS = ("validation", "test", "train")
+CLOUD_BATCH = 16  # questions per request when the curve asks a real cloud
+
+PathLike = Union[str, Path]
+
+
+class CalibrationError(LiteError):
+    """Calibration data or settings that cannot give a calibration, or a calibration file that cannot be
+    used; the message says what to change."""
+
+
+# ----------------------------------------------------------------------------- temperature
+
+def nll(logits: np.ndarray, labels: np.ndarray, temperature: float = 1.0) -> float:
+    """Mean negative log-likelihood of `labels` (int (N,)) under softmax(logits / T), logits (N, classes)."""
+    scaled = np.asarray(logits, np.float64) / float(temperature)
+    top = scaled.max(axis=1, keepdims=True)
+    log_norm = top[:, 0] + np.log(np.exp(scaled - top).sum(axis=1))
+    return float(np.mean(log_norm - scaled[np.arange(len(labels)), labels]))
+
+
+def fit_temperature(logits: np.ndarray, labels: np.ndarray, bounds=TEMPERATURE_BOUNDS,
+                    tolerance: float = 1e-5) -> float:
+    """The temperature minimising `nll` (golden-section search on log T within `bounds`), or 1.0 when no
+    temperature does better than leaving the logits as they are."""
+    logits, labels = np.asarray(logits, np.float64), np.asarray(labels, np.int64)
+    if logits.ndim != 2 or len(logits) == 0 or labels.shape != (len(logits),):
+        raise CalibrationError(f"fit_temperature: expected logits (N, classes) and N labels with N > 0, got "
+                               f"{list(logits.shape)} and {list(labels.shape)}")
+    golden = (math.sqrt(5) - 1) / 2
+    low, high = math.log(bounds[0]), math.log(bounds[1])
+    a, b = high - golden * (high - low), low + golden * (high - low)
+    fa, fb = nll(logits, labels, math.exp(a)), nll(logits, labels, math.exp(b))
+    while high - low > tolerance:
+        if fa <= fb:  # the minimum lies in [low, b]
+            high, b, fb = b, a, fa
+            a = high - golden * (high - low)
+            fa = nll(logits, labels, math.exp(a))
+        else:
+            low, a, fa = a, b, fb
+            b = low + golden * (high - low)
+            fb = nll(logits, labels, math.exp(b))
+    best = math.exp((low + high) / 2)
+    return best if nll(logits, labels, best) < nll(logits, labels, 1.0) else 1.0
+
+
+# ----------------------------------------------------------------------------- thresholds
+
+def candidate_thresholds(confidences: np.ndarray) -> List[float]:
+    """Every threshold that sends a different set of questions to the cloud, ascending: 0 (none), the
+    midpoints between neighbouring distinct confidences, and just above the largest (all). Questions of
+    equal confidence go together."""
+    distinct = np.unique(np.asarray(confidences, np.float64))  # sorted
+    if distinct.size == 0:
+        return []
+    return [0.0, *((distinct[:-1] + distinct[1:]) / 2).tolist(), float(np.nextafter(distinct[-1], np.inf))]
+
+
+def threshold_for_cloud_rate(confidences: np.ndarray, rate: float) -> float:
+    """The threshold that sends the round(rate * n) least confident questions to the cloud (ties may keep
+    some of them on the edge)."""
+    _check_fraction("target cloud rate", rate)
+    ordered = np.sort(np.asarray(confidences, np.float64))
+    if ordered.size == 0:
+        raise CalibrationError("target cloud rate: no confidences to place a threshold between")
+    k = int(round(rate * ordered.size))
+    if k == 0:
+        return 0.0
+    if k == ordered.size:
+        return float(np.nextafter(ordered[-1], np.inf))
+    return float((ordered[k - 1] + ordered[k]) / 2)
+
+
+def curve_row(threshold: float, confidences: np.ndarray, edge_correct: np.ndarray,
+              cloud_correct: np.ndarray) -> Dict[str, Optional[float]]:
+    """What the cascade does at `threshold` on these questions: cloud_rate, edge_accuracy (on the questions
+    the device answers; None when it answers none) and accuracy (overall). cloud_correct: per question,
+    1/0 when measured, or the assumed cloud accuracy."""
+    to_cloud = confidences < threshold
+    answered = ~to_cloud
+    n = len(confidences)
+    edge_accuracy = float(edge_correct[answered].mean()) if answered.any() else None
+    accuracy = float((edge_correct[answered].sum() + cloud_correct[to_cloud].sum()) / n)
+    return {"threshold": float(threshold), "cloud_rate": float(to_cloud.sum() / n), "edge_accuracy": edge_accuracy,
+            "accuracy": accuracy}
+
+
+def accuracy_curve(confidences: np.ndarray, edge_correct: np.ndarray,
+                   cloud_correct: Union[float, np.ndarray]) -> List[Dict[str, Optional[float]]]:
+    """curve_row at every candidate threshold, by increasing threshold (so by increasing cloud rate)."""
+    confidences = np.asarray(confidences, np.float64)
+    edge_correct = np.asarray(edge_correct, np.float64)
+    cloud = np.broadcast_to(np.asarray(cloud_correct, np.float64), confidences.shape)
+    return [curve_row(t, confidences, edge_correct, cloud) for t in candidate_thresholds(confidences)]
+
+
+def threshold_for_accuracy(curve: Sequence[Dict[str, Optional[float]]], accuracy: float) -> Dict[str, Optional[float]]:
+    """The curve row with the lowest cloud rate whose overall accuracy reaches `accuracy`."""
+    _check_fraction("target accuracy", accuracy)
+    reaching = [row for row in curve if row["accuracy"] >= accuracy - 1e-12]
+    if not reaching:
+        best = max(curve, key=lambda row: row["accuracy"])
+        raise CalibrationError(f"target accuracy {accuracy:g}: no threshold reaches it on this data (the best is "
+                               f"{best['accuracy']:.4f} at cloud rate {best['cloud_rate']:.4f}); lower the target "
+                               f"or use --target-cloud-rate")
+    return min(reaching, key=lambda row: (row["cloud_rate"], row["threshold"]))
+
+
+def _check_fraction(what: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise CalibrationError(f"{what} {value!r}: expected a number in [0, 1]")
+    return float(value)
+
+
+# ----------------------------------------------------------------------------- the calibration file
+
+def package_identity(manifest: dict) -> Dict[str, Any]:
+    """What a calibration belongs to: the package's name, version and vqa graph file hash."""
+    vqa = manifest["graphs"]["vqa"]["file"]
+    return {"name": manifest["name"], "version": manifest["version"], "vqa_sha256": manifest["files"][vqa]["sha256"]}
+
+
+@dataclasses.dataclass
+class Calibration:
+    """A fitted cascade setting and the evidence for it (see the module docstring)."""
+    temperature: float
+    threshold: float
+    package: Dict[str, Any]
+    target: Dict[str, float] = dataclasses.field(default_factory=dict)
+    split: str = ""
+    modality: str = ""
+    examples: int = 0
+    skipped: List[str] = dataclasses.field(default_factory=list)
+    nll: Dict[str, float] = dataclasses.field(default_factory=dict)
+    cloud: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    chosen: Dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
+    curve: List[Dict[str, Optional[float]]] = dataclasses.field(default_factory=list)
+    created: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, **dataclasses.asdict(self)}
+
+    def save(self, path: PathLike) -> Path:
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.to_dict(), indent=2))
+        except OSError as exc:
+            raise CalibrationError(f"{path}: cannot write the calibration ({exc}); choose another --out") from exc
+        return path
+
+    def check_package(self, manifest: dict, package: PathLike) -> None:
+        """CalibrationError unless this calibration was fitted for the package with `manifest`."""
+        have = package_identity(manifest)
+        if have["vqa_sha256"] != self.package.get("vqa_sha256"):
+            fitted = self.package
+            raise CalibrationError(f"the calibration was fitted for package {fitted.get('name')} v"
+                                   f"{fitted.get('version')} (vqa sha256 {str(fitted.get('vqa_sha256'))[:12]}), "
+                                   f"not {package} ({have['name']} v{have['version']}, vqa sha256 "
+                                   f"{have['vqa_sha256'][:12]}); run `mindvl lite calibrate {package}` for it")
+
+
+def load_calibration(path: PathLike) -> Calibration:
+    """A calibration file, or the calibration.json inside a package folder."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / CALIBRATION_FILE
+    if not path.is_file():
+        raise CalibrationError(f"{path}: no such calibration file; write one with `mindvl lite calibrate PKG "
+                               f"--data ROOT`")
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise CalibrationError(f"{path}: not valid JSON ({exc}); calibrate again") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("format_version") != FORMAT_VERSION:
+        raise CalibrationError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} file; calibrate again with this mindvl")
+    fields = {f.name for f in dataclasses.fields(Calibration)}
+    try:
+        calibration = Calibration(**{k: v for k, v in data.items() if k in fields})
+    except TypeError as exc:
+        raise CalibrationError(f"{path}: {exc}; calibrate again") from exc
+    if not (isinstance(calibration.temperature, (int, float)) and calibration.temperature > 0 and
+            isinstance(calibration.threshold, (int, float)) and calibration.threshold >= 0):
+        raise CalibrationError(f"{path}: temperature {calibration.temperature!r} / threshold "
+                               f"{calibration.threshold!r}: expected a temperature > 0 and a threshold >= 0")
+    return calibration
+
+
+# ----------------------------------------------------------------------------- labelled questions
+
+def split_examples(package: PathLike, root: PathLike, split: str = "validation", limit: int = 0) -> list:
+    """Questions of a built data set as a client sends them (mindvl.data.examples.QueryExample): "test" the
+    test split with the test voice; "validation" / "train" the rows of the train table the package's training
+    config held out / kept, with the first training voice's clip (validation questions are training
+    questions, as the loader has it). limit: the first `limit` (0: all)."""
+    from mindvl.config import config_from_dict
+    from mindvl.data.examples import QueryExample, query_examples, wav_bytes
+    from mindvl.data.loader import load_meta, split_rows
+    from mindvl.data.records import SPEECH_TABLE, read_split, read_table
+
+    if split not in SPLITS:
+        raise CalibrationError(f"split {split!r}: expected one of {', '.join(SPLITS)}")
+    if split == "test":
+        return query_examples(root, limit)
+    cfg = config_from_dict(json.loads((Path(package) / "config.json").read_text()))
+    cfg.data.root = str(root)
+    rows = split_rows(cfg, split)[:limit or None]
+    meta = load_meta(root)
+    clips: Dict[int, bytes] = {}
+    for row in read_table(Path(root) / SPEECH_TABLE, ["question_id", "split", "pcm"]):
+        if row["split"] == "train":
+            clips.setdefault(int(row["question_id"]), bytes(row["pcm"]))
+    table = read_split(root, "train", ["image", "question_id", "answer_id"])
+    rate = meta["preprocess"]["sample_rate"]
+    return [QueryExample(bytes(table[i]["image"]), meta["questions"][int(table[i]["question_id"])],
+                         wav_bytes(clips.get(int(table[i]["question_id"]), b""), rate),
+                         meta["answers"][int(table[i]["answer_id"])]) for i in rows]
+
+
+def example_item(example, modality: str) -> Dict[str, Any]:
+    """A QueryExample as predict's inputs, the question typed, spoken or both."""
+    if modality not in MODALITIES:
+        raise CalibrationError(f"modality {modality!r}: expected one of {', '.join(MODALITIES)}")
+    return {"image": example.image, "question": "" if modality == "spoken" else example.question,
+            "audio": b"" if modality == "typed" else example.audio}
+
+
+def edge_logits(pipeline, examples: Sequence, modality: str):
+    """(logits float32 (n, classes), label index per answered example, the skipped items' errors) of the
+    device pipeline on `examples`; bad items are skipped and reported, never fatal."""
+    from mindvl.preprocess import InputError
+
+    index = {label: i for i, label in enumerate(pipeline.labels)}
+    unknown = sorted({e.answer for e in examples} - set(index))
+    if unknown:
+        raise CalibrationError(f"answers {unknown[:5]} are not among the package's labels: the data set is not the "
+                               f"one the package was trained on")
+    results = pipeline.answer_batch([example_item(e, modality) for e in examples])
+    kept = [(r, e) for r, e in zip(results, examples) if not isinstance(r, InputError)]
+    skipped = [str(r) for r in results if isinstance(r, InputError)]
+    if not kept:
+        raise CalibrationError(f"no usable questions: {len(examples)} given, {len(skipped)} failed"
+                               + (f" (first: {skipped[0]})" if skipped else "") + "; check --data and --split")
+    logits = np.stack([r.logits for r, _ in kept]).astype(np.float32)
+    labels = np.asarray([index[e.answer] for _, e in kept], np.int64)
+    return logits, labels, skipped, [e for _, e in kept]
+
+
+def cloud_correctness(cloud, examples: Sequence, modality: str, edge_correct: np.ndarray) -> Dict[str, Any]:
+    """Ask the cloud (a Client) every question; -> {"correct": per question 1/0, "failed": count}. A
+    question the cloud fails counts as the cascade would answer it: with the edge's answer."""
+    answers: List[Optional[str]] = []
+    for start in range(0, len(examples), CLOUD_BATCH):
+        chunk = [example_item(e, modality) for e in examples[start:start + CLOUD_BATCH]]
+        answers.extend(reply.get("answer") if "error" not in reply else None for reply in cloud.infer(chunk))
+    correct = np.asarray([edge if answer is None else float(answer == e.answer)
+                          for answer, e, edge in zip(answers, examples, edge_correct)], np.float64)
+    return {"correct": correct, "failed": sum(a is None for a in answers)}
+
+
+def calibrate(package: PathLike, root: PathLike, split: str = "validation", modality: str = "typed",
+              target_cloud_rate: Optional[float] = None, target_accuracy: Optional[float] = None,
+              cloud_accuracy: Optional[float] = None, cloud: Any = None, backend: str = "auto", limit: int = 0,
+              pipeline=None, servable: str = "vqa", timeout_s: float = 60.0) -> Calibration:
+    """Fit the temperature and pick the threshold (module docstring) for one target: `target_cloud_rate`
+    (default 0.3 when neither is given) or `target_accuracy`. The cloud's accuracy: asked of `cloud` (a
+    Client or an address) on every question, else `cloud_accuracy` (default 1.0). `pipeline`: a
+    DevicePipeline of `package` to use (else one is built on `backend`). Nothing is written (`.save`)."""
+    from mindvl.export.package import read_manifest
+    from mindvl.lite.device import DevicePipeline, softmax
+
+    if target_cloud_rate is not None and target_accuracy is not None:
+        raise CalibrationError("give one target: --target-cloud-rate or --target-accuracy, not both")
+    if cloud is not None and cloud_accuracy is not None:
+        raise CalibrationError("give the cloud's accuracy one way: --cloud URL (measured) or --cloud-accuracy A")
+    if target_accuracy is None:
+        target_cloud_rate = 0.3 if target_cloud_rate is None else target_cloud_rate
+        _check_fraction("target cloud rate", target_cloud_rate)
+    else:
+        _check_fraction("target accuracy", target_accuracy)
+    cloud_accuracy = _check_fraction("cloud accuracy", 1.0 if cloud_accuracy is None else cloud_accuracy)
+    if modality not in MODALITIES:
+        raise CalibrationError(f"modality {modality!r}: expected one of {', '.join(MODALITIES)}")
+
+    manifest = read_manifest(Path(package))
+    examples = split_examples(package, root, split, limit)
+    if not examples:
+        raise CalibrationError(f"split {split} of {root}: no questions; build the data set or choose another split")
+    own = pipeline is None
+    pipeline = pipeline or DevicePipeline(package, backend)
+    try:
+        logits, labels, skipped, kept = edge_logits(pipeline, examples, modality)
+    finally:
+        if own:
+            pipeline.close()
+    temperature = fit_temperature(logits, labels)
+    probabilities = softmax(logits, temperature)
+    confidences = probabilities.max(axis=1)
+    edge_correct = (probabilities.argmax(axis=1) == labels).astype(np.float64)
+
+    if cloud is not None:
+        from mindvl.serving.client import Client
+
+        client = Client(cloud, servable, "predict", timeout=timeout_s) if isinstance(cloud, str) else cloud
+        measured = cloud_correctness(client, kept, modality, edge_correct)
+        cloud_correct = measured["correct"]
+        cloud_info = {"address": getattr(client, "address", str(cloud)), "accuracy": float(cloud_correct.mean()),
+                      "failed": measured["failed"], "measured": True}
+    else:
+        cloud_correct = np.full(len(kept), cloud_accuracy)
+        cloud_info = {"accuracy": cloud_accuracy, "measured": False}
+    curve = accuracy_curve(confidences, edge_correct, cloud_correct)
+    if target_accuracy is None:
+        threshold = threshold_for_cloud_rate(confidences, target_cloud_rate)
+        chosen = curve_row(threshold, confidences, edge_correct, cloud_correct)
+        target = {"cloud_rate": float(target_cloud_rate)}
+    else:
+        chosen = threshold_for_accuracy(curve, target_accuracy)
+        threshold = chosen["threshold"]
+        target = {"accuracy": float(target_accuracy)}
+    return Calibration(temperature=float(temperature), threshold=float(threshold), package=package_identity(manifest),
+                       target=target, split=split, modality=modality, examples=len(kept), skipped=skipped,
+                       nll={"temperature_1": nll(logits, labels, 1.0), "fitted": nll(logits, labels, temperature)},
+                       cloud=cloud_info, chosen=chosen, curve=curve,
+                       created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+# ----------------------------------------------------------------------------- the report
+
+def _percent(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def format_report(calibration: Calibration, rows: int = 11) -> str:
+    """The fit and the accuracy vs cloud-rate curve as text: about `rows` rows spread over the cloud rates
+    (the full curve is in the file), the chosen threshold marked with *."""
+    c = calibration
+    cloud = (f"measured by asking {c.cloud.get('address')}: {c.cloud['accuracy']:.1%}"
+             + (f", {c.cloud['failed']} failed" if c.cloud.get("failed") else "")
+             if c.cloud.get("measured") else f"assumed {c.cloud['accuracy']:.1%}")
+    target = ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in c.target.items())
+    lines = [f"calibrated on {c.examples} {c.split} questions ({c.modality})"
+             + (f", {len(c.skipped)} skipped (bad input; first: {c.skipped[0]})" if c.skipped else ""),
+             f"temperature {c.temperature:.4f}: NLL {c.nll['temperature_1']:.4f} at T=1 -> {c.nll['fitted']:.4f}",
+             f"threshold {c.threshold:.6f} for target {target}: cloud rate {c.chosen['cloud_rate']:.1%}, edge "
+             f"accuracy {_percent(c.chosen['edge_accuracy'])}, overall {c.chosen['accuracy']:.1%}",
+             f"cloud accuracy {cloud}", ""]
+    wanted = np.linspace(0, 1, rows) if rows > 1 else [0.0]
+    picked = {min(range(len(c.curve)), key=lambda i: abs(c.curve[i]["cloud_rate"] - rate)) for rate in wanted}
+    header = f"  {'threshold':>10}  {'cloud rate':>10}  {'edge acc. (answered)':>20}  {'overall acc.':>12}"
+    lines += [header, "  " + "-" * (len(header) - 2)]
+    shown = [c.curve[i] for i in sorted(picked)]
+    if not any(abs(row["threshold"] - c.threshold) < 1e-15 for row in shown):
+        shown = sorted([*shown, c.chosen], key=lambda row: row["threshold"])
+    for row in shown:
+        mark = "*" if abs(row["threshold"] - c.threshold) < 1e-15 else " "
+        lines.append(f"{mark} {row['threshold']:>10.6f}  {row['cloud_rate']:>10.1%}  "
+                     f"{_percent(row['edge_accuracy']):>20}  {row['accuracy']:>12.1%}")
+    return "\n".join(lines)

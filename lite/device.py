@@ -1,0 +1,269 @@
+"""`DevicePipeline`: a model package answering questions on the device, request bytes in, answer out.
+
+It computes what the server's `predict` computes (servable_config.py's pixels, question_input, audio_input
+and vqa_answer stages), with the same mindvl.preprocess calls and the manifest's preprocessing parameters,
+then runs the vqa graph on a `LiteModel`. The three modalities are preprocessed at the same time: each has
+its own lane (a ThreadPoolExecutor of `threads` workers named mindvl-image / -question / -audio), and one
+question is one task per lane (image decode and resize, tokenisation, log-mel of the spoken question), so
+the slow log-mel never waits for the image and no two modalities share a thread. The model call follows,
+on the caller's thread.
+
+Inputs follow the server's rules: image PNG/JPEG bytes; question a str ('' or None when only spoken);
+audio WAV/FLAC/OGG bytes (b'' or None when only typed); not both question and audio empty. A bad input
+raises `mindvl.preprocess.InputError` naming it (`answer`), or takes that item's place in the result list
+(`answer_batch`), so one corrupt JPEG never stops a batch.
+"""
+import dataclasses
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from mindvl import preprocess as P
+from mindvl.config import PreprocessConfig
+from mindvl.lite.model import Context, LiteError, LiteModel
+
+MODALITIES = ("image", "question", "audio")
+PathLike = Union[str, Path]
+
+
+def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """softmax(logits / temperature) over the last axis, in float64 (the server's vqa_answer uses float64
+    too, so confidences agree to float32 rounding)."""
+    scaled = np.asarray(logits, np.float64) / float(temperature)
+    scaled = scaled - scaled.max(axis=-1, keepdims=True)
+    weights = np.exp(scaled)
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+@dataclasses.dataclass
+class DeviceAnswer:
+    """One question answered on the device.
+
+    answer: the most probable label; confidence: its softmax probability (temperature 1, as the server
+    reports it); answer_text: the generated answer; logits: float32 (num_answers,), the vqa graph's
+    answer_logits row. timings in seconds: image, question, audio (each modality's own task), preprocess
+    (wall time of the three tasks together), model (the LiteModel call), total. In `answer_batch` the
+    preprocess, model and total entries are the whole batch's. threads: the thread each modality ran on.
+    """
+    answer: str
+    confidence: float
+    answer_text: str
+    logits: np.ndarray
+    timings: Dict[str, float]
+    threads: Dict[str, str]
+
+
+def _expect(value, kind: type, name: str):
+    """The servable's `expect`: `value` if it is a `kind`, else an InputError saying what to send."""
+    if not isinstance(value, kind):
+        raise P.InputError(f"{name}: expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _timed(function, *args) -> Tuple[object, float, str]:
+    start = time.perf_counter()
+    result = function(*args)
+    return result, time.perf_counter() - start, threading.current_thread().name
+
+
+def find_package(model_path: PathLike) -> Path:
+    """The model package a LiteModel was built from: the nearest folder above its file holding a manifest."""
+    from mindvl.export.package import MANIFEST
+
+    for folder in Path(model_path).resolve().parents:
+        if (folder / MANIFEST).is_file():
+            return folder
+    raise LiteError(f"{model_path}: not inside a model package (no {MANIFEST} above it); build the LiteModel "
+                    f"with LiteModel.from_package, or pass the package folder")
+
+
+class DevicePipeline:
+    """Answers questions with the vqa graph of a model package on the device runtime.
+
+    package: the model package folder. backend: LiteModel's ("auto", "lite2", "graphcell", ...).
+    threads: workers per modality lane (1 is enough for single questions; more help `answer_batch`).
+    context: the runtime's Context (CPU threads of the model). model: an already built LiteModel of this
+    package's vqa graph to use instead of building one (the pipeline closes it). Not for concurrent use
+    with an in-process `mindvl serve` on the graphcell backend (MindSpore runs one GraphCell at a time
+    per process).
+    """
+
+    def __init__(self, package: PathLike, backend: str = "auto", threads: int = 1,
+                 context: Optional[Context] = None, model: Optional[LiteModel] = None) -> None:
+        from mindvl.export.package import check_files, read_manifest
+
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise LiteError(f"threads={threads!r}: expected 1 or more workers per modality")
+        self.package = Path(package)
+        self.manifest = read_manifest(self.package)
+        if "vqa" not in self.manifest["graphs"]:
+            raise LiteError(f"{self.package}: has no vqa graph (it has {', '.join(self.manifest['graphs'])}); "
+                            f"export the package with the vqa graph to answer questions")
+        recorded = self.manifest["preprocess"]
+        self.pre = PreprocessConfig(**{f.name: recorded[f.name] for f in dataclasses.fields(PreprocessConfig)})
+        self.labels: List[str] = list(self.manifest["labels"])
+        check_files(self.package, self.manifest, [recorded["tokenizer"]])
+        self.tokenizer = P.TextTokenizer.load(self.package / recorded["tokenizer"])
+        self.input_names = [t["name"] for t in self.manifest["graphs"]["vqa"]["inputs"]]
+        self.model = model or LiteModel.from_package(self.package, "vqa", context, backend)
+        self.backend = self.model.backend_name
+        self.threads = threads
+        self._lanes = {m: ThreadPoolExecutor(threads, thread_name_prefix=f"mindvl-{m}") for m in MODALITIES}
+        self._model_lock = threading.Lock()  # a LiteModel is one runtime session: one call at a time
+
+    @classmethod
+    def from_model(cls, model: LiteModel, threads: int = 1) -> "DevicePipeline":
+        """The pipeline around a LiteModel built with `LiteModel.from_package(package, "vqa")`."""
+        if getattr(model, "path", None) is None:
+            raise LiteError("the LiteModel is not built: build it with LiteModel.from_package(package, 'vqa')")
+        return cls(find_package(model.path), threads=threads, model=model)
+
+    # -- the server's stages, one modality each (servable_config.py: pixels, question_input, audio_input)
+    def pixels(self, image: bytes, name: str = "image") -> np.ndarray:
+        """PNG/JPEG bytes -> float32 (3, S, S), normalised as in training."""
+        return P.decode_image(_expect(image, bytes, name), self.pre, name=name)
+
+    def question_input(self, question: str, name: str = "question") -> Tuple[np.ndarray, np.ndarray, np.float32]:
+        """The typed question -> (ids int32 (T,), mask float32 (T,), use_text); zeros and 0 when it is empty."""
+        if _expect(question, str, name).strip():
+            ids, mask = self.tokenizer.encode(question, self.pre.max_text_length, name=name)
+            return ids, mask, np.float32(1)
+        text = self.pre.max_text_length
+        return np.zeros((text,), np.int32), np.zeros((text,), np.float32), np.float32(0)
+
+    def audio_input(self, audio: bytes, name: str = "audio") -> Tuple[np.ndarray, np.ndarray, np.float32]:
+        """The spoken question -> (log-mel float32 (n_mels, F), frame mask float32 (F,), use_audio); zeros
+        and 0 when there is none."""
+        if len(_expect(audio, bytes, name)) == 0:
+            return (np.zeros((self.pre.n_mels, self.pre.max_audio_frames), np.float32),
+                    np.zeros((self.pre.max_audio_frames,), np.float32), np.float32(0))
+        waveform = P.load_wav(audio, self.pre.sample_rate, name=name)
+        mel, mask = P.pad_mel(P.log_mel(waveform, self.pre, name=name), self.pre, name=name)
+        return mel, mask, np.float32(1)
+
+    # -- preprocessing in parallel
+    def _submit(self, image, question, audio, prefix: str) -> Dict[str, Future]:
+        """Check the request's shape, then start one task per modality on its lane."""
+        question = "" if question is None else question
+        audio = b"" if audio is None else audio
+        _expect(image, bytes, f"{prefix}image")
+        _expect(question, str, f"{prefix}question")
+        _expect(audio, bytes, f"{prefix}audio")
+        if not question.strip() and len(audio) == 0:
+            raise P.InputError(f"{prefix}predict: question and audio are both empty; ask as text, as audio or both")
+        return {"audio": self._lanes["audio"].submit(_timed, self.audio_input, audio, f"{prefix}audio"),
+                "image": self._lanes["image"].submit(_timed, self.pixels, image, f"{prefix}image"),
+                "question": self._lanes["question"].submit(_timed, self.question_input, question,
+                                                           f"{prefix}question")}
+
+    @staticmethod
+    def _collect(futures: Dict[str, Future]) -> Tuple[Dict[str, np.ndarray], Dict[str, float], Dict[str, str]]:
+        """The tasks' results as one row of vqa inputs (no batch axis); raises the first InputError."""
+        wait(futures.values())  # all three, even when one fails: no task outlives the call
+        results = {m: futures[m].result() for m in MODALITIES}
+        pixels, _, _ = results["image"]
+        (ids, mask, use_text), _, _ = results["question"]
+        (mel, frames, use_audio), _, _ = results["audio"]
+        row = {"image": pixels, "question_ids": ids, "question_mask": mask, "audio_mel": mel,
+               "audio_mask": frames, "use_text": use_text, "use_audio": use_audio}
+        return row, {m: r[1] for m, r in results.items()}, {m: r[2] for m, r in results.items()}
+
+    def prepare(self, image: bytes, question: Optional[str] = None, audio: Optional[bytes] = None,
+                name: str = "") -> Tuple[Dict[str, np.ndarray], Dict[str, float], Dict[str, str]]:
+        """(one row of vqa inputs without the batch axis, seconds per modality, thread per modality); the
+        three modalities are preprocessed in parallel. `name` prefixes error messages ("item 3: ")."""
+        return self._collect(self._submit(image, question, audio, name))
+
+    # -- the model
+    def predict(self, rows: Sequence[Mapping[str, np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
+        """Rows of vqa inputs -> (answer_logits float32 (N, num_answers), answer_ids int32 (N, steps))."""
+        if not rows:
+            raise LiteError("predict: no rows to run")
+        batch = {name: np.stack([np.asarray(row[name]) for row in rows]) for name in self.input_names}
+        # the lite2 graphs hold their static batch in shape constants: feed them rows of that batch rather
+        # than have LiteModel try (and log) a resize first
+        static = self.model.get_inputs()[0].shape[0] if self.backend == "lite2" else -1
+        step = static if static > 0 else len(rows)
+        parts = []
+        with self._model_lock:
+            for start in range(0, len(rows), step):
+                chunk = {name: value[start:start + step] for name, value in batch.items()}
+                short = step - len(chunk["image"])
+                if short:  # pad with copies of the last row; their outputs are dropped
+                    chunk = {name: np.concatenate([v, np.repeat(v[-1:], short, axis=0)]) for name, v in chunk.items()}
+                outputs = self.model.run(chunk)
+                parts.append((outputs["answer_logits"][:step - short], outputs["answer_ids"][:step - short]))
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def _answer(self, logits: np.ndarray, answer_ids: np.ndarray, timings: Dict[str, float],
+                threads: Dict[str, str]) -> DeviceAnswer:
+        """The servable's vqa_answer for one row."""
+        probabilities = softmax(logits)
+        best = int(probabilities.argmax())
+        return DeviceAnswer(self.labels[best], float(np.float32(probabilities[best])),
+                            self.tokenizer.decode(answer_ids), np.asarray(logits, np.float32), timings, threads)
+
+    def answer(self, image: bytes, question: Optional[str] = None, audio: Optional[bytes] = None) -> DeviceAnswer:
+        """Answer one question (typed, spoken or both) about one image; InputError names a bad input."""
+        start = time.perf_counter()
+        row, timings, threads = self.prepare(image, question, audio)
+        timings["preprocess"] = time.perf_counter() - start
+        model_start = time.perf_counter()
+        logits, answer_ids = self.predict([row])
+        timings["model"] = time.perf_counter() - model_start
+        timings["total"] = time.perf_counter() - start
+        return self._answer(logits[0], answer_ids[0], timings, threads)
+
+    def answer_batch(self, items: Sequence[Mapping[str, object]]) -> List[Union[DeviceAnswer, P.InputError]]:
+        """Answer many questions: items are {"image", "question", "audio"} as the server takes them. Every
+        item's three tasks are queued at once on the lanes, then one model call runs the good rows. A bad
+        item's place holds its InputError ("item 3: image: cannot decode ..."); the others are answered."""
+        start = time.perf_counter()
+        pending: List[Union[Dict[str, Future], P.InputError]] = []
+        for index, item in enumerate(items):
+            try:
+                if not isinstance(item, Mapping):
+                    raise P.InputError(f"item {index}: expected a dict with image, question and audio, got "
+                                       f"{type(item).__name__}")
+                pending.append(self._submit(item.get("image"), item.get("question"), item.get("audio"),
+                                            f"item {index}: "))
+            except P.InputError as error:
+                pending.append(error)
+        prepared: List[Union[tuple, P.InputError]] = []
+        for futures in pending:
+            try:
+                prepared.append(futures if isinstance(futures, P.InputError) else self._collect(futures))
+            except P.InputError as error:
+                prepared.append(error)
+        preprocess = time.perf_counter() - start
+        good = [p for p in prepared if not isinstance(p, P.InputError)]
+        model_start = time.perf_counter()
+        logits, answer_ids = self.predict([row for row, _, _ in good]) if good else (None, None)
+        model = time.perf_counter() - model_start
+        total = time.perf_counter() - start
+        results: List[Union[DeviceAnswer, P.InputError]] = []
+        done = 0
+        for item in prepared:
+            if isinstance(item, P.InputError):
+                results.append(item)
+                continue
+            _, timings, threads = item
+            timings.update(preprocess=preprocess, model=model, total=total)
+            results.append(self._answer(logits[done], answer_ids[done], timings, threads))
+            done += 1
+        return results
+
+    def close(self) -> None:
+        for lane in self._lanes.values():
+            lane.shutdown(wait=True)
+        self.model.close()
+
+    def __enter__(self) -> "DevicePipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
