@@ -295,11 +295,13 @@ def cloud_correctness(cloud, examples: Sequence, modality: str, edge_correct: np
 def calibrate(package: PathLike, root: PathLike, split: str = "validation", modality: str = "typed",
               target_cloud_rate: Optional[float] = None, target_accuracy: Optional[float] = None,
               cloud_accuracy: Optional[float] = None, cloud: Any = None, backend: str = "auto", limit: int = 0,
-              pipeline=None, servable: str = "vqa", timeout_s: float = 60.0) -> Calibration:
+              pipeline=None, servable: str = "vqa", timeout_s: float = 60.0,
+              examples: Optional[Sequence] = None) -> Calibration:
     """Fit the temperature and pick the threshold (module docstring) for one target: `target_cloud_rate`
     (default 0.3 when neither is given) or `target_accuracy`. The cloud's accuracy: asked of `cloud` (a
     Client or an address) on every question, else `cloud_accuracy` (default 1.0). `pipeline`: a
-    DevicePipeline of `package` to use (else one is built on `backend`). Nothing is written (`.save`)."""
+    DevicePipeline of `package` to use (else one is built on `backend`). `examples`: labelled questions
+    (QueryExample) to use instead of the split's (`split` then only names them). Nothing is written (`.save`)."""
     from mindvl.export.package import read_manifest
     from mindvl.lite.device import DevicePipeline, softmax
 
@@ -317,7 +319,7 @@ def calibrate(package: PathLike, root: PathLike, split: str = "validation", moda
         raise CalibrationError(f"modality {modality!r}: expected one of {', '.join(MODALITIES)}")
 
     manifest = read_manifest(Path(package))
-    examples = split_examples(package, root, split, limit)
+    examples = split_examples(package, root, split, limit) if examples is None else list(examples)
     if not examples:
         raise CalibrationError(f"split {split} of {root}: no questions; build the data set or choose another split")
     own = pipeline is None

@@ -44,7 +44,7 @@ def test_quickstart_runs_every_stage_and_prints_the_summary(tmp_path):
     result = run_cli(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     for line in ("VQA, text question", "VQA, spoken question", "majority baseline", "image -> caption",
-                 "speech -> text", "model package", "serving"):
+                 "speech -> text", "model package", "serving", "device", "C++ runner", "cascade"):
         assert line in result.stdout
     summary = json.loads((tmp_path / "qs" / "summary.json").read_text())
     assert summary["export"]["verify"]["ok"] is True
@@ -53,5 +53,14 @@ def test_quickstart_runs_every_stage_and_prints_the_summary(tmp_path):
     served = summary["serve"]  # the package answered over REST and gRPC, alike, typed and spoken questions
     assert served["questions"] == 8 and served["protocols_agree"]
     assert not any(answer.startswith("error") for answer in served["answers"]["rest"])
+    device = summary["device"]  # the same questions on the device runtime, the C++ runner and the cascade
+    assert device["questions"] == 8 and device["same_as_server"] == 8
+    assert device["runner"]["ran"] is (device["backend"] == "lite2")
+    if device["runner"]["ran"]:
+        assert device["runner"]["same_as_device"] == device["runner"]["questions"] == 4
+    assert sum(device["cascade"]["sources"].values()) == 8 and device["cascade"]["sources"]["edge_fallback"] == 0
+    assert {c["graph"] for c in summary["export"]["verify"]["checks"] if c["graph"].startswith("lite2/")} == \
+        ({"lite2/vqa", "lite2/image_embed", "lite2/text_embed", "lite2/audio_embed"} if device["backend"] == "lite2"
+         else set())
     assert (tmp_path / "qs" / "package" / "manifest.json").is_file()
     assert run_cli("export", "verify", str(tmp_path / "qs" / "package")).returncode == 0
