@@ -12,7 +12,6 @@ reads the same. Backends, tried in this order by `backend="auto"`:
 import os
 import subprocess
 import sys
-import warnings
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path

@@ -11,17 +11,12 @@ import pytest
 
 from mindvl.cli import main
 from mindvl.data.examples import query_examples
-from mindvl.lite.calibrate import Calibration, CalibrationError, package_identity
+from mindvl.lite.calibrate import Calibration, CalibrationError, example_item, package_identity
 from mindvl.lite.cascade import Cascade
 from mindvl.lite.device import DevicePipeline, softmax
 from mindvl.lite.model import LiteError
 from mindvl.preprocess import InputError
 from mindvl.serving import Client
-
-
-def request(example, mode="typed"):
-    return {"image": example.image, "question": "" if mode == "spoken" else example.question,
-            "audio": b"" if mode == "typed" else example.audio}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +27,7 @@ def package(vqa_package):
 @pytest.fixture(scope="module")
 def items(vqa_package):
     examples = query_examples(vqa_package[0].data.root, 6)
-    return [request(e, mode) for e, mode in zip(examples, ("typed", "spoken", "both") * 2)]
+    return [example_item(e, mode) for e, mode in zip(examples, ("typed", "spoken", "both") * 2)]
 
 
 @pytest.fixture(scope="module")

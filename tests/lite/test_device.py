@@ -9,6 +9,7 @@ import pytest
 from mindvl.cli import main
 from mindvl.data.examples import query_examples, wav_bytes
 from mindvl.export.package import TOLERANCE, load_graph, read_manifest
+from mindvl.lite.calibrate import example_item
 from mindvl.lite.device import MODALITIES, DevicePipeline
 from mindvl.preprocess import InputError
 from mindvl.serving import Client
@@ -17,11 +18,6 @@ MODES = ("typed", "spoken", "both")
 # lite2 graph vs the server's GraphCell: the package's own verification tolerance on logits; confidences are
 # softmax probabilities in [0, 1] of those logits, so they agree to the same absolute tolerance
 ATOL, RTOL = TOLERANCE["atol"], TOLERANCE["rtol"]
-
-
-def request(example, mode):
-    return {"image": example.image, "question": "" if mode == "spoken" else example.question,
-            "audio": b"" if mode == "typed" else example.audio}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +37,7 @@ def pipeline(package):
 
 
 def test_device_answers_equal_the_servers_for_typed_spoken_and_both(pipeline, examples, live_server):
-    items = [request(e, mode) for e in examples for mode in MODES]
+    items = [example_item(e, mode) for e in examples for mode in MODES]
     served = Client(live_server.rest_url, "vqa", "predict").infer(items)
     for item, server, device in zip(items, served, pipeline.answer_batch(items)):
         assert "error" not in server, server
@@ -53,7 +49,7 @@ def test_device_answers_equal_the_servers_for_typed_spoken_and_both(pipeline, ex
 
 
 def test_device_logits_match_the_graphcell_graph_on_the_same_inputs(pipeline, package, examples):
-    rows = [pipeline.prepare(**request(e, mode))[0] for e in examples for mode in MODES]
+    rows = [pipeline.prepare(**example_item(e, mode))[0] for e in examples for mode in MODES]
     logits, answer_ids = pipeline.predict(rows)
     graph = load_graph(package, read_manifest(package), "vqa")
     import mindspore as ms
@@ -64,7 +60,7 @@ def test_device_logits_match_the_graphcell_graph_on_the_same_inputs(pipeline, pa
 
 
 def test_the_graphcell_backend_answers_like_the_default_one(package, pipeline, examples):
-    items = [request(e, mode) for e in examples[:2] for mode in MODES]
+    items = [example_item(e, mode) for e in examples[:2] for mode in MODES]
     with DevicePipeline(package, backend="graphcell") as cell:
         assert cell.backend == "graphcell"
         for ours, theirs in zip(pipeline.answer_batch(items), cell.answer_batch(items)):
@@ -75,18 +71,18 @@ def test_the_graphcell_backend_answers_like_the_default_one(package, pipeline, e
 def test_the_three_modalities_are_preprocessed_on_three_threads(pipeline, examples):
     import threading
 
-    answer = pipeline.answer(**request(examples[0], "both"))
+    answer = pipeline.answer(**example_item(examples[0], "both"))
     assert set(answer.threads) == set(MODALITIES)
     assert len(set(answer.threads.values())) == 3
     assert threading.current_thread().name not in answer.threads.values()
     for modality, thread in answer.threads.items():
         assert thread.startswith(f"mindvl-{modality}")
-    batch = pipeline.answer_batch([request(e, "both") for e in examples])
+    batch = pipeline.answer_batch([example_item(e, "both") for e in examples])
     assert all(a.threads[m].startswith(f"mindvl-{m}") for a in batch for m in MODALITIES)
 
 
 def test_timings_name_every_stage(pipeline, examples):
-    timings = pipeline.answer(**request(examples[1], "both")).timings
+    timings = pipeline.answer(**example_item(examples[1], "both")).timings
     assert set(timings) == {*MODALITIES, "preprocess", "model", "total"}
     assert all(seconds >= 0 for seconds in timings.values())
     assert timings["preprocess"] >= max(timings[m] for m in MODALITIES)
@@ -94,7 +90,7 @@ def test_timings_name_every_stage(pipeline, examples):
 
 
 def test_a_batch_names_and_skips_bad_items_and_answers_the_rest(pipeline, examples):
-    good = request(examples[0], "both")
+    good = example_item(examples[0], "both")
     empty_wav = wav_bytes(b"", 16000)
     items = [good, {**good, "image": b"\x89PNG not really"}, {**good, "question": "", "audio": empty_wav},
              {**good, "question": "", "audio": b""}, {**good, "question": 7}, good]
@@ -123,8 +119,8 @@ def test_from_model_finds_the_package_of_a_lite_model(package, examples, pipelin
 
     with DevicePipeline.from_model(LiteModel.from_package(package, "vqa", backend=pipeline.backend)) as device:
         assert device.package == package.resolve()
-        assert device.answer(**request(examples[0], "typed")).answer == \
-            pipeline.answer(**request(examples[0], "typed")).answer
+        assert device.answer(**example_item(examples[0], "typed")).answer == \
+            pipeline.answer(**example_item(examples[0], "typed")).answer
 
 
 def test_ask_cli_answers_on_the_device(package, pipeline, examples, tmp_path, capsys):
