@@ -184,20 +184,9 @@ class DevicePipeline:
         if not rows:
             raise LiteError("predict: no rows to run")
         batch = {name: np.stack([np.asarray(row[name]) for row in rows]) for name in self.input_names}
-        # the lite2 graphs hold their static batch in shape constants: feed them rows of that batch rather
-        # than have LiteModel try (and log) a resize first
-        static = self.model.get_inputs()[0].shape[0] if self.backend == "lite2" else -1
-        step = static if static > 0 else len(rows)
-        parts = []
-        with self._model_lock:
-            for start in range(0, len(rows), step):
-                chunk = {name: value[start:start + step] for name, value in batch.items()}
-                short = step - len(chunk["image"])
-                if short:  # pad with copies of the last row; their outputs are dropped
-                    chunk = {name: np.concatenate([v, np.repeat(v[-1:], short, axis=0)]) for name, v in chunk.items()}
-                outputs = self.model.run(chunk)
-                parts.append((outputs["answer_logits"][:step - short], outputs["answer_ids"][:step - short]))
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        with self._model_lock:  # LiteModel.run feeds a static lite2 graph in chunks of its batch
+            outputs = self.model.run(batch)
+        return outputs["answer_logits"], outputs["answer_ids"]
 
     def _answer(self, logits: np.ndarray, answer_ids: np.ndarray, timings: Dict[str, float],
                 threads: Dict[str, str]) -> DeviceAnswer:

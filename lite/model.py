@@ -423,4 +423,6 @@ class LiteModel:
         check_files(package, manifest, [str(path.relative_to(package))])
         model.build_from_file(path, context=context, key=key)
         model.output_names = [t["name"] for t in entry["outputs"]]
+        # the lite2 graphs hold their batch in shape constants: run() feeds chunks without trying a resize
+        model._fixed_batch = model.backend_name == "lite2"
         return model
