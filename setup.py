@@ -1,7 +1,8 @@
 """One distribution, one namespace: cells/, export/, serving/ and lite/ install as mindvl.cells, ..."""
 from setuptools import find_packages, setup
 
-MAPPED = {"cells": "mindvl.cells", "export": "mindvl.export", "serving": "mindvl.serving", "lite": "mindvl.lite"}
+MAPPED = {"cells": "mindvl.cells", "export": "mindvl.export", "serving": "mindvl.serving", "lite": "mindvl.lite",
+          "parallel_configs": "mindvl.parallel_configs"}  # the last holds only data: the strategy files
 
 packages = find_packages(include=["mindvl", "mindvl.*"])
 package_dir = {"mindvl": "mindvl"}
@@ -23,7 +24,8 @@ setup(
     package_dir=package_dir,
     # the C++ sources mindvl.lite compiles on first use (the Lite 2.0 bridge and the on-device runner)
     package_data={"mindvl": ["configs/*.yaml"],
-                  "mindvl.lite": ["bridge.cc", "runner/CMakeLists.txt", "runner/*.cc", "runner/*.h"]},
+                  "mindvl.lite": ["bridge.cc", "runner/CMakeLists.txt", "runner/*.cc", "runner/*.h"],
+                  "mindvl.parallel_configs": ["*.yaml", "README.md"]},
     install_requires=[
         "mindspore==2.10.0",
         "numpy>=1.26,<2",

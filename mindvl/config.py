@@ -501,6 +501,9 @@ class TrainConfig:
     eval_every: int = 0  # steps between validation evaluations (0: none); the best checkpoint is tracked
     log_every: int = 10
     seed: int = 0
+    # a parallel strategy: a file of parallel_configs/ by name (dp2) or a YAML path; "": data parallel over
+    # however many ranks msrun started (mindvl.parallel)
+    parallel: str = ""
 
     def validate(self) -> None:
         _positive(self, "train", ["epochs", "lr", "checkpoint_every", "log_every", "grad_accumulation"])

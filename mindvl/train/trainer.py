@@ -143,6 +143,9 @@ class Trainer:
         cfg = bind_config(args.config)
         self.cfg, self.model, self.progress = cfg, model, args.progress
         self.rank, self.world = init_data_parallel()
+        if cfg.train.parallel:  # the strategy file sets micro-batches and recompute before they are read
+            from mindvl.parallel.apply import prepare_training
+            prepare_training(cfg, model, self.world)
         self.output_dir = Path(cfg.train.output_dir)
         train_cfg = cfg.train
         if train_cfg.eval_every and cfg.data.validation_fraction <= 0:

@@ -33,7 +33,8 @@ def test_two_msrun_workers_end_with_the_weights_of_one_process_with_the_whole_ba
 
     msrun, mindvl = shutil.which("msrun"), shutil.which("mindvl")
     assert msrun and mindvl, "msrun ships with mindspore and mindvl with this package: both belong on PATH"
-    sets = [arg for override in [*overrides, f"train.output_dir={tmp_path / 'ranks'}"] for arg in ("--set", override)]
+    ranks = [*overrides, f"train.output_dir={tmp_path / 'ranks'}", "train.parallel=dp2"]  # parallel_configs/dp2.yaml
+    sets = [arg for override in ranks for arg in ("--set", override)]
     command = [msrun, "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
                f"--log_dir={tmp_path / 'logs'}", "--join=True", mindvl, "train", *sets]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=400,
@@ -42,6 +43,7 @@ def test_two_msrun_workers_end_with_the_weights_of_one_process_with_the_whole_ba
     assert done.returncode == 0, logs
 
     result = json.loads((tmp_path / "ranks" / "train_result.json").read_text())
+    assert json.loads((tmp_path / "ranks" / "config.json").read_text())["train"]["parallel"] == "dp2"
     assert result["world_size"] == 2 and result["steps"] == 4 and result["skipped_steps"] == 0
     state = json.loads((Path(result["checkpoint"]) / "train_state.json").read_text())
     assert state["data"]["num_shards"] == 2 and state["data"]["micro_batch_size"] == 4

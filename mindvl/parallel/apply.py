@@ -1,0 +1,243 @@
+"""Apply a strategy to the model's cells: `shard()` on their primitives, pipeline stages, recompute.
+
+Megatron-style splits within each module's (dp, mp) (strategy.module(name)):
+  attention  q/k/v projections column-split (weight rows over mp), scores, softmax and the weighted sum
+             split over heads, the output projection row-split (its partial sums all-reduced);
+  MLP        fc1 column-split, the activation on the split hidden width, fc2 row-split;
+  norms      batch split only; embeddings replicated over mp (vocab_emb_dp) or row-split over mp;
+  heads      their projections column-split.
+Every tensor's batch axis is split over dp. On Ascend the semi-auto-parallel compiler turns these into
+sliced kernels and collectives; on CPU MindSpore 2.10 cannot compile them ("Invalid backend: CPU"), so
+there the strategies are set on the cells and inspected (`dump_strategy`), and only data parallelism
+runs (mindvl.train.distributed under msrun).
+"""
+from typing import Dict, List, Tuple
+
+from mindspore import nn, ops
+
+from mindvl.config import Config, ConfigError
+from mindvl.parallel.strategy import ParallelStrategy, pipeline_blocks, validate_strategy
+
+Strategy = Tuple[Tuple[int, ...], ...]
+
+
+def _shard(primitive, strategy: Strategy) -> None:
+    primitive.shard(strategy)
+
+
+def _linear(linear: nn.Cell, dp: int, mp: int, split: str) -> None:
+    """Linear on (rows, in): `column` splits the output width over mp, `row` the input width (the partial
+    products are summed across mp), `none` only the rows."""
+    weight = {"column": (mp, 1), "row": (1, mp), "none": (1, 1)}[split]
+    rows = {"column": (dp, 1), "row": (dp, mp), "none": (dp, 1)}[split]
+    _shard(linear.matmul, (rows, weight))
+    if linear.has_bias:
+        bias = (mp,) if split == "column" else (1,)
+        _shard(linear.add, ((dp, mp if split == "column" else 1), bias))
+
+
+def _activation(cell: nn.Cell, dp: int, mp: int) -> None:
+    """The MLP activation on (batch, seq, hidden) with hidden split over mp."""
+    split = ((dp, 1, mp),)
+    for name in ("erf", "gelu", "relu"):
+        if hasattr(cell, name):
+            _shard(getattr(cell, name), split)
+    if hasattr(cell, "erf"):  # exact GELU: x * 0.5 * (1 + erf(x / sqrt 2))
+        _shard(cell.mul, ((dp, 1, mp), ()))
+        _shard(cell.add, ((dp, 1, mp), ()))
+
+
+def _attention(attn: nn.Cell, dp: int, mp: int) -> None:
+    for projection in (attn.q_proj, attn.k_proj, attn.v_proj):
+        _linear(projection, dp, mp, "column")
+    _linear(attn.out_proj, dp, mp, "row")
+    heads = (dp, mp, 1, 1)  # (batch, heads, seq, head_dim)
+    _shard(attn.qk_matmul, (heads, heads))
+    _shard(attn.av_matmul, (heads, heads))
+    _shard(attn.mul, (heads, ()))
+    _shard(attn.add, (heads, (dp, 1, 1, 1)))
+    _shard(attn.softmax.softmax, (heads,))
+
+
+def _norm(norm: nn.Cell, dp: int) -> None:
+    if hasattr(norm, "layer_norm"):
+        _shard(norm.layer_norm, ((dp, 1, 1), (1,), (1,)))
+
+
+def _block(block: nn.Cell, dp: int, mp: int) -> None:
+    _attention(block.attn, dp, mp)
+    _linear(block.mlp.fc1, dp, mp, "column")
+    _activation(block.mlp.act, dp, mp)
+    _linear(block.mlp.fc2, dp, mp, "row")
+    _norm(block.norm1, dp)
+    _norm(block.norm2, dp)
+    _shard(block.add, ((dp, 1, 1), (dp, 1, 1)))
+
+
+def _embedding(embedding: nn.Cell, dp: int, mp: int, vocab_emb_dp: bool) -> None:
+    table = (1, 1) if vocab_emb_dp else (mp, 1)
+    _shard(embedding.gather, (table, (dp, 1)))
+
+
+def encoder_blocks(model: nn.Cell) -> Dict[str, nn.Cell]:
+    """{"vision.0": block, ...} in pipeline order (strategy.pipeline_blocks)."""
+    blocks = {}
+    for module in ("vision", "text", "audio", "fusion"):
+        for index, block in enumerate(getattr(model, module).encoder.blocks):
+            blocks[f"{module}.{index}"] = block
+    return blocks
+
+
+def sequence_lengths(cfg: Config) -> Dict[str, int]:
+    """Tokens per sample each module's blocks see: patches + [CLS]; text; audio frames halved by the
+    stride-2 front end; fusion [CLS] + the three modalities + the answer tokens."""
+    pre = cfg.preprocess
+    lengths = {"vision": (pre.image_size // cfg.model.vision.patch_size) ** 2 + 1, "text": pre.max_text_length,
+               "audio": pre.max_audio_frames // 2}
+    lengths["fusion"] = 1 + sum(lengths.values()) + pre.max_answer_length
+    return lengths
+
+
+def block_costs(cfg: Config) -> List[float]:
+    """A block's relative cost: its multiply-adds per sample, s w^2 (4 + 2 mlp_ratio) for the projections
+    plus 2 s^2 w for scores and weighted sum, s = the module's sequence length (sequence_lengths)."""
+    lengths = sequence_lengths(cfg)
+    costs = []
+    for name in pipeline_blocks(cfg):
+        module = name.split(".")[0]
+        encoder, seq = getattr(cfg.model, module), lengths[module]
+        costs.append(seq * encoder.width ** 2 * (4 + 2 * encoder.mlp_ratio) + 2 * seq ** 2 * encoder.width)
+    return costs
+
+
+def stage_of_blocks(cfg: Config, strategy: ParallelStrategy) -> List[int]:
+    """The pipeline stage of each block (pipeline_blocks order): the explicit layer_ranges, or contiguous
+    runs cut where the running cost passes each stage's equal share (every stage gets a block)."""
+    if strategy.pipeline.assignment == "explicit":
+        return [stage for stage, (first, last) in enumerate(strategy.pipeline.layer_ranges)
+                for _ in range(first, last + 1)]
+    costs, stages = block_costs(cfg), strategy.pipeline_stage
+    total, running, stage, assigned = sum(costs), 0.0, 0, []
+    for index, cost in enumerate(costs):
+        later_stages, blocks_left = stages - 1 - stage, len(costs) - index
+        has_block = bool(assigned) and assigned[-1] == stage
+        if later_stages and has_block and (running + cost / 2 > total * (stage + 1) / stages
+                                           or blocks_left == later_stages):
+            stage += 1
+        assigned.append(stage)
+        running += cost
+    return assigned
+
+
+def apply_strategy(model: nn.Cell, cfg: Config, strategy: ParallelStrategy) -> Dict[str, int]:
+    """Set the strategy's shards, pipeline stages and recompute on `model` (a MultimodalModel) ->
+    {block: stage}. Only cell attributes change; the graph is compiled later (on Ascend)."""
+    for module in ("vision", "text", "audio", "fusion"):
+        split = strategy.module(module)
+        for block in getattr(model, module).encoder.blocks:
+            _block(block, split.data_parallel, split.model_parallel)
+    text, fusion = strategy.module("text"), strategy.module("fusion")
+    for embedding in (model.text.word_embeddings, model.text.position_embeddings, model.text.token_type_embeddings):
+        _embedding(embedding, text.data_parallel, text.model_parallel, strategy.vocab_emb_dp)
+    for embedding in (model.fusion.answer_embeddings, model.fusion.answer_positions, model.fusion.type_embeddings):
+        _embedding(embedding, fusion.data_parallel, fusion.model_parallel, strategy.vocab_emb_dp)
+    heads = strategy.module("heads")
+    for head in (model.image_proj, model.text_proj, model.audio_proj):
+        _linear(head.fc, heads.data_parallel, heads.model_parallel, "column")
+    for head in (model.answer_head, model.lm_head):
+        _linear(head.fc, heads.data_parallel, heads.model_parallel, "column")
+
+    stages = dict(zip(pipeline_blocks(cfg), stage_of_blocks(cfg, strategy)))
+    for name, block in encoder_blocks(model).items():
+        if strategy.pipeline_stage > 1:
+            block.pipeline_stage = stages[name]
+        if strategy.recompute_config.recompute:
+            block.recompute()
+        elif strategy.recompute_config.select_recompute:
+            block.attn.qk_matmul.recompute()
+            block.attn.softmax.softmax.recompute()
+    return stages
+
+
+def context_settings(strategy: ParallelStrategy) -> dict:
+    """The `mindspore.set_auto_parallel_context` arguments for this strategy on Ascend."""
+    settings = {"parallel_mode": "semi_auto_parallel", "device_num": strategy.devices,
+                "pipeline_stages": strategy.pipeline_stage, "gradients_mean": True,
+                "enable_parallel_optimizer": strategy.enable_parallel_optimizer,
+                "dataset_strategy": "data_parallel"}
+    if strategy.enable_parallel_optimizer and strategy.optimizer_weight_shard_size > 0:
+        settings["parallel_optimizer_config"] = {"optimizer_weight_shard_size": strategy.optimizer_weight_shard_size}
+    return settings
+
+
+def _model_without_weights(cfg: Config) -> nn.Cell:
+    """The model's cells (random weights: a strategy needs shapes, not values), sized by the data set when
+    the recipe leaves the vocabulary to it."""
+    from mindvl.cells import create_model as create_cells
+    from mindvl.data.loader import DataRootError
+    from mindvl.train.trainer import bind_config
+
+    if not cfg.model.text.vocab_size:
+        try:
+            bind_config(cfg)
+        except DataRootError as exc:
+            raise ConfigError(f"model.text.vocab_size: 0 follows the data set, which is not built ({exc}); build "
+                              f"it or give the size: --set model.text.vocab_size=N") from exc
+    return create_cells(cfg.model, cfg.preprocess)
+
+
+def dump_strategy(cfg: Config, strategy: ParallelStrategy) -> Dict[str, object]:
+    """Build the model of `cfg` on this machine, apply `strategy` -> {"context": set_auto_parallel_context
+    arguments, "stages": {block: stage}, "primitives": {cell path.attribute: in_strategy}} (what the
+    Ascend compiler would receive)."""
+    validate_strategy(strategy, cfg)
+    model = _model_without_weights(cfg)
+    stages = apply_strategy(model, cfg, strategy)
+    primitives = {}
+    for path, cell in model.cells_and_names():
+        for attribute, value in vars(cell).items():
+            if isinstance(value, ops.Primitive) and "in_strategy" in value.attrs:
+                primitives[f"{path}.{attribute}" if path else attribute] = [list(s) for s in value.attrs["in_strategy"]]
+        for attribute, value in cell._primitives.items() if hasattr(cell, "_primitives") else ():
+            if value is not None and "in_strategy" in value.attrs:
+                primitives[f"{path}.{attribute}" if path else attribute] = [list(s) for s in value.attrs["in_strategy"]]
+    return {"strategy": strategy.name, "devices": strategy.devices, "context": context_settings(strategy),
+            "stages": stages if strategy.pipeline_stage > 1 else {}, "primitives": primitives}
+
+
+def prepare_training(cfg: Config, model: nn.Cell, world: int) -> ParallelStrategy:
+    """Bring `cfg.train.parallel`'s strategy into a training run of `world` ranks: validated against the
+    model and the rank count; micro_batch_num becomes train.grad_accumulation and recompute every block's
+    train.modules.<m>.recompute (in place, before the trainer reads them). On Ascend the semi-auto
+    context and the shards are set too; elsewhere only data parallelism can run, and a strategy that
+    splits tensors or stages is refused with the reason."""
+    import mindspore as ms
+
+    from mindvl.parallel.strategy import load_strategy
+
+    strategy = load_strategy(cfg.train.parallel)
+    validate_strategy(strategy, cfg, devices=world)
+    ascend = ms.get_context("device_target") == "Ascend"
+    splits = [f"modules.{m}.model_parallel" for m in ("vision", "text", "audio", "fusion", "heads")
+              if strategy.module(m).model_parallel > 1 and getattr(strategy.modules, m).model_parallel]
+    if strategy.model_parallel > 1:
+        splits.insert(0, "model_parallel")
+    if strategy.pipeline_stage > 1:
+        splits.append("pipeline_stage")
+    if splits and not ascend:
+        raise ConfigError(f"train.parallel={cfg.train.parallel}: {', '.join(splits)} need MindSpore's "
+                          f"semi-auto-parallel compiler, which runs on Ascend only (MindSpore 2.10 on "
+                          f"{ms.get_context('device_target')}: 'Invalid backend'); here run a data-parallel strategy "
+                          f"(dp2) and plan this one with `mindvl plan --strategy {strategy.name}`")
+    if strategy.micro_batch_num > 1:
+        if cfg.train.grad_accumulation not in (1, strategy.micro_batch_num):
+            raise ConfigError(f"train.grad_accumulation: {cfg.train.grad_accumulation}, but the strategy's "
+                              f"micro_batch_num is {strategy.micro_batch_num}; remove one of them")
+        cfg.train.grad_accumulation = strategy.micro_batch_num
+    if strategy.recompute_config.recompute:
+        for module in ("vision", "text", "audio", "fusion"):
+            getattr(cfg.train.modules, module).recompute = list(range(getattr(cfg.model, module).layers))
+    if ascend and world > 1:
+        ms.set_auto_parallel_context(**context_settings(strategy))
+        apply_strategy(model, cfg, strategy)
+    return strategy
