@@ -11,18 +11,12 @@ sliced kernels and collectives; on CPU MindSpore 2.10 cannot compile them ("Inva
 there the strategies are set on the cells and inspected (`dump_strategy`), and only data parallelism
 runs (mindvl.train.distributed under msrun).
 """
-from typing import Dict, List, Tuple
+from typing import Dict, List
 
 from mindspore import nn, ops
 
 from mindvl.config import Config, ConfigError
 from mindvl.parallel.strategy import ParallelStrategy, pipeline_blocks, validate_strategy
-
-Strategy = Tuple[Tuple[int, ...], ...]
-
-
-def _shard(primitive, strategy: Strategy) -> None:
-    primitive.shard(strategy)
 
 
 def _linear(linear: nn.Cell, dp: int, mp: int, split: str) -> None:
@@ -30,10 +24,10 @@ def _linear(linear: nn.Cell, dp: int, mp: int, split: str) -> None:
     products are summed across mp), `none` only the rows."""
     weight = {"column": (mp, 1), "row": (1, mp), "none": (1, 1)}[split]
     rows = {"column": (dp, 1), "row": (dp, mp), "none": (dp, 1)}[split]
-    _shard(linear.matmul, (rows, weight))
+    linear.matmul.shard((rows, weight))
     if linear.has_bias:
         bias = (mp,) if split == "column" else (1,)
-        _shard(linear.add, ((dp, mp if split == "column" else 1), bias))
+        linear.add.shard(((dp, mp if split == "column" else 1), bias))
 
 
 def _activation(cell: nn.Cell, dp: int, mp: int) -> None:
@@ -41,10 +35,10 @@ def _activation(cell: nn.Cell, dp: int, mp: int) -> None:
     split = ((dp, 1, mp),)
     for name in ("erf", "gelu", "relu"):
         if hasattr(cell, name):
-            _shard(getattr(cell, name), split)
+            getattr(cell, name).shard(split)
     if hasattr(cell, "erf"):  # exact GELU: x * 0.5 * (1 + erf(x / sqrt 2))
-        _shard(cell.mul, ((dp, 1, mp), ()))
-        _shard(cell.add, ((dp, 1, mp), ()))
+        cell.mul.shard(((dp, 1, mp), ()))
+        cell.add.shard(((dp, 1, mp), ()))
 
 
 def _attention(attn: nn.Cell, dp: int, mp: int) -> None:
@@ -52,16 +46,16 @@ def _attention(attn: nn.Cell, dp: int, mp: int) -> None:
         _linear(projection, dp, mp, "column")
     _linear(attn.out_proj, dp, mp, "row")
     heads = (dp, mp, 1, 1)  # (batch, heads, seq, head_dim)
-    _shard(attn.qk_matmul, (heads, heads))
-    _shard(attn.av_matmul, (heads, heads))
-    _shard(attn.mul, (heads, ()))
-    _shard(attn.add, (heads, (dp, 1, 1, 1)))
-    _shard(attn.softmax.softmax, (heads,))
+    attn.qk_matmul.shard((heads, heads))
+    attn.av_matmul.shard((heads, heads))
+    attn.mul.shard((heads, ()))
+    attn.add.shard((heads, (dp, 1, 1, 1)))
+    attn.softmax.softmax.shard((heads,))
 
 
 def _norm(norm: nn.Cell, dp: int) -> None:
     if hasattr(norm, "layer_norm"):
-        _shard(norm.layer_norm, ((dp, 1, 1), (1,), (1,)))
+        norm.layer_norm.shard(((dp, 1, 1), (1,), (1,)))
 
 
 def _block(block: nn.Cell, dp: int, mp: int) -> None:
@@ -71,12 +65,12 @@ def _block(block: nn.Cell, dp: int, mp: int) -> None:
     _linear(block.mlp.fc2, dp, mp, "row")
     _norm(block.norm1, dp)
     _norm(block.norm2, dp)
-    _shard(block.add, ((dp, 1, 1), (dp, 1, 1)))
+    block.add.shard(((dp, 1, 1), (dp, 1, 1)))
 
 
 def _embedding(embedding: nn.Cell, dp: int, mp: int, vocab_emb_dp: bool) -> None:
     table = (1, 1) if vocab_emb_dp else (mp, 1)
-    _shard(embedding.gather, (table, (dp, 1)))
+    embedding.gather.shard((table, (dp, 1)))
 
 
 def encoder_blocks(model: nn.Cell) -> Dict[str, nn.Cell]:
@@ -193,14 +187,9 @@ def dump_strategy(cfg: Config, strategy: ParallelStrategy) -> Dict[str, object]:
     validate_strategy(strategy, cfg)
     model = _model_without_weights(cfg)
     stages = apply_strategy(model, cfg, strategy)
-    primitives = {}
-    for path, cell in model.cells_and_names():
-        for attribute, value in vars(cell).items():
-            if isinstance(value, ops.Primitive) and "in_strategy" in value.attrs:
-                primitives[f"{path}.{attribute}" if path else attribute] = [list(s) for s in value.attrs["in_strategy"]]
-        for attribute, value in cell._primitives.items() if hasattr(cell, "_primitives") else ():
-            if value is not None and "in_strategy" in value.attrs:
-                primitives[f"{path}.{attribute}" if path else attribute] = [list(s) for s in value.attrs["in_strategy"]]
+    primitives = {f"{path}.{attribute}" if path else attribute: [list(part) for part in value.attrs["in_strategy"]]
+                  for path, cell in model.cells_and_names() for attribute, value in vars(cell).items()
+                  if isinstance(value, ops.Primitive) and "in_strategy" in value.attrs}
     return {"strategy": strategy.name, "devices": strategy.devices, "context": context_settings(strategy),
             "stages": stages if strategy.pipeline_stage > 1 else {}, "primitives": primitives}
 
