@@ -495,6 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serving_commands(commands)
     from mindvl.lite.cli import add_lite_commands
     add_lite_commands(commands)
+    from mindvl.parallel.cli import add_plan_command
+    add_plan_command(commands)
     return parser
 
 

@@ -82,45 +82,13 @@ def encoder_blocks(model: nn.Cell) -> Dict[str, nn.Cell]:
     return blocks
 
 
-def sequence_lengths(cfg: Config) -> Dict[str, int]:
-    """Tokens per sample each module's blocks see: patches + [CLS]; text; audio frames halved by the
-    stride-2 front end; fusion [CLS] + the three modalities + the answer tokens."""
-    pre = cfg.preprocess
-    lengths = {"vision": (pre.image_size // cfg.model.vision.patch_size) ** 2 + 1, "text": pre.max_text_length,
-               "audio": pre.max_audio_frames // 2}
-    lengths["fusion"] = 1 + sum(lengths.values()) + pre.max_answer_length
-    return lengths
-
-
-def block_costs(cfg: Config) -> List[float]:
-    """A block's relative cost: its multiply-adds per sample, s w^2 (4 + 2 mlp_ratio) for the projections
-    plus 2 s^2 w for scores and weighted sum, s = the module's sequence length (sequence_lengths)."""
-    lengths = sequence_lengths(cfg)
-    costs = []
-    for name in pipeline_blocks(cfg):
-        module = name.split(".")[0]
-        encoder, seq = getattr(cfg.model, module), lengths[module]
-        costs.append(seq * encoder.width ** 2 * (4 + 2 * encoder.mlp_ratio) + 2 * seq ** 2 * encoder.width)
-    return costs
-
-
 def stage_of_blocks(cfg: Config, strategy: ParallelStrategy) -> List[int]:
-    """The pipeline stage of each block (pipeline_blocks order): the explicit layer_ranges, or contiguous
-    runs cut where the running cost passes each stage's equal share (every stage gets a block)."""
-    if strategy.pipeline.assignment == "explicit":
-        return [stage for stage, (first, last) in enumerate(strategy.pipeline.layer_ranges)
-                for _ in range(first, last + 1)]
-    costs, stages = block_costs(cfg), strategy.pipeline_stage
-    total, running, stage, assigned = sum(costs), 0.0, 0, []
-    for index, cost in enumerate(costs):
-        later_stages, blocks_left = stages - 1 - stage, len(costs) - index
-        has_block = bool(assigned) and assigned[-1] == stage
-        if later_stages and has_block and (running + cost / 2 > total * (stage + 1) / stages
-                                           or blocks_left == later_stages):
-            stage += 1
-        assigned.append(stage)
-        running += cost
-    return assigned
+    """The pipeline stage of each block (pipeline_blocks order): the explicit layer_ranges, or the
+    planner's balanced partition of the blocks' training FLOPs (the slowest stage as fast as it can be)."""
+    from mindvl.parallel.planner import block_costs, model_shapes, planning_config, stage_ranges
+
+    costs = block_costs(model_shapes(planning_config(cfg)), strategy.recompute_config)
+    return [stage for stage, (first, last) in enumerate(stage_ranges(strategy, costs)) for _ in range(first, last + 1)]
 
 
 def apply_strategy(model: nn.Cell, cfg: Config, strategy: ParallelStrategy) -> Dict[str, int]:
@@ -164,28 +132,16 @@ def context_settings(strategy: ParallelStrategy) -> dict:
     return settings
 
 
-def _model_without_weights(cfg: Config) -> nn.Cell:
-    """The model's cells (random weights: a strategy needs shapes, not values), sized by the data set when
-    the recipe leaves the vocabulary to it."""
-    from mindvl.cells import create_model as create_cells
-    from mindvl.data.loader import DataRootError
-    from mindvl.train.trainer import bind_config
-
-    if not cfg.model.text.vocab_size:
-        try:
-            bind_config(cfg)
-        except DataRootError as exc:
-            raise ConfigError(f"model.text.vocab_size: 0 follows the data set, which is not built ({exc}); build "
-                              f"it or give the size: --set model.text.vocab_size=N") from exc
-    return create_cells(cfg.model, cfg.preprocess)
-
-
 def dump_strategy(cfg: Config, strategy: ParallelStrategy) -> Dict[str, object]:
-    """Build the model of `cfg` on this machine, apply `strategy` -> {"context": set_auto_parallel_context
+    """Build the model of `cfg` (shapes only) on this machine, apply `strategy` -> {"context": set_auto_parallel_context
     arguments, "stages": {block: stage}, "primitives": {cell path.attribute: in_strategy}} (what the
     Ascend compiler would receive)."""
+    from mindvl.cells import create_model as create_cells
+    from mindvl.parallel.planner import planning_config
+
+    cfg = planning_config(cfg)  # every shape known (vocabulary, converted encoders) without data or weights
     validate_strategy(strategy, cfg)
-    model = _model_without_weights(cfg)
+    model = create_cells(cfg.model, cfg.preprocess)  # random weights: a strategy needs shapes, not values
     stages = apply_strategy(model, cfg, strategy)
     primitives = {f"{path}.{attribute}" if path else attribute: [list(part) for part in value.attrs["in_strategy"]]
                   for path, cell in model.cells_and_names() for attribute, value in vars(cell).items()

@@ -4,6 +4,7 @@ and the recompute flags (inspected here; compiled only on Ascend). Training refu
 semi-auto-parallel compiler can run. The real 2-worker msrun run driven by parallel_configs/dp2.yaml is
 tests/train/test_data_parallel.py."""
 import dataclasses
+import json
 
 import pytest
 
@@ -143,3 +144,14 @@ def _micro_batches(count: int):
     path = Path(tempfile.mkdtemp()) / "micro.yaml"
     path.write_text(f"micro_batch_num: {count}\nrecompute_config: {{recompute: true}}\n")
     return path
+
+
+def test_mindvl_plan_dumps_and_refuses_on_the_command_line(capsys):
+    from mindvl.cli import main
+
+    assert main(["plan", "--config", "tiny", "--strategy", "dp2-mp4", "--dump-strategy"]) == 0
+    dumped = json.loads(capsys.readouterr().out)
+    assert dumped["primitives"]["fusion.encoder.blocks.1.mlp.fc2.matmul"] == [[2, 4], [1, 4]]
+    assert dumped["primitives"]["vision.encoder.blocks.1.mlp.fc2.matmul"] == [[8, 1], [1, 1]]
+    assert main(["plan", "--config", "tiny", "--strategy", "dp2", "--devices", "8"]) == 2
+    assert "= 2 devices, not the 8 given" in capsys.readouterr().err

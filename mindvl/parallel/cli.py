@@ -1,0 +1,119 @@
+"""`mindvl plan`: per-rank memory, communication and step time of a parallel strategy (mindvl.parallel.planner),
+or with --search the valid strategies for a device count ranked by predicted step time under a memory cap.
+
+mindvl/cli.py registers it with `add_plan_command(commands)`.
+"""
+import argparse
+import json
+
+from mindvl.config import load_config
+
+from .hardware import Hardware
+
+GB = 1e9
+
+
+def add_plan_command(commands) -> argparse.ArgumentParser:
+    """Add `plan` to the `mindvl` subcommands; returns its parser."""
+    parser = commands.add_parser("plan", help="predict memory, communication and step time of a parallel strategy")
+    parser.add_argument("--config", default="tiny", help="recipe name (mindvl/configs) or YAML path")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set data.batch_size=512 (repeatable)")
+    parser.add_argument("--strategy", help="strategy name (parallel_configs/) or YAML path; not needed with --search")
+    parser.add_argument("--devices", type=int, help="device count (default: the strategy's dp x mp x pp)")
+    parser.add_argument("--search", action="store_true", help="rank every valid strategy for --devices")
+    parser.add_argument("--top", type=int, default=10, help="strategies listed by --search")
+    parser.add_argument("--memory-cap-gb", type=float, help="per-rank memory cap (default: the device's memory)")
+    defaults = Hardware()
+    parser.add_argument("--device-tflops", type=float, default=defaults.peak_tflops, help="peak TFLOP/s per device")
+    parser.add_argument("--efficiency", type=float, default=defaults.efficiency, help="achieved fraction of peak")
+    parser.add_argument("--device-memory-gb", type=float, default=defaults.memory_gb)
+    parser.add_argument("--link-gbps", type=float, default=defaults.intra_node_gbps,
+                        help="intra-node bandwidth per device, GB/s")
+    parser.add_argument("--inter-node-gbps", type=float, default=defaults.inter_node_gbps,
+                        help="inter-node bandwidth per device, GB/s")
+    parser.add_argument("--devices-per-node", type=int, default=defaults.devices_per_node)
+    parser.add_argument("--json", action="store_true", help="print the plan (or the ranking) as JSON")
+    parser.add_argument("--dump-strategy", action="store_true",
+                        help="print the per-primitive shard strategies the strategy sets (JSON)")
+    parser.set_defaults(func=plan_command)
+    return parser
+
+
+def hardware_from_args(args) -> Hardware:
+    return Hardware(peak_tflops=args.device_tflops, efficiency=args.efficiency, memory_gb=args.device_memory_gb,
+                    intra_node_gbps=args.link_gbps, inter_node_gbps=args.inter_node_gbps,
+                    devices_per_node=args.devices_per_node)
+
+
+def plan_command(args) -> int:
+    from mindvl.config import ConfigError
+
+    from .planner import plan, search
+    from .strategy import load_strategy
+
+    cfg = load_config(args.config, args.overrides)
+    hardware = hardware_from_args(args)
+    if args.search:
+        if not args.devices:
+            raise ConfigError("--devices: --search needs the device count, e.g. --devices 64")
+        ranked = search(cfg, args.devices, args.memory_cap_gb, hardware)
+        if args.json:
+            print(json.dumps([{"strategy": s.to_dict(), "plan": p.to_dict()} for s, p in ranked[:args.top]],
+                             indent=2))
+            return 0
+        if not ranked:
+            print(f"no valid strategy for {args.devices} devices fits {args.memory_cap_gb or hardware.memory_gb} GB")
+            return 1
+        print(f"{'strategy':34} {'memory GB':>9} {'step s':>10} {'samples/s':>11} {'bubble':>7}")
+        for strategy, p in ranked[:args.top]:
+            print(f"{strategy.name:34} {p.total_bytes / GB:9.2f} {p.step_time_s:10.4g} {p.samples_per_s:11.1f} "
+                  f"{p.bubble_fraction:7.1%}")
+        return 0
+    if not args.strategy:
+        raise ConfigError("--strategy: name a strategy (parallel_configs/) or use --search --devices N")
+    strategy = load_strategy(args.strategy)
+    if args.dump_strategy:
+        from .apply import dump_strategy
+        print(json.dumps(dump_strategy(cfg, strategy), indent=2, default=str))
+        return 0
+    result = plan(cfg, strategy, hardware, args.devices)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    print(render(strategy.name, result))
+    return 0
+
+
+def render(name: str, p) -> str:
+    s = p.strategy
+    recompute = "full" if s["recompute_config"]["recompute"] else \
+        "select" if s["recompute_config"]["select_recompute"] else "off"
+    lines = [
+        f"strategy {name}: dp {s['data_parallel']} x mp {s['model_parallel']} x pp {s['pipeline_stage']} = "
+        f"{p.devices} devices, {s['micro_batch_num']} micro-batches, parallel optimizer "
+        f"{'on' if s['enable_parallel_optimizer'] else 'off'}, recompute {recompute}",
+        f"model: {p.parameter_count:,} parameters ({p.trainable_parameter_count:,} trainable)",
+        "per rank (the most loaded stage):",
+        f"  parameters            {p.parameter_bytes / GB:10.3f} GB",
+        f"  gradients             {p.gradient_bytes / GB:10.3f} GB",
+        f"  optimizer states      {p.optimizer_bytes / GB:10.3f} GB ({p.optimizer_bytes_unsharded / GB:.3f} GB unsharded)",
+        f"  activations/micro     {p.activation_bytes_per_micro_batch / GB:10.3f} GB "
+        f"({p.activation_bytes_per_micro_batch_no_recompute / GB:.3f} GB without recompute)",
+        f"  in flight             {p.in_flight_micro_batches:10d} micro-batches",
+        f"  total                 {p.total_bytes / GB:10.3f} GB of {p.hardware['memory_gb']:.0f} GB",
+        "communication per step and rank:",
+        f"  dp gradient all-reduce {p.comm_bytes['dp_grad_allreduce'] / GB:9.3f} GB ({p.comm_s['dp'] * 1e3:.2f} ms)",
+        f"  tp reduce-scatter      {p.comm_bytes['tp_reduce_scatter'] / GB:9.3f} GB, all-gather "
+        f"{p.comm_bytes['tp_all_gather'] / GB:.3f} GB ({p.comm_s['tp'] * 1e3:.2f} ms)",
+        f"  pp send/receive        {p.comm_bytes['pp_send_recv'] / GB:9.3f} GB ({p.comm_s['pp'] * 1e3:.2f} ms)",
+        f"step {p.step_time_s * 1e3:.2f} ms, {p.samples_per_s:,.1f} samples/s; pipeline bubble "
+        f"{p.bubble_fraction:.1%}, slowest/mean stage {p.stage_imbalance:.2f}",
+    ]
+    for st in p.stages:
+        lines.append(f"  stage {st['stage']}: {st['first_block']}..{st['last_block']} "
+                     f"{st['memory_bytes'] / GB:.3f} GB, {st['time_s'] * 1e3:.3f} ms per micro-batch")
+    return "\n".join(lines)
+
+
+__all__ = ["add_plan_command", "plan_command", "hardware_from_args", "render"]

@@ -1,0 +1,167 @@
+"""mindvl.parallel.planner against the model built on CPU, and its formulas and search."""
+import argparse
+import json
+
+import pytest
+
+from mindvl.config import load_config
+from mindvl.parallel.planner import (ADAM_STATES, PARAM_BYTES, PUBLISHED_ENCODERS, bubble_fraction, parameter_count,
+                                     plan, search, trainable_parameter_count)
+from mindvl.parallel.strategy import ParallelStrategy, RecomputeConfig, validate_strategy
+
+VOCAB = 64
+VARIANT = ["model.vision.layer_scale=0.1", "model.text.pre_norm=false", "model.audio.lora_rank=4",
+           "model.fusion.head_dim=16", "model.fusion.mlp_ratio=2.5", "model.fusion.layers=3",
+           "model.num_answers=7", "preprocess.image_size=48"]
+
+
+def tiny(*extra):
+    return load_config("tiny", [f"model.text.vocab_size={VOCAB}", *extra])
+
+
+def built(cfg):
+    from cells.factory import create_model
+    return create_model(cfg.model, cfg.preprocess)
+
+
+@pytest.mark.parametrize("extra", [[], VARIANT], ids=["tiny", "variant"])
+def test_predicted_parameter_bytes_equal_the_built_models(extra):
+    cfg = tiny(*extra)
+    model = built(cfg)
+    real = sum(p.size * p.itemsize for p in model.get_parameters())
+    result = plan(cfg, ParallelStrategy())
+    assert result.parameter_bytes == real
+    assert parameter_count(cfg) * PARAM_BYTES == real
+
+
+def test_optimizer_state_bytes_equal_adamweightdecays_over_the_trainable_parameters():
+    from mindvl.train.optim import create_optimizer, freeze_modules
+    cfg = tiny("train.modules.audio.frozen=true")
+    model = built(cfg)
+    freeze_modules(model, cfg.train)
+    optimizer = create_optimizer(model, cfg.train, total_steps=10)
+    real = sum(m.size * m.itemsize for m in list(optimizer.moments1) + list(optimizer.moments2))
+    result = plan(cfg, ParallelStrategy())
+    assert result.optimizer_bytes == real
+    assert trainable_parameter_count(cfg) * PARAM_BYTES * ADAM_STATES == real
+    assert result.gradient_bytes == sum(p.size * p.itemsize for p in model.trainable_params())
+
+
+def test_data_parallel_all_reduce_volume_is_the_gradient_bytes():
+    cfg = tiny()
+    result = plan(cfg, ParallelStrategy(data_parallel=8))
+    assert result.comm_bytes["dp_grad_allreduce"] == result.gradient_bytes == parameter_count(cfg) * PARAM_BYTES
+    assert result.comm_bytes["dp_sent"] == pytest.approx(2 * 7 / 8 * result.gradient_bytes)
+    assert result.comm_bytes["tp_all_gather"] == result.comm_bytes["pp_send_recv"] == 0
+
+
+@pytest.mark.parametrize("shard", [-1, 2, 4])
+def test_parallel_optimizer_divides_optimizer_bytes_by_the_shard_size(shard):
+    cfg = tiny()
+    plain = plan(cfg, ParallelStrategy(data_parallel=8))
+    sharded = plan(cfg, ParallelStrategy(data_parallel=8, enable_parallel_optimizer=True,
+                                         optimizer_weight_shard_size=shard))
+    size = 8 if shard == -1 else shard
+    assert sharded.optimizer_bytes == pytest.approx(plain.optimizer_bytes / size)
+    assert sharded.optimizer_bytes_unsharded == plain.optimizer_bytes
+    assert sharded.total_bytes < plain.total_bytes
+
+
+def test_recompute_lowers_activation_memory_and_costs_time():
+    cfg = load_config("fusion-12b")
+    base = dict(data_parallel=8, model_parallel=8, pipeline_stage=8, micro_batch_num=64)
+    off = plan(cfg, ParallelStrategy(**base), devices=512)
+    select = plan(cfg, ParallelStrategy(**base, recompute_config=RecomputeConfig(select_recompute=True)), devices=512)
+    full = plan(cfg, ParallelStrategy(**base, recompute_config=RecomputeConfig(recompute=True)), devices=512)
+    assert full.activation_bytes < select.activation_bytes < off.activation_bytes
+    assert full.activation_bytes_per_micro_batch_no_recompute == off.activation_bytes_per_micro_batch
+    assert off.step_time_s < full.step_time_s
+
+
+def test_tensor_parallel_splits_block_weights_and_adds_collectives():
+    cfg = load_config("fusion-12b")
+    one = plan(cfg, ParallelStrategy(data_parallel=8), devices=8, validate=False)
+    four = plan(cfg, ParallelStrategy(data_parallel=2, model_parallel=4), devices=8)
+    assert 0.25 < four.parameter_bytes / one.parameter_bytes < 0.3  # block matmuls / 4, the rest replicated
+    assert four.comm_bytes["tp_all_gather"] > 0 and one.comm_bytes["tp_all_gather"] == 0
+
+
+@pytest.mark.parametrize("stages, micro, expected", [(1, 1, 0.0), (4, 4, 3 / 7), (4, 16, 3 / 19), (8, 64, 7 / 71)])
+def test_bubble_is_stages_minus_one_over_micro_batches_plus_stages_minus_one(stages, micro, expected):
+    assert bubble_fraction(stages, micro) == pytest.approx(expected)
+
+
+def test_pipeline_stages_hold_one_in_flight_micro_batch_per_later_stage():
+    cfg = load_config("fusion-12b")
+    result = plan(cfg, ParallelStrategy(data_parallel=4, model_parallel=2, pipeline_stage=8, micro_batch_num=32),
+                  devices=64)
+    assert [st["in_flight"] for st in result.stages] == [8, 7, 6, 5, 4, 3, 2, 1]
+    assert result.bubble_fraction == pytest.approx(7 / 39)
+    assert result.comm_bytes["pp_send_recv"] > 0
+    assert result.stage_imbalance < 1.3  # balanced assignment
+
+
+def test_explicit_unbalanced_ranges_are_slower_than_balanced():
+    cfg = load_config("fusion-12b")  # 24 + 24 + 24 + 40 blocks
+    balanced = plan(cfg, ParallelStrategy(data_parallel=8, pipeline_stage=2, micro_batch_num=8), devices=16)
+    explicit = ParallelStrategy(data_parallel=8, pipeline_stage=2, micro_batch_num=8)
+    explicit.pipeline.assignment, explicit.pipeline.layer_ranges = "explicit", [[0, 71], [72, 111]]
+    unbalanced = plan(cfg, explicit, devices=16)
+    assert unbalanced.stage_imbalance > balanced.stage_imbalance
+    assert unbalanced.step_time_s > balanced.step_time_s
+
+
+def test_search_returns_valid_strategies_under_the_cap_fastest_first():
+    cfg = load_config("fusion-12b", ["data.batch_size=128"])
+    ranked = search(cfg, 64, memory_cap_gb=40)
+    assert ranked
+    times = [p.step_time_s for _, p in ranked]
+    assert times == sorted(times)
+    for strategy, p in ranked:
+        validate_strategy(strategy, cfg, 64)
+        assert p.total_bytes <= 40e9 and strategy.devices == 64
+    assert not search(cfg, 8, memory_cap_gb=1)  # 12B parameters fit on no 8 devices in 1 GB
+
+
+def test_pretrained_recipe_is_planned_without_its_converted_weights():
+    from mindvl.pretrained import dinov2, minilm, whisper
+    assert (PUBLISHED_ENCODERS["vision"]["width"], PUBLISHED_ENCODERS["vision"]["layers"]) == (dinov2.WIDTH, dinov2.LAYERS)
+    assert (PUBLISHED_ENCODERS["text"]["width"], PUBLISHED_ENCODERS["text"]["layers"]) == (minilm.WIDTH, minilm.LAYERS)
+    assert (PUBLISHED_ENCODERS["audio"]["width"], PUBLISHED_ENCODERS["audio"]["layers"]) == (whisper.WIDTH, whisper.LAYERS)
+    result = plan(load_config("pretrained-s"), ParallelStrategy(data_parallel=8))
+    assert result.trainable_parameter_count < result.parameter_count  # frozen encoders: no gradients, no states
+    assert result.gradient_bytes == result.trainable_parameter_count * PARAM_BYTES
+
+
+def _plan_parser():
+    from mindvl.parallel.cli import add_plan_command
+    parser = argparse.ArgumentParser(prog="mindvl")
+    add_plan_command(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def test_plan_command_prints_the_plan_as_json(capsys, tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("data_parallel: 2\nmodel_parallel: 2\npipeline_stage: 2\nmicro_batch_num: 4\n")
+    args = _plan_parser().parse_args(["plan", "--config", "tiny", "--strategy", str(path), "--json",
+                                      "--device-tflops", "100"])
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["devices"] == 8 and out["hardware"]["peak_tflops"] == 100
+    assert out["bubble_fraction"] == pytest.approx(1 / 5)
+
+
+def test_plan_search_lists_strategies(capsys):
+    args = _plan_parser().parse_args(["plan", "--config", "fusion-12b", "--set", "data.batch_size=64", "--search",
+                                      "--devices", "16", "--memory-cap-gb", "64", "--top", "3"])
+    assert args.func(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("strategy") and len(lines) == 4
+
+
+def test_plan_dump_strategy_prints_the_applied_strategy_as_json(capsys):
+    if not hasattr(pytest.importorskip("mindvl.parallel.apply"), "dump_strategy"):
+        pytest.skip("mindvl.parallel.apply.dump_strategy not written yet")
+    args = _plan_parser().parse_args(["plan", "--config", "tiny", "--strategy", "dp2-mp4", "--dump-strategy"])
+    assert args.func(args) == 0
+    assert json.loads(capsys.readouterr().out)
