@@ -25,15 +25,6 @@ def add_lite_commands(commands) -> None:
     _add_device_commands(sub)
 
 
-def _read_file(flag: str, path: str) -> bytes:
-    from mindvl.preprocess import InputError
-
-    try:
-        return open(path, "rb").read()
-    except OSError as exc:
-        raise InputError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from exc
-
-
 def _milliseconds(timings: dict) -> str:
     return ", ".join(f"{stage} {seconds * 1000:.2f}" for stage, seconds in timings.items())
 
@@ -45,8 +36,10 @@ def _ask(args) -> None:
     from mindvl.lite.device import DevicePipeline
     from mindvl.lite.model import Context
 
-    image = _read_file("--image", args.image)
-    audio = _read_file("--audio", args.audio) if args.audio else b""
+    from mindvl.cli import file_bytes
+
+    image = file_bytes(f"--image {args.image}", args.image)
+    audio = file_bytes(f"--audio {args.audio}", args.audio) if args.audio else b""
     if args.repeat < 1:
         from mindvl.lite.model import LiteError
         raise LiteError(f"--repeat {args.repeat}: expected 1 or more")

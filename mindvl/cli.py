@@ -315,7 +315,7 @@ def _deploy(args) -> None:
     print(f"a running `mindvl serve --servable-dir {args.servable_dir}` loads it within its --poll-s seconds")
 
 
-def _file_bytes(given: str, path: str) -> bytes:
+def file_bytes(given: str, path: str) -> bytes:
     """The bytes of the file `path`; `given` is the argument that named it, for the error."""
     if not Path(path).is_file():
         raise ConfigError(f"{given}: no such file")
@@ -332,13 +332,13 @@ def _query_instance(args) -> dict:
             raise ConfigError(f"--{name}: {args.method} takes {', '.join('--' + n for n in takes)}; pass other "
                               f"inputs as --input NAME=VALUE")
     instance = {**QUERY_DEFAULTS.get(args.method, {}),
-                **{name: _file_bytes(f"--{name} {value}", value) if name in FILE_INPUTS else value
+                **{name: file_bytes(f"--{name} {value}", value) if name in FILE_INPUTS else value
                    for name, value in given.items()}}
     for item in args.inputs:
         name, equals, value = item.partition("=")
         if not name or not equals:
             raise ConfigError(f"--input {item!r}: expected NAME=VALUE (VALUE @PATH sends the file's bytes)")
-        instance[name] = _file_bytes(f"--input {item}", value[1:]) if value.startswith("@") else value
+        instance[name] = file_bytes(f"--input {item}", value[1:]) if value.startswith("@") else value
     missing = [name for name in takes or () if name not in instance]
     if missing or not instance:
         raise ConfigError(f"{args.method}: give {', '.join('--' + n for n in missing) or '--input NAME=VALUE'}")
