@@ -121,6 +121,21 @@ def apply_strategy(model: nn.Cell, cfg: Config, strategy: ParallelStrategy) -> D
     return stages
 
 
+def apply_loss_strategy(loss: nn.Cell, strategy: ParallelStrategy) -> None:
+    """The objectives of a MultimodalLoss split over the heads' dp rows: the contrastive logits with one
+    side's embeddings whole (every row's negatives are the global batch, as GatherWithGrad gives them under
+    data parallelism), log-softmax and the cross-entropies row-wise. Classes are not split: the answer set
+    is small, and a vocabulary-parallel cross-entropy for the LM head is not built (vocab_emb_dp false
+    still splits only its embedding table)."""
+    dp = strategy.module("heads").data_parallel
+    loss.contrastive.matmul.shard(((dp, 1), (1, 1)))
+    loss.contrastive.log_softmax.log_softmax.shard(((dp, 1),))
+    for ce in (loss.answer_loss.ce, loss.lm_loss.ce):
+        ce.sparse_softmax_cross_entropy.shard(((dp, 1), (dp,)))
+        ce.one_hot.shard(((dp, 1), (), ()))
+        ce.softmax_cross_entropy.shard(((dp, 1), (dp, 1)))
+
+
 def context_settings(strategy: ParallelStrategy) -> dict:
     """The `mindspore.set_auto_parallel_context` arguments for this strategy on Ascend."""
     settings = {"parallel_mode": "semi_auto_parallel", "device_num": strategy.devices,

@@ -143,9 +143,10 @@ class Trainer:
         cfg = bind_config(args.config)
         self.cfg, self.model, self.progress = cfg, model, args.progress
         self.rank, self.world = init_data_parallel()
+        self.strategy = None
         if cfg.train.parallel:  # the strategy file sets micro-batches and recompute before they are read
             from mindvl.parallel.apply import prepare_training
-            prepare_training(cfg, model, self.world)
+            self.strategy = prepare_training(cfg, model, self.world)
         self.output_dir = Path(cfg.train.output_dir)
         train_cfg = cfg.train
         if train_cfg.eval_every and cfg.data.validation_fraction <= 0:
@@ -170,6 +171,9 @@ class Trainer:
                                        load_tokenizer(cfg.data.root).pad_id, train_cfg.loss_weighting,
                                        GatherWithGrad(self.rank, self.world))
         set_objective_precision(self.loss_net.objectives(), train_cfg.precision)
+        if self.strategy is not None and ms.get_auto_parallel_context("parallel_mode") == "semi_auto_parallel":
+            from mindvl.parallel.apply import apply_loss_strategy  # Ascend: prepare_training set the context
+            apply_loss_strategy(self.loss_net, self.strategy)
         if teacher is not None:  # the student's objectives plus the teacher's (mindvl.train.distill)
             self.loss_net = distillation_loss(cfg, model, self.loss_net, teacher)
         inside = {id(param) for param in model.get_parameters()}  # learned loss weights, feature maps: outside

@@ -155,3 +155,16 @@ def test_mindvl_plan_dumps_and_refuses_on_the_command_line(capsys):
     assert dumped["primitives"]["vision.encoder.blocks.1.mlp.fc2.matmul"] == [[8, 1], [1, 1]]
     assert main(["plan", "--config", "tiny", "--strategy", "dp2", "--devices", "8"]) == 2
     assert "= 2 devices, not the 8 given" in capsys.readouterr().err
+
+
+def test_the_losses_are_split_over_the_rows(cfg):
+    from mindvl.cells import create_model
+    from mindvl.parallel.apply import apply_loss_strategy
+    from mindvl.train.losses import MultimodalLoss
+
+    loss = MultimodalLoss(create_model(cfg.model, cfg.preprocess), cfg.train.loss_weights)
+    apply_loss_strategy(loss, load_strategy("dp2-mp4"))
+    assert loss.contrastive.matmul.attrs["in_strategy"] == ((2, 1), (1, 1))
+    assert loss.contrastive.log_softmax.log_softmax.attrs["in_strategy"] == ((2, 1),)
+    assert loss.answer_loss.ce.sparse_softmax_cross_entropy.attrs["in_strategy"] == ((2, 1), (2,))
+    assert loss.lm_loss.ce.softmax_cross_entropy.attrs["in_strategy"] == ((2, 1), (2, 1))
