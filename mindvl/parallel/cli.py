@@ -36,6 +36,9 @@ def add_plan_command(commands) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the plan (or the ranking) as JSON")
     parser.add_argument("--dump-strategy", action="store_true",
                         help="print the per-primitive shard strategies the strategy sets (JSON)")
+    parser.add_argument("--dryrun", metavar="DIR", help="compile the strategy per pipeline stage with MindSpore's "
+                        "dry run (msrun --sim_level 1; needs an Ascend build of MindSpore and the built data set), "
+                        "logs under DIR, and print each rank's simulated peak memory")
     parser.set_defaults(func=plan_command)
     return parser
 
@@ -73,6 +76,15 @@ def plan_command(args) -> int:
     if not args.strategy:
         raise ConfigError("--strategy: name a strategy (parallel_configs/) or use --search --devices N")
     strategy = load_strategy(args.strategy)
+    if args.dryrun:
+        from pathlib import Path
+
+        from .dryrun import run_dryrun
+        results = run_dryrun(args.config, args.overrides, args.strategy, strategy, Path(args.dryrun))
+        for rank, row in results.items():
+            print(f"rank {rank}: {'compiled' if row['ok'] else 'FAILED'}, peak {row['used_peak_mb']} MB "
+                  f"({row['actual_peak_mb']} MB with fragments); log {row['log']}")
+        return 0 if all(row["ok"] for row in results.values()) else 1
     if args.dump_strategy:
         from .apply import dump_strategy
         print(json.dumps(dump_strategy(cfg, strategy), indent=2, default=str))
