@@ -2,7 +2,6 @@
 refusal is run and the commands and the log reading are checked statically (README: what runs where)."""
 from pathlib import Path
 
-
 from mindvl.cli import main
 from mindvl.parallel.dryrun import dryrun_command, read_memory, simulated_ranks
 from mindvl.parallel.strategy import load_strategy
