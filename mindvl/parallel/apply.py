@@ -21,9 +21,9 @@ from mindvl.parallel.strategy import ParallelStrategy, pipeline_blocks, validate
 
 def _linear(linear: nn.Cell, dp: int, mp: int, split: str) -> None:
     """Linear on (rows, in): `column` splits the output width over mp, `row` the input width (the partial
-    products are summed across mp), `none` only the rows."""
-    weight = {"column": (mp, 1), "row": (1, mp), "none": (1, 1)}[split]
-    rows = {"column": (dp, 1), "row": (dp, mp), "none": (dp, 1)}[split]
+    products are summed across mp); the rows over dp either way."""
+    weight = {"column": (mp, 1), "row": (1, mp)}[split]
+    rows = {"column": (dp, 1), "row": (dp, mp)}[split]
     linear.matmul.shard((rows, weight))
     if linear.has_bias:
         bias = (mp,) if split == "column" else (1,)
@@ -104,9 +104,7 @@ def apply_strategy(model: nn.Cell, cfg: Config, strategy: ParallelStrategy) -> D
     for embedding in (model.fusion.answer_embeddings, model.fusion.answer_positions, model.fusion.type_embeddings):
         _embedding(embedding, fusion.data_parallel, fusion.model_parallel, strategy.vocab_emb_dp)
     heads = strategy.module("heads")
-    for head in (model.image_proj, model.text_proj, model.audio_proj):
-        _linear(head.fc, heads.data_parallel, heads.model_parallel, "column")
-    for head in (model.answer_head, model.lm_head):
+    for head in (model.image_proj, model.text_proj, model.audio_proj, model.answer_head, model.lm_head):
         _linear(head.fc, heads.data_parallel, heads.model_parallel, "column")
 
     stages = dict(zip(pipeline_blocks(cfg), stage_of_blocks(cfg, strategy)))
