@@ -33,6 +33,9 @@ def add_plan_command(commands) -> argparse.ArgumentParser:
     parser.add_argument("--inter-node-gbps", type=float, default=defaults.inter_node_gbps,
                         help="inter-node bandwidth per device, GB/s")
     parser.add_argument("--devices-per-node", type=int, default=defaults.devices_per_node)
+    parser.add_argument("--activation-overhead", type=float, default=defaults.activation_overhead,
+                        help="bytes the backend keeps per byte of the activation accounting (1: Ascend; ~4.4: "
+                             "MindSpore's CPU executor, benchmarks/activation_memory.py)")
     parser.add_argument("--json", action="store_true", help="print the plan (or the ranking) as JSON")
     parser.add_argument("--dump-strategy", action="store_true",
                         help="print the per-primitive shard strategies the strategy sets (JSON)")
@@ -46,7 +49,7 @@ def add_plan_command(commands) -> argparse.ArgumentParser:
 def hardware_from_args(args) -> Hardware:
     return Hardware(peak_tflops=args.device_tflops, efficiency=args.efficiency, memory_gb=args.device_memory_gb,
                     intra_node_gbps=args.link_gbps, inter_node_gbps=args.inter_node_gbps,
-                    devices_per_node=args.devices_per_node)
+                    devices_per_node=args.devices_per_node, activation_overhead=args.activation_overhead)
 
 
 def plan_command(args) -> int:

@@ -28,6 +28,10 @@ class Hardware:
     devices_per_node: int = 8
     intra_alpha_us: float = 10.0
     inter_alpha_us: float = 20.0
+    # bytes the backend keeps per byte of the planner's activation accounting (what backward needs, buffers
+    # reused, as an accelerator compiler does): 1 on Ascend; MindSpore 2.10's CPU executor measured ~4.4
+    # (benchmarks/activation_memory.py)
+    activation_overhead: float = 1.0
 
     @property
     def flops(self) -> float:

@@ -427,8 +427,9 @@ def plan(cfg: Config, strategy: ParallelStrategy, hardware: Hardware = Hardware(
             trainable += (block if module.trainable else lora) + extra_trainable
             flops += costs[b] * samples / mp_m
             if module.needs_backward:
-                a = stack.block_activation_bytes(mp_m, compute, softmax, s.recompute_config) * samples
-                full = stack.full_block_activation_bytes(mp_m, compute, softmax) * samples
+                scale = samples * hardware.activation_overhead
+                a = stack.block_activation_bytes(mp_m, compute, softmax, s.recompute_config) * scale
+                full = stack.full_block_activation_bytes(mp_m, compute, softmax) * scale
                 act += a
                 act_no_rc += full
                 peak_block = max(peak_block, full if s.recompute_config.recompute else 0.0)
