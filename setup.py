@@ -22,10 +22,10 @@ setup(
     python_requires=">=3.9,<3.12",
     packages=packages,
     package_dir=package_dir,
-    # the C++ sources mindvl.lite compiles on first use (the Lite 2.0 bridge and the on-device runner)
+    # the C++ sources compiled on first use (the Lite 2.0 bridge, the on-device runner, the fused CPU kernels)
     package_data={"mindvl": ["configs/*.yaml"],
                   "mindvl.lite": ["bridge.cc", "runner/CMakeLists.txt", "runner/*.cc", "runner/*.h"],
-                  "mindvl.parallel_configs": ["*.yaml", "README.md"]},
+                  "mindvl.parallel_configs": ["*.yaml", "README.md"], "mindvl.cells.kernels": ["*.cc"]},
     install_requires=[
         "mindspore==2.10.0",
         "numpy>=1.26,<2",

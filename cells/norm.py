@@ -17,14 +17,18 @@ class LayerNorm(nn.Cell):
         self.eps = eps
         self.weight = Parameter(Tensor(np.ones(width, np.float32)), name="weight")
         self.bias = Parameter(Tensor(np.zeros(width, np.float32)), name="bias")
-        self.layer_norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps)
+        self.layer_norm = standard_layer_norm(eps)  # cells.kernels may swap in a fused kernel for training
 
     def construct(self, x):
-        y, _, _ = self.layer_norm(x, self.weight, self.bias)
-        return y
+        return self.layer_norm(x, self.weight, self.bias)[0]
 
     def extend_repr(self):
         return f"width={self.width}, eps={self.eps}"
+
+
+def standard_layer_norm(eps: float) -> ops.LayerNorm:
+    """MindSpore's LayerNorm over the last axis: (x, weight, bias) -> (y, mean, variance)."""
+    return ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps)
 
 
 def create_norm(width: int, eps: float = 1e-6) -> nn.Cell:

@@ -25,6 +25,7 @@ from mindspore import nn
 from safetensors.numpy import load_file, save_file
 from tqdm import tqdm
 
+from mindvl.cells.kernels import standard_kernels
 from mindvl.config import Config
 from mindvl.data import create_dataset, load_meta, load_tokenizer
 from mindvl.export.errors import PackageError
@@ -73,12 +74,14 @@ def as_tuple(outputs) -> tuple:
 
 def export_graph(net: nn.Cell, name: str, inputs: Sequence[TensorSpec], path: Path,
                  key: Optional[bytes] = None) -> Path:
-    """ms.export `net` as MindIR at `path` (AES-GCM encrypted when `key` is given); errors name the graph."""
+    """ms.export `net` as MindIR at `path` (AES-GCM encrypted when `key` is given), with standard operators
+    only; errors name the graph."""
     path = Path(path)
     options = {"enc_key": key, "enc_mode": "AES-GCM"} if key else {}
     try:
-        ms.export(net, *(t.placeholder() for t in inputs), file_name=str(path.with_suffix("")),
-                  file_format="MINDIR", **options)
+        with standard_kernels(net):  # a model trained with fused kernels exports MindSpore's operators
+            ms.export(net, *(t.placeholder() for t in inputs), file_name=str(path.with_suffix("")),
+                      file_format="MINDIR", **options)
     except (RuntimeError, TypeError, ValueError) as exc:
         raise PackageError(f"graph {name}: MindIR export failed: {str(exc).strip().splitlines()[0]}") from exc
     if not path.is_file():

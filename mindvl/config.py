@@ -504,10 +504,14 @@ class TrainConfig:
     # a parallel strategy: a file of parallel_configs/ by name (dp2) or a YAML path; "": data parallel over
     # however many ranks msrun started (mindvl.parallel)
     parallel: str = ""
+    # "fused": mindvl's C++ CPU kernels where they exist (cells/kernels: LayerNorm so far); "standard":
+    # MindSpore's operators. Exported graphs always hold the standard ones.
+    kernels: str = "standard"
 
     def validate(self) -> None:
         _positive(self, "train", ["epochs", "lr", "checkpoint_every", "log_every", "grad_accumulation"])
         _choice("train.loss_weighting", self.loss_weighting, ("fixed", "uncertainty"))
+        _choice("train.kernels", self.kernels, ("standard", "fused"))
         for name in ("keep_checkpoints", "eval_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: expected >= 0, got {getattr(self, name)}")

@@ -20,6 +20,7 @@ from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
 from mindvl.cells import TokenInputModel
+from mindvl.cells.kernels import use_kernels
 from mindvl.cells import create_model as create_cells
 from mindvl.config import Config, ConfigError, load_config
 from mindvl.data import load_meta, load_tokenizer
@@ -154,6 +155,7 @@ class Trainer:
                               "data.validation_fraction (e.g. 0.05) or train.eval_every=0")
         # checked and loaded before any data work: a teacher that does not fit the recipe fails fast
         teacher = load_teacher(cfg) if train_cfg.distill.teacher else None
+        use_kernels(model, train_cfg.kernels)
         freeze_modules(model, train_cfg)
         self.recomputed = apply_recompute(model, train_cfg)
         self.tokens = token_cache(cfg, model)  # frozen encoders' cached states, or None: they run every step
