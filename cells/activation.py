@@ -1,8 +1,8 @@
 """Activation functions used by every MLP, behind one factory, and the attention softmax.
 
-Kept in one small module so a fused CPU (or Ascend) kernel can replace an activation later without
-touching the blocks. Each activation is a Cell whose primitives are attributes, so a parallel strategy
-can call `.shard()` on them.
+Kept in one small module so a fused CPU (or Ascend) kernel can replace an activation without touching
+the blocks (cells/kernels swaps BiasActivation and ScaledMaskedSoftmax whole). Each activation is a Cell
+whose primitives are attributes, so a parallel strategy can call `.shard()` on them.
 """
 import math
 
@@ -46,16 +46,43 @@ class ReLU(nn.Cell):
         return self.relu(x)
 
 
-class Softmax(nn.Cell):
-    """Softmax over the last axis, a Cell of its own so a precision policy can keep it in float32 and a
-    fused kernel can replace it."""
+class BiasActivation(nn.Cell):
+    """activation(x + bias): the MLP's first projection hands its bias over, so that one fused kernel can
+    add it, activate, and on the way back return the bias gradient (a column sum MindSpore would run as
+    a separate ReduceSum)."""
 
-    def __init__(self):
+    def __init__(self, name: str):
         super().__init__()
+        self.name = name
+        self.add = ops.Add()
+        self.act = create_activation(name)
+
+    def construct(self, x, bias):
+        return self.act(self.add(x, bias))
+
+    def extend_repr(self):
+        return self.name
+
+
+class ScaledMaskedSoftmax(nn.Cell):
+    """softmax(scale * scores + mask) over the last axis (mask additive, broadcastable, or None): a Cell of
+    its own so a precision policy can keep it in float32 and a fused kernel can replace it."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+        self.mul = ops.Mul()
+        self.add = ops.Add()
         self.softmax = ops.Softmax(axis=-1)
 
-    def construct(self, x):
-        return self.softmax(x)
+    def construct(self, scores, mask=None):
+        scores = self.mul(scores, self.scale)
+        if mask is not None:
+            scores = self.add(scores, mask)
+        return self.softmax(scores)
+
+    def extend_repr(self):
+        return f"scale={self.scale:g}"
 
 
 def create_activation(name: str) -> nn.Cell:

@@ -9,15 +9,47 @@ import math
 
 from mindspore import nn, ops
 
-from .activation import Softmax
+from .activation import ScaledMaskedSoftmax
 from .linear import dense
 from .masks import MASK_VALUE  # re-exported: callers build masks with this constant
 
-__all__ = ["MultiHeadAttention", "MASK_VALUE"]
+__all__ = ["AttentionCore", "MultiHeadAttention", "MASK_VALUE"]
+
+
+class AttentionCore(nn.Cell):
+    """softmax(Q K^T / sqrt(head_dim) + mask) V over `heads` heads, from and to (batch, seq, heads * head_dim)
+    projections: the part a fused kernel (cells/kernels: AOT on CPU, flash attention on Ascend) replaces
+    whole. The head split and merge are transposes here; fused kernels read the heads in place."""
+
+    def __init__(self, heads: int, head_dim: int, dropout: float = 0.0):
+        super().__init__()
+        self.heads = heads
+        self.head_dim = head_dim
+        self.dropout = dropout
+        self.reshape = ops.Reshape()
+        self.transpose = ops.Transpose()
+        self.qk_matmul = ops.BatchMatMul(transpose_b=True)
+        self.av_matmul = ops.BatchMatMul()
+        self.softmax = ScaledMaskedSoftmax(1.0 / math.sqrt(head_dim))
+        self.attn_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+
+    def _split_heads(self, x, batch, seq):
+        x = self.reshape(x, (batch, seq, self.heads, self.head_dim))  # (batch, seq, heads, head_dim)
+        return self.transpose(x, (0, 2, 1, 3))  # (batch, heads, seq, head_dim)
+
+    def construct(self, q, k, v, mask=None):
+        batch, seq = q.shape[0], q.shape[1]
+        q, k, v = self._split_heads(q, batch, seq), self._split_heads(k, batch, seq), self._split_heads(v, batch, seq)
+        probs = self.attn_dropout(self.softmax(self.qk_matmul(q, k), mask))  # (batch, heads, seq, seq)
+        out = self.av_matmul(probs, v)  # (batch, heads, seq, head_dim)
+        return self.reshape(self.transpose(out, (0, 2, 1, 3)), (batch, seq, self.heads * self.head_dim))
+
+    def extend_repr(self):
+        return f"heads={self.heads}, head_dim={self.head_dim}"
 
 
 class MultiHeadAttention(nn.Cell):
-    """softmax(Q K^T / sqrt(head_dim) + mask) V over `heads` heads, then an output projection.
+    """q/k/v projections, the attention core over `heads` heads, then an output projection.
 
     x: (batch, seq, width) float32; mask: additive float broadcastable to (batch, heads, seq, seq),
     usually (batch, 1, 1, seq) or (batch, 1, seq, seq) with 0 allowed / MASK_VALUE blocked, or None.
@@ -39,37 +71,15 @@ class MultiHeadAttention(nn.Cell):
         self.heads = heads
         self.head_dim = head_dim or width // heads
         self.inner_width = heads * self.head_dim
-        self.scale = 1.0 / math.sqrt(self.head_dim)
         inner = self.inner_width
         self.q_proj = dense(width, inner, lora_rank=lora_rank, lora_alpha=lora_alpha)  # LoRA on q and v, as
         self.k_proj = dense(width, inner)
         self.v_proj = dense(width, inner, lora_rank=lora_rank, lora_alpha=lora_alpha)  # the LoRA paper does
         self.out_proj = dense(inner, width)
-        self.reshape = ops.Reshape()
-        self.transpose = ops.Transpose()
-        self.qk_matmul = ops.BatchMatMul(transpose_b=True)
-        self.av_matmul = ops.BatchMatMul()
-        self.mul = ops.Mul()
-        self.add = ops.Add()
-        self.softmax = Softmax()
-        self.attn_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
-
-    def _split_heads(self, x, batch, seq):
-        x = self.reshape(x, (batch, seq, self.heads, self.head_dim))  # (batch, seq, heads, head_dim)
-        return self.transpose(x, (0, 2, 1, 3))  # (batch, heads, seq, head_dim)
+        self.core = AttentionCore(heads, self.head_dim, dropout)
 
     def construct(self, x, mask=None):
-        batch, seq = x.shape[0], x.shape[1]
-        q = self._split_heads(self.q_proj(x), batch, seq)
-        k = self._split_heads(self.k_proj(x), batch, seq)
-        v = self._split_heads(self.v_proj(x), batch, seq)
-        scores = self.mul(self.qk_matmul(q, k), self.scale)  # (batch, heads, seq, seq)
-        if mask is not None:
-            scores = self.add(scores, mask)
-        probs = self.attn_dropout(self.softmax(scores))
-        out = self.av_matmul(probs, v)  # (batch, heads, seq, head_dim)
-        out = self.reshape(self.transpose(out, (0, 2, 1, 3)), (batch, seq, self.inner_width))
-        return self.out_proj(out)
+        return self.out_proj(self.core(self.q_proj(x), self.k_proj(x), self.v_proj(x), mask))
 
     def extend_repr(self):
         return f"width={self.width}, heads={self.heads}, head_dim={self.head_dim}"

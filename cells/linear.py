@@ -45,16 +45,25 @@ class Linear(nn.Cell):
         self.add = ops.Add()
         self.reshape = ops.Reshape()
 
+    def _product(self, rows):
+        y = self.matmul(rows, self.weight)  # (rows, out)
+        if self.lora_rank > 0:
+            update = self.lora_matmul(self.lora_matmul(rows, self.lora_a), self.lora_b)  # (rows, out)
+            y = self.add(y, self.lora_mul(update, self.lora_scale))
+        return y
+
     def construct(self, x):
         leading = x.shape[:-1]
-        x = self.reshape(x, (-1, self.in_width))
-        y = self.matmul(x, self.weight)  # (rows, out)
-        if self.lora_rank > 0:
-            update = self.lora_matmul(self.lora_matmul(x, self.lora_a), self.lora_b)  # (rows, out)
-            y = self.add(y, self.lora_mul(update, self.lora_scale))
+        y = self._product(self.reshape(x, (-1, self.in_width)))
         if self.has_bias:
             y = self.add(y, self.bias)
         return self.reshape(y, leading + (self.out_width,))
+
+    def project(self, x):
+        """x @ weight.T (+ the LoRA update) without the bias, for a caller that adds the bias itself fused
+        with what follows (MLP: bias + GELU)."""
+        leading = x.shape[:-1]
+        return self.reshape(self._product(self.reshape(x, (-1, self.in_width))), leading + (self.out_width,))
 
     def merged_state(self) -> dict:
         """{"weight", "bias"?} numpy with the LoRA update folded in: the same layer without LoRA."""

@@ -59,10 +59,15 @@ class Int8Linear(nn.Cell):
 
     def construct(self, x):
         leading = x.shape[:-1]
-        x = self.reshape(x, (-1, self.in_width))
-        y = self.matmul(x, self.dequantized_weight())  # (rows, out)
+        y = self.matmul(self.reshape(x, (-1, self.in_width)), self.dequantized_weight())  # (rows, out)
         if self.has_bias:
             y = self.add(y, self.bias)
+        return self.reshape(y, leading + (self.out_width,))
+
+    def project(self, x):
+        """The product without the bias, as Linear.project (the MLP adds fc1's bias with its activation)."""
+        leading = x.shape[:-1]
+        y = self.matmul(self.reshape(x, (-1, self.in_width)), self.dequantized_weight())
         return self.reshape(y, leading + (self.out_width,))
 
     def extend_repr(self):

@@ -9,7 +9,7 @@ import numpy as np
 
 from mindspore import Parameter, Tensor, nn, ops
 
-from .activation import create_activation
+from .activation import BiasActivation
 from .attention import MultiHeadAttention
 from .linear import dense
 from .norm import create_norm
@@ -17,17 +17,18 @@ from .norm import create_norm
 
 class MLP(nn.Cell):
     """(…, width) -> fc1 (hidden) -> activation -> fc2 -> (…, width); blocks pass
-    hidden = round(width * mlp_ratio), so a pruned FFN of m channels is mlp_ratio = m / width."""
+    hidden = round(width * mlp_ratio), so a pruned FFN of m channels is mlp_ratio = m / width.
+    fc1's bias is added by the activation cell (BiasActivation), where a fused kernel can take it."""
 
     def __init__(self, width: int, hidden: int, activation: str = "gelu", dropout: float = 0.0):
         super().__init__()
         self.fc1 = dense(width, hidden)
-        self.act = create_activation(activation)
+        self.act = BiasActivation(activation)
         self.fc2 = dense(hidden, width)
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
 
     def construct(self, x):
-        return self.fc2(self.dropout(self.act(self.fc1(x))))
+        return self.fc2(self.dropout(self.act(self.fc1.project(x), self.fc1.bias)))
 
 
 class LayerScale(nn.Cell):

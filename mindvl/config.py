@@ -504,8 +504,9 @@ class TrainConfig:
     # a parallel strategy: a file of parallel_configs/ by name (dp2) or a YAML path; "": data parallel over
     # however many ranks msrun started (mindvl.parallel)
     parallel: str = ""
-    # "fused": mindvl's C++ CPU kernels where they exist (cells/kernels: LayerNorm so far); "standard":
-    # MindSpore's operators. Exported graphs always hold the standard ones.
+    # "fused": fused kernels per backend (cells/kernels): on the CPU mindvl's C++ kernels (LayerNorm, GELU,
+    # bias + GELU, attention core, scaled masked softmax), on Ascend flash attention; "standard":
+    # MindSpore's operators everywhere. Exported graphs always hold the standard ones.
     kernels: str = "standard"
 
     def validate(self) -> None:

@@ -28,12 +28,13 @@ def locked(folder: Path) -> Iterator[None]:
 
 
 def build_library(name: str, sources: Sequence[Path], folder: Path, flags: Sequence[str],
-                  link: Sequence[str] = ()) -> Path:
-    """folder/<name>-<hash of sources and flags>.so, compiled with $CXX (default g++) unless it exists;
-    written under another name and renamed, so a library is there whole or not at all. BuildError when
-    there is no compiler or the compilation fails."""
-    digest = hashlib.sha256(b"".join(Path(p).read_bytes() for p in sources)
-                            + " ".join([*flags, *link]).encode()).hexdigest()[:12]
+                  link: Sequence[str] = (), headers: Sequence[Path] = (), identity: str = "") -> Path:
+    """folder/<name>-<hash>.so, compiled with $CXX (default g++) unless it exists; the hash covers the
+    sources, the headers they include, the flags and `identity` (what else the build depends on, e.g. the
+    CPU for -march=native). Written under another name and renamed, so a library is there whole or not at
+    all. BuildError when there is no compiler or the compilation fails."""
+    digest = hashlib.sha256(b"".join(Path(p).read_bytes() for p in [*sources, *headers])
+                            + " ".join([*flags, *link, identity]).encode()).hexdigest()[:12]
     target = Path(folder) / f"{name}-{digest}.so"
     if target.is_file():
         return target

@@ -1,23 +1,28 @@
-"""Fused CPU kernels: C++ sources here, compiled on first use into a cached library and called as
-MindSpore AOT custom operators, each with its backward kernel as the custom op's bprop.
+"""The kernel layer: one switch, `train.kernels`, picks how normalisation, activations and attention run.
 
-One switch, `train.kernels`: "standard" (MindSpore's own operators) or "fused" (these kernels where they
-exist: LayerNorm so far). `use_kernels(model, kind)` swaps them into a model's cells; a machine without
-a working C++ compiler keeps the standard operators after one warning. Exported graphs never hold them:
-`standard_kernels(model)` puts MindSpore's operators back for the length of an export (export/package.py),
-so MindIR files stay runnable by Lite and Serving.
+"standard" keeps MindSpore's own operators everywhere. "fused" swaps in, per backend:
+  CPU     mindvl's C++ kernels (cells/kernels/*.cc, compiled on first use into a cache, called as AOT
+          custom operators with their backward kernels as bprop): LayerNorm, GELU, bias + GELU, the
+          attention core (scores, scale, mask, softmax, weighted sum) and, where a core has attention
+          dropout, the scaled masked softmax;
+  Ascend  MindSpore's fused operators: flash attention (ops.FlashAttentionScore) for the attention core
+          (LayerNorm and GELU are single fused kernels there already);
+and keeps the standard operators elsewhere. A machine without a working C++ compiler keeps the standard
+operators after one warning. Exported graphs never hold these kernels: `standard_kernels(model)` puts the
+standard cells back for the length of an export (export/package.py), so MindIR files stay runnable by
+Lite and Serving.
 """
 import os
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, List, Optional, Tuple
 
-import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import nn
 
 SOURCES = sorted(Path(__file__).resolve().parent.glob("*.cc"))
-FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+HEADERS = sorted(Path(__file__).resolve().parent.glob("*.h"))
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-pthread", "-shared", "-fPIC", "-std=c++17")
 KINDS = ("standard", "fused")
 _library: dict = {}  # "path" -> the built library, or "failed" -> why not (asked once per process)
 
@@ -27,13 +32,36 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MINDVL_KERNEL_CACHE", default))
 
 
+def _cpu_identity() -> str:
+    """-march=native code runs on this CPU model only: its name and flags go into the build's hash."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    return ";".join(sorted({line.split(":", 1)[1].strip() for line in info
+                            if line.startswith(("model name", "flags"))}))
+
+
+def _link_flags() -> Tuple[str, ...]:
+    """The attention kernel calls oneDNN's sgemm from the libdnnl.so.3 MindSpore ships (and has loaded)."""
+    import mindspore
+
+    from mindvl.native import BuildError
+
+    folder = Path(mindspore.__file__).resolve().parent / "lib"
+    if not (folder / "libdnnl.so.3").is_file():
+        raise BuildError(f"MindSpore's oneDNN library ({folder / 'libdnnl.so.3'}) is missing; reinstall mindspore")
+    return f"-L{folder}", "-l:libdnnl.so.3", f"-Wl,-rpath,{folder}"
+
+
 def library() -> Optional[Path]:
-    """The compiled kernels (built on first use, ~5 s), or None after one warning saying why not."""
+    """The compiled kernels (built on first use, ~10 s), or None after one warning saying why not."""
     from mindvl.native import BuildError, build_library
 
     if "path" not in _library and "failed" not in _library:
         try:
-            _library["path"] = build_library("kernels", SOURCES, cache_dir(), FLAGS)
+            _library["path"] = build_library("kernels", SOURCES, cache_dir(), FLAGS, link=_link_flags(),
+                                             headers=HEADERS, identity=_cpu_identity())
         except BuildError as exc:
             _library["failed"] = str(exc)
             warnings.warn(f"mindvl: fused CPU kernels unavailable ({exc}); using MindSpore's standard operators",
@@ -41,53 +69,97 @@ def library() -> Optional[Path]:
     return _library.get("path")
 
 
-class FusedLayerNorm(nn.Cell):
-    """Drop-in for ops.LayerNorm over the last axis inside mindvl's LayerNorm cell: (x, weight, bias) ->
-    (y,) (the cell reads element 0; the primitive's mean and variance are not needed)."""
-
-    def __init__(self, eps: float, path: Path):
-        super().__init__()
-        self.eps = Tensor(np.float32(eps))
-        backward = ops.Custom(f"{path}:MindvlLayerNormBackward", out_shape=lambda x, w, e, dy: (x, w, w),
-                              out_dtype=lambda x, w, e, dy: (x, w, w), func_type="aot")
-        zeros = ops.ZerosLike()
-
-        def bprop(x, weight, bias, eps, out, dout):
-            dx, dweight, dbias = backward(x, weight, eps, dout)
-            return dx, dweight, dbias, zeros(eps)
-
-        self.forward = ops.Custom(f"{path}:MindvlLayerNormForward", out_shape=lambda x, w, b, e: x,
-                                  out_dtype=lambda x, w, b, e: x, func_type="aot", bprop=bprop)
-
-    def construct(self, x, weight, bias):
-        return (self.forward(x, weight, bias, self.eps),)
-
-
-def use_kernels(model: nn.Cell, kind: str) -> int:
-    """Swap the `kind` implementation into every mindvl LayerNorm of `model` -> how many were swapped (0
-    for "standard", or when the kernels cannot be built here)."""
+def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn.Cell]]:
+    """(parent cell, attribute, fused cell) for every operation of `model` a CPU kernel covers."""
+    from mindvl.cells.activation import GELU, BiasActivation, ScaledMaskedSoftmax
+    from mindvl.cells.attention import AttentionCore
     from mindvl.cells.norm import LayerNorm
+
+    from .cpu import FusedAttentionCore, FusedBiasGELU, FusedGELU, FusedLayerNorm, FusedSoftmax
+
+    swaps = []
+    for _, cell in model.cells_and_names():
+        if isinstance(cell, LayerNorm):
+            swaps.append((cell, "layer_norm", FusedLayerNorm(cell.eps, path)))
+        for name, child in cell.name_cells().items():
+            if isinstance(child, AttentionCore) and child.dropout == 0:
+                swaps.append((cell, name, FusedAttentionCore(child.heads, child.head_dim, path)))
+            elif isinstance(child, BiasActivation) and isinstance(child.act, GELU):
+                swaps.append((cell, name, FusedBiasGELU(path)))
+            elif isinstance(child, GELU) and not isinstance(cell, BiasActivation):
+                swaps.append((cell, name, FusedGELU(path)))
+            elif isinstance(child, ScaledMaskedSoftmax) and not (isinstance(cell, AttentionCore) and cell.dropout == 0):
+                swaps.append((cell, name, FusedSoftmax(child.scale, path)))  # a core with dropout keeps its own
+    return swaps
+
+
+def _ascend_replacements(model: nn.Cell, compute: str) -> List[Tuple[nn.Cell, str, nn.Cell]]:
+    """(parent cell, attribute, flash attention core) for every attention core flash attention can run;
+    one warning names the cores it cannot."""
+    from mindvl.cells.attention import AttentionCore
+
+    from .ascend import FlashAttentionCore, flash_attention_problems
+
+    swaps, kept = [], {}
+    for prefix, cell in model.cells_and_names():
+        for name, child in cell.name_cells().items():
+            if not isinstance(child, AttentionCore):
+                continue
+            problems = flash_attention_problems(child.heads, child.head_dim, compute)
+            if child.dropout:
+                problems.append("attention dropout (flash attention would need a drop mask)")
+            if problems:
+                kept.setdefault("; ".join(problems), []).append(f"{prefix}.{name}" if prefix else name)
+            else:
+                swaps.append((cell, name, FlashAttentionCore(child.heads, child.head_dim, compute)))
+    for problems, cores in kept.items():
+        warnings.warn(f"mindvl: {len(cores)} attention core(s) keep the standard operators on Ascend ({problems}): "
+                      f"{', '.join(cores[:3])}{', ...' if len(cores) > 3 else ''}", stacklevel=3)
+    return swaps
+
+
+def use_kernels(model: nn.Cell, kind: str, device: Optional[str] = None, compute: str = "float32") -> int:
+    """Swap the `kind` implementation for `device` (default: MindSpore's device_target) into `model`'s
+    cells -> how many were swapped (0 for "standard", for a GPU, or when the CPU kernels cannot be built
+    here). `compute`: train.precision.compute (flash attention runs in float16 or bfloat16 only)."""
+    import mindspore as ms
 
     if kind not in KINDS:
         raise ValueError(f"train.kernels: {kind!r}; choose one of {list(KINDS)}")
-    path = library() if kind == "fused" else None
-    if path is None:
+    device = device or ms.get_context("device_target")
+    if kind == "standard" or device not in ("CPU", "Ascend"):
         return 0
-    norms = [cell for _, cell in model.cells_and_names() if isinstance(cell, LayerNorm)]
-    for norm in norms:
-        norm.layer_norm = FusedLayerNorm(norm.eps, path)
-    return len(norms)
+    if device == "Ascend":
+        swaps = _ascend_replacements(model, compute)
+    else:
+        path = library()
+        if path is None:
+            return 0
+        swaps = _cpu_replacements(model, path)
+    for parent, attribute, fused in swaps:
+        setattr(parent, attribute, fused)
+    return len(swaps)
+
+
+def fused_cells() -> tuple:
+    """The classes of every fused cell, CPU and Ascend."""
+    from .ascend import FlashAttentionCore
+    from .cpu import CPU_CELLS
+
+    return (*CPU_CELLS, FlashAttentionCore)
 
 
 @contextmanager
 def standard_kernels(model: nn.Cell) -> Iterator[None]:
-    """Within the block every fused kernel of `model` is MindSpore's operator again (exports)."""
-    from mindvl.cells.norm import LayerNorm, standard_layer_norm
-    from mindvl.cells.portable import substituted
-
-    fused = [(LayerNorm, "layer_norm", lambda cell: standard_layer_norm(cell.eps))]
-    if not any(isinstance(c, FusedLayerNorm) for _, c in model.cells_and_names()):
+    """Within the block every fused cell of `model` is the standard cell (or operator) it replaced (exports);
+    the fused ones are back afterwards."""
+    fused = fused_cells()
+    swapped = [(parent, name, child) for _, parent in model.cells_and_names()
+               for name, child in parent.name_cells().items() if isinstance(child, fused)]
+    for parent, name, child in swapped:
+        setattr(parent, name, child.standard())
+    try:
         yield
-        return
-    with substituted(model, fused):
-        yield
+    finally:
+        for parent, name, child in swapped:
+            setattr(parent, name, child)

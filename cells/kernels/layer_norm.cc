@@ -1,24 +1,17 @@
 // LayerNorm over the last axis, forward and backward, for MindSpore's AOT custom operators on CPU.
 //
 // MindSpore 2.10's CPU LayerNorm and its gradient are several times slower than their arithmetic needs;
-// these loops do one pass for the statistics and one for the output per row, rows in parallel (OpenMP).
-// Signature of an AOT kernel: inputs then outputs in `params`, their ranks and shapes alongside; returns 0.
+// these loops do one pass for the statistics and one for the output per row, rows in parallel (pool.h).
 // eps arrives as a 0-d float32 tensor so one build serves every norm (1e-6, 1e-5, 1e-12).
-#include <cmath>
-#include <cstdint>
 #include <vector>
+
+#include "common.h"
+#include "pool.h"
 
 namespace {
 
-struct Rows {
-  int64_t rows, cols;
-};
-
-Rows rows_of(int rank, const int64_t *shape) {
-  Rows r{1, shape[rank - 1]};
-  for (int i = 0; i < rank - 1; ++i) r.rows *= shape[i];
-  return r;
-}
+using mindvl::Rows;
+using mindvl::rows_of;
 
 // mean and 1 / sqrt(variance + eps) of one row, accumulated in double
 void statistics(const float *x, int64_t cols, float eps, float *mean, float *inv) {
@@ -34,28 +27,26 @@ void statistics(const float *x, int64_t cols, float eps, float *mean, float *inv
 }  // namespace
 
 // inputs x (..., C), weight (C), bias (C), eps (); output y (..., C)
-extern "C" int MindvlLayerNormForward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                      void *stream, void *extra) {
+MINDVL_KERNEL(MindvlLayerNormForward) {
   const float *x = static_cast<const float *>(params[0]);
   const float *weight = static_cast<const float *>(params[1]);
   const float *bias = static_cast<const float *>(params[2]);
   const float eps = *static_cast<const float *>(params[3]);
   float *y = static_cast<float *>(params[4]);
   const Rows r = rows_of(ndims[0], shapes[0]);
-#pragma omp parallel for
-  for (int64_t row = 0; row < r.rows; ++row) {
+  mindvl::parallel_rows(r.rows, [&](int64_t row) {
     const float *xr = x + row * r.cols;
     float *yr = y + row * r.cols;
     float mean, inv;
     statistics(xr, r.cols, eps, &mean, &inv);
+#pragma omp simd
     for (int64_t c = 0; c < r.cols; ++c) yr[c] = (xr[c] - mean) * inv * weight[c] + bias[c];
-  }
+  });
   return 0;
 }
 
 // inputs x (..., C), weight (C), eps (), dy (..., C); outputs dx (..., C), dweight (C), dbias (C)
-extern "C" int MindvlLayerNormBackward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                       void *stream, void *extra) {
+MINDVL_KERNEL(MindvlLayerNormBackward) {
   const float *x = static_cast<const float *>(params[0]);
   const float *weight = static_cast<const float *>(params[1]);
   const float eps = *static_cast<const float *>(params[2]);
@@ -64,12 +55,12 @@ extern "C" int MindvlLayerNormBackward(int nparam, void **params, int *ndims, in
   float *dweight = static_cast<float *>(params[5]);
   float *dbias = static_cast<float *>(params[6]);
   const Rows r = rows_of(ndims[0], shapes[0]);
-  for (int64_t c = 0; c < r.cols; ++c) dweight[c] = dbias[c] = 0.0f;
-#pragma omp parallel
-  {
-    std::vector<double> dw(r.cols, 0.0), db(r.cols, 0.0);  // this thread's share of the parameter gradients
-#pragma omp for
-    for (int64_t row = 0; row < r.rows; ++row) {
+  mindvl::Pool &pool = mindvl::Pool::instance();
+  // each worker's share of the parameter gradients, summed in row order at the end
+  std::vector<double> dw(pool.size() * r.cols, 0.0), db(pool.size() * r.cols, 0.0);
+  pool.parallel_for(r.rows, [&](int64_t begin, int64_t end, int worker) {
+    double *dwp = dw.data() + worker * r.cols, *dbp = db.data() + worker * r.cols;
+    for (int64_t row = begin; row < end; ++row) {
       const float *xr = x + row * r.cols, *dyr = dy + row * r.cols;
       float *dxr = dx + row * r.cols;
       float mean, inv;
@@ -79,20 +70,25 @@ extern "C" int MindvlLayerNormBackward(int nparam, void **params, int *ndims, in
         const float xhat = (xr[c] - mean) * inv, g = dyr[c] * weight[c];
         sum_g += g;
         sum_g_xhat += g * xhat;
-        dw[c] += dyr[c] * xhat;
-        db[c] += dyr[c];
+        dwp[c] += dyr[c] * xhat;
+        dbp[c] += dyr[c];
       }
       const float mean_g = static_cast<float>(sum_g / r.cols), mean_g_xhat = static_cast<float>(sum_g_xhat / r.cols);
+#pragma omp simd
       for (int64_t c = 0; c < r.cols; ++c) {
         const float xhat = (xr[c] - mean) * inv;
         dxr[c] = inv * (dyr[c] * weight[c] - mean_g - xhat * mean_g_xhat);
       }
     }
-#pragma omp critical
-    for (int64_t c = 0; c < r.cols; ++c) {
-      dweight[c] += static_cast<float>(dw[c]);
-      dbias[c] += static_cast<float>(db[c]);
+  });
+  for (int64_t c = 0; c < r.cols; ++c) {
+    double w = 0.0, b = 0.0;
+    for (int worker = 0; worker < pool.size(); ++worker) {
+      w += dw[worker * r.cols + c];
+      b += db[worker * r.cols + c];
     }
+    dweight[c] = static_cast<float>(w);
+    dbias[c] = static_cast<float>(b);
   }
   return 0;
 }

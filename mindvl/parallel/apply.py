@@ -31,7 +31,9 @@ def _linear(linear: nn.Cell, dp: int, mp: int, split: str) -> None:
 
 
 def _activation(cell: nn.Cell, dp: int, mp: int) -> None:
-    """The MLP activation on (batch, seq, hidden) with hidden split over mp."""
+    """The MLP's bias + activation on (batch, seq, hidden) with hidden split over mp."""
+    cell.add.shard(((dp, 1, mp), (mp,)))
+    cell = cell.act
     split = ((dp, 1, mp),)
     for name in ("erf", "gelu", "relu"):
         if hasattr(cell, name):
@@ -46,11 +48,12 @@ def _attention(attn: nn.Cell, dp: int, mp: int) -> None:
         _linear(projection, dp, mp, "column")
     _linear(attn.out_proj, dp, mp, "row")
     heads = (dp, mp, 1, 1)  # (batch, heads, seq, head_dim)
-    attn.qk_matmul.shard((heads, heads))
-    attn.av_matmul.shard((heads, heads))
-    attn.mul.shard((heads, ()))
-    attn.add.shard((heads, (dp, 1, 1, 1)))
-    attn.softmax.softmax.shard((heads,))
+    core = attn.core
+    core.qk_matmul.shard((heads, heads))
+    core.av_matmul.shard((heads, heads))
+    core.softmax.mul.shard((heads, ()))
+    core.softmax.add.shard((heads, (dp, 1, 1, 1)))
+    core.softmax.softmax.shard((heads,))
 
 
 def _norm(norm: nn.Cell, dp: int) -> None:
@@ -114,8 +117,8 @@ def apply_strategy(model: nn.Cell, cfg: Config, strategy: ParallelStrategy) -> D
         if strategy.recompute_config.recompute:
             block.recompute()
         elif strategy.recompute_config.select_recompute:
-            block.attn.qk_matmul.recompute()
-            block.attn.softmax.softmax.recompute()
+            block.attn.core.qk_matmul.recompute()
+            block.attn.core.softmax.softmax.recompute()
     return stages
 
 

@@ -1,7 +1,8 @@
 """The precision policy (train.precision), defined once and applied to the network the objectives see.
 
 A low-precision policy goes through mindspore.amp: `custom_mixed_precision` with a black list runs
-every cell in the low dtype except the kinds the policy keeps in float32 (plus amp's own black list),
+every cell in the low dtype except the kinds the policy keeps in float32 (plus amp's own black list and
+mindvl's fused CPU kernels, which compute in float32),
 which run in float32 and hand their output back in the low dtype; the network's outputs come back in
 float32, so the objectives run in float32 unless `loss` says otherwise. Parameters stay float32.
 """
@@ -10,11 +11,12 @@ from typing import Sequence
 import mindspore as ms
 from mindspore import amp, nn
 
-from mindvl.cells.activation import Softmax
+from mindvl.cells.activation import ScaledMaskedSoftmax
+from mindvl.cells.kernels.cpu import CPU_CELLS
 from mindvl.cells.norm import LayerNorm
 from mindvl.config import ConfigError, PrecisionConfig
 
-KIND_CELLS = {"norm": (LayerNorm,), "softmax": (Softmax,)}  # the cell classes of each kind the policy names
+KIND_CELLS = {"norm": (LayerNorm,), "softmax": (ScaledMaskedSoftmax,)}  # the cell classes of each kind the policy names
 
 
 def apply_precision(network: nn.Cell, policy: PrecisionConfig) -> nn.Cell:
@@ -25,8 +27,8 @@ def apply_precision(network: nn.Cell, policy: PrecisionConfig) -> nn.Cell:
     if policy.compute == "bfloat16" and ms.get_context("device_target") == "CPU":
         raise ConfigError("train.precision.compute: bfloat16 needs an Ascend chip; on the CPU use float16 "
                           "(correct, slower than float32) or float32")
-    black_list = amp.get_black_list() + [cls for kind, classes in KIND_CELLS.items()
-                                         if getattr(policy, kind) == "float32" for cls in classes]
+    black_list = amp.get_black_list() + list(CPU_CELLS) + [cls for kind, classes in KIND_CELLS.items()
+                                                               if getattr(policy, kind) == "float32" for cls in classes]
     return amp.custom_mixed_precision(network, black_list=black_list, dtype=getattr(ms, policy.compute))
 
 

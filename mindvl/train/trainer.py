@@ -155,7 +155,7 @@ class Trainer:
                               "data.validation_fraction (e.g. 0.05) or train.eval_every=0")
         # checked and loaded before any data work: a teacher that does not fit the recipe fails fast
         teacher = load_teacher(cfg) if train_cfg.distill.teacher else None
-        use_kernels(model, train_cfg.kernels)
+        use_kernels(model, train_cfg.kernels, compute=train_cfg.precision.compute)
         freeze_modules(model, train_cfg)
         self.recomputed = apply_recompute(model, train_cfg)
         self.tokens = token_cache(cfg, model)  # frozen encoders' cached states, or None: they run every step

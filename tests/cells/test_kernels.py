@@ -1,6 +1,7 @@
-"""Fused CPU kernels (cells/kernels): each against MindSpore's operator, outputs and gradients, over odd
-shapes and every eps the recipes use; swapped into a model and out again for exports (no Custom op in
-the MindIR); a training run with them follows one without; no compiler -> standard operators + a warning."""
+"""Fused CPU kernels (cells/kernels): each against the standard cell it replaces, outputs and gradients,
+over odd shapes, every eps the recipes use and every mask layout; swapped into a model and out again for
+exports (no Custom op in the MindIR); a training run with them follows one without; no compiler ->
+standard operators + a warning; float16 inputs refused by name."""
 import json
 
 import mindspore as ms
@@ -9,11 +10,15 @@ import pytest
 from mindspore import nn
 
 from mindvl.cells import kernels
-from mindvl.cells.kernels import FusedLayerNorm, library, standard_kernels, use_kernels
+from mindvl.cells.activation import GELU, BiasActivation, ScaledMaskedSoftmax
+from mindvl.cells.attention import MASK_VALUE, AttentionCore
+from mindvl.cells.kernels import library, standard_kernels, use_kernels
+from mindvl.cells.kernels.cpu import FusedAttentionCore, FusedBiasGELU, FusedGELU, FusedLayerNorm, FusedSoftmax
 from mindvl.cells.norm import LayerNorm
 
-# float32 sums over a row: outputs and input gradients agree to rounding; the parameter gradients add up
-# every row, so they are compared relative to their size
+# float32 sums over a row: outputs and input gradients agree to rounding (erf and exp are polynomial
+# approximations within 2e-7); the parameter gradients add up every row, so they are compared relative
+# to their size
 ATOL, PARAM_RTOL = 2e-5, 1e-4
 
 
@@ -26,14 +31,33 @@ def path():
 
 
 class Loss(nn.Cell):
-    """sum(norm(x) * target): its gradient reaches the norm as `target`."""
+    """sum(cell(*inputs) * target): its gradient reaches the cell's output as `target`."""
 
-    def __init__(self, norm):
+    def __init__(self, cell):
         super().__init__()
-        self.norm = norm
+        self.cell = cell
 
-    def construct(self, x, target):
-        return (self.norm(x) * target).sum()
+    def construct(self, *inputs):
+        return (self.cell(*inputs[:-1]) * inputs[-1]).sum()
+
+
+def _output_and_grads(cell, inputs, target, wrt):
+    """cell(*inputs) and the gradients of sum(output * target) with respect to the inputs at `wrt`."""
+    tensors = [ms.Tensor(array) if array is not None else None for array in inputs]
+    grads = ms.grad(Loss(cell), grad_position=wrt)(*tensors, ms.Tensor(target))
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    return cell(*tensors).asnumpy(), [g.asnumpy() for g in grads]
+
+
+def _compare(standard, fused, inputs, wrt, rtol=0.0):
+    rng = np.random.default_rng(7)
+    target = rng.normal(size=standard(*[ms.Tensor(a) if a is not None else None for a in inputs]).shape)
+    target = target.astype(np.float32)
+    want, want_grads = _output_and_grads(standard, inputs, target, wrt)
+    got, got_grads = _output_and_grads(fused, inputs, target, wrt)
+    np.testing.assert_allclose(got, want, atol=ATOL)
+    for got_grad, want_grad in zip(got_grads, want_grads):
+        np.testing.assert_allclose(got_grad, want_grad, atol=ATOL, rtol=rtol)
 
 
 @pytest.mark.parametrize("shape", [(4, 16), (3, 7, 5), (2, 33, 257), (1, 1, 3)])
@@ -61,6 +85,76 @@ def test_layer_norm_matches_mindspore_forward_and_backward(path, shape, eps):
         np.testing.assert_allclose(fused_grad, standard_grad, atol=ATOL, rtol=PARAM_RTOL)
 
 
+@pytest.mark.parametrize("shape", [(4, 16), (3, 7, 5), (2, 33, 1027), (1, 1, 1)])
+def test_gelu_matches_the_erf_formulation(path, shape):
+    x = (np.random.default_rng(sum(shape)).normal(size=shape) * 4).astype(np.float32)
+    _compare(GELU(), FusedGELU(path), [x], wrt=0)
+
+
+@pytest.mark.parametrize("shape", [(4, 16), (3, 7, 5), (2, 33, 1027), (1, 1, 1)])
+def test_bias_gelu_matches_add_then_gelu_and_returns_the_bias_gradient(path, shape):
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.normal(size=shape) * 3).astype(np.float32)
+    bias = rng.normal(size=shape[-1]).astype(np.float32)
+    _compare(BiasActivation("gelu"), FusedBiasGELU(path), [x, bias], wrt=(0, 1), rtol=PARAM_RTOL)
+
+
+MASKS = {  # additive masks as the encoders build them, each broadcast over the scores (2, 3, 5, 7)
+    "none": None,
+    "padding (B,1,1,K)": (2, 1, 1, 7),
+    "prefix-LM (B,1,Q,K)": (2, 1, 5, 7),
+    "per head (B,H,Q,K)": (2, 3, 5, 7),
+    "shared (Q,K)": (5, 7),
+}
+
+
+@pytest.mark.parametrize("mask_shape", MASKS.values(), ids=MASKS.keys())
+@pytest.mark.parametrize("scale", [0.125, 1.0])
+def test_scaled_masked_softmax_matches_mul_add_softmax(path, mask_shape, scale):
+    rng = np.random.default_rng(3)
+    scores = (rng.normal(size=(2, 3, 5, 7)) * 4).astype(np.float32)
+    mask = None
+    if mask_shape is not None:
+        mask = np.where(rng.random(mask_shape) < 0.3, MASK_VALUE, 0.0).astype(np.float32)
+        mask[..., 0] = 0.0  # every row keeps a key
+    _compare(ScaledMaskedSoftmax(scale), FusedSoftmax(scale, path), [scores, mask], wrt=0)
+
+
+@pytest.mark.parametrize("mask_shape", MASKS.values(), ids=MASKS.keys())
+@pytest.mark.parametrize("heads, head_dim", [(3, 4), (1, 5), (2, 16)])
+def test_attention_core_matches_the_standard_core_with_every_mask(path, mask_shape, heads, head_dim):
+    rng = np.random.default_rng(heads * head_dim)
+    batch, seq = 2, 7
+    q, k, v = (rng.normal(size=(batch, seq, heads * head_dim)).astype(np.float32) for _ in range(3))
+    mask = None
+    if mask_shape is not None:
+        shape = tuple(heads if i == len(mask_shape) - 3 and size == 3 else seq if size in (5, 7) else size
+                      for i, size in enumerate(mask_shape))  # MASKS' layouts at this test's sizes
+        mask = np.where(rng.random(shape) < 0.3, MASK_VALUE, 0.0).astype(np.float32)
+        mask[..., 0] = 0.0
+    _compare(AttentionCore(heads, head_dim), FusedAttentionCore(heads, head_dim, path), [q, k, v, mask],
+             wrt=(0, 1, 2))
+
+
+def test_a_core_with_attention_dropout_keeps_it_and_fuses_only_the_softmax(path):
+    from mindvl.cells.attention import MultiHeadAttention
+
+    attention = MultiHeadAttention(8, 2, dropout=0.1)
+    assert use_kernels(attention, "fused") == 1
+    assert isinstance(attention.core, AttentionCore) and isinstance(attention.core.softmax, FusedSoftmax)
+
+
+def test_a_fully_masked_row_is_uniform_as_in_mindspore(path):
+    scores = np.random.default_rng(4).normal(size=(1, 1, 2, 6)).astype(np.float32)
+    mask = np.zeros((1, 1, 1, 6), np.float32) + MASK_VALUE
+    _compare(ScaledMaskedSoftmax(0.5), FusedSoftmax(0.5, path), [scores, mask], wrt=0)
+
+
+def test_float16_inputs_are_refused_naming_the_kernel(path):
+    with pytest.raises(TypeError, match="MindvlGeluForward: inputs must be float32"):
+        FusedGELU(path)(ms.Tensor(np.ones((2, 3), np.float16)))
+
+
 def test_a_model_swaps_in_the_kernels_and_exports_standard_operators(path, tmp_path):
     from mindvl.cells import create_model
     from mindvl.config import load_config
@@ -74,16 +168,25 @@ def test_a_model_swaps_in_the_kernels_and_exports_standard_operators(path, tmp_p
     encoder = model.text.encoder
     x = ms.Tensor(np.random.default_rng(0).normal(size=(2, 6, cfg.model.text.width)).astype(np.float32))
     before = encoder(x).asnumpy()
+    counts = {kind: sum(isinstance(c, kind) for _, c in model.cells_and_names())
+              for kind in (LayerNorm, BiasActivation, GELU, AttentionCore)}
     swapped = use_kernels(model, "fused")
-    assert swapped == sum(isinstance(c, LayerNorm) for _, c in model.cells_and_names()) > 0
+    assert swapped == counts[LayerNorm] + counts[GELU] + counts[AttentionCore]  # every GELU: in MLPs or not
+    fused = {kind: sum(isinstance(c, kind) for _, c in model.cells_and_names())
+             for kind in (FusedLayerNorm, FusedBiasGELU, FusedGELU, FusedAttentionCore, FusedSoftmax)}
+    assert fused[FusedBiasGELU] == counts[BiasActivation] and fused[FusedGELU] == counts[GELU] - counts[BiasActivation]
+    assert fused[FusedLayerNorm] == counts[LayerNorm] and fused[FusedAttentionCore] == counts[AttentionCore] > 0
+    assert fused[FusedSoftmax] == 0  # the cores without dropout are fused whole
     np.testing.assert_allclose(encoder(x).asnumpy(), before, atol=ATOL)
     exported = export_graph(encoder, "text_stack", [TensorSpec("x", "float32", (2, 6, cfg.model.text.width))],
                             tmp_path / "text_stack.mindir")
     ops_used = mindir_ops(exported.read_bytes())
-    assert "Custom" not in ops_used and "LayerNorm" in ops_used
+    assert "Custom" not in ops_used and {"LayerNorm", "Erf", "Softmax"} <= set(ops_used)
     assert isinstance(encoder.blocks[0].norm1.layer_norm, FusedLayerNorm)  # the training model keeps them
     with standard_kernels(model):
         assert not isinstance(encoder.blocks[0].norm1.layer_norm, FusedLayerNorm)
+        assert isinstance(encoder.blocks[0].mlp.act, BiasActivation)
+        np.testing.assert_allclose(encoder(x).asnumpy(), before, atol=ATOL)
     assert use_kernels(model, "standard") == 0
     with pytest.raises(ValueError, match="train.kernels: 'turbo'"):
         use_kernels(model, "turbo")

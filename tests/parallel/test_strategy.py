@@ -96,16 +96,17 @@ def test_apply_sets_megatron_splits_stages_and_recompute(cfg):
     attn, mlp = block.attn, block.mlp
     assert attn.q_proj.matmul.attrs["in_strategy"] == ((2, 1), (2, 1))  # column: weight rows over mp
     assert attn.out_proj.matmul.attrs["in_strategy"] == ((2, 2), (1, 2))  # row: input width over mp
-    assert attn.qk_matmul.attrs["in_strategy"] == ((2, 2, 1, 1), (2, 2, 1, 1))  # heads over mp
-    assert attn.softmax.softmax.attrs["in_strategy"] == ((2, 2, 1, 1),)
+    assert attn.core.qk_matmul.attrs["in_strategy"] == ((2, 2, 1, 1), (2, 2, 1, 1))  # heads over mp
+    assert attn.core.softmax.softmax.attrs["in_strategy"] == ((2, 2, 1, 1),)
     assert mlp.fc1.matmul.attrs["in_strategy"] == ((2, 1), (2, 1))
     assert mlp.fc2.matmul.attrs["in_strategy"] == ((2, 2), (1, 2))
-    assert mlp.act.erf.attrs["in_strategy"] == ((2, 1, 2),)
+    assert mlp.act.act.erf.attrs["in_strategy"] == ((2, 1, 2),)
+    assert mlp.act.add.attrs["in_strategy"] == ((2, 1, 2), (2,))  # fc1's bias, added with the activation
     assert block.norm1.layer_norm.attrs["in_strategy"] == ((2, 1, 1), (1,), (1,))
     assert model.text.word_embeddings.gather.attrs["in_strategy"] == ((1, 1), (2, 1))  # vocab_emb_dp
     assert [stages[b] for b in ("vision.0", "fusion.1")] == [0, 1]
     assert model.vision.encoder.blocks[0].pipeline_stage == 0 and model.fusion.encoder.blocks[1].pipeline_stage == 1
-    assert "recompute" in attn.qk_matmul.attrs  # select_recompute: scores and softmax only
+    assert "recompute" in attn.core.qk_matmul.attrs  # select_recompute: scores and softmax only
 
 
 def test_module_overrides_reach_their_cells(cfg):

@@ -33,7 +33,7 @@ def test_float16_policy_runs_projections_in_float16_and_keeps_norm_and_softmax_f
     network = apply_precision(model, PrecisionConfig(compute="float16"))
     block = model.vision.encoder.blocks[0]
     assert block.attn.q_proj.get_flags()["fp16"] and block.mlp.get_flags()["fp16"]
-    for island in (block.norm1, block.attn.softmax):  # amp's float32 islands hand float16 back
+    for island in (block.norm1, block.attn.core.softmax):  # amp's float32 islands hand float16 back
         assert island._backbone.get_flags()["fp32"] and not island._backbone.get_flags()["fp16"]
     assert list(parameter_paths(model)) == list(parameter_paths(reference))  # checkpoints see the same names
     assert all(p.dtype == ms.float32 for p in model.get_parameters())  # float32 master weights

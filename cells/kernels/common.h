@@ -1,0 +1,62 @@
+// Shared by the kernels: the AOT calling convention, rows of a tensor, and exp / erf written so that
+// g++ -O3 vectorises loops calling them (libm's expf / erff are scalar calls).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+// An AOT kernel: inputs then outputs in `params`, their ranks and shapes alongside; returns 0.
+#define MINDVL_KERNEL(name)                                                                                  \
+  extern "C" int name(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream, \
+                      void *extra)
+
+namespace mindvl {
+
+struct Rows {
+  int64_t rows, cols;
+};
+
+// A tensor as rows of its last axis.
+inline Rows rows_of(int rank, const int64_t *shape) {
+  Rows r{1, rank > 0 ? shape[rank - 1] : 1};
+  for (int i = 0; i < rank - 1; ++i) r.rows *= shape[i];
+  return r;
+}
+
+inline int64_t elements(int rank, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < rank; ++i) n *= shape[i];
+  return n;
+}
+
+// e^x: x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^7 (relative error < 3e-9 before
+// rounding), 2^n built in the exponent bits. Inputs below -87 give 0 (float's normal range ends there).
+inline float fast_exp(float x) {
+  x = x < 88.0f ? (x > -87.0f ? x : -87.0f) : 88.0f;
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;  // ln2 in two parts
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return x > -87.0f ? p * scale : 0.0f;
+}
+
+// erf(x) by Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7 (the formula cells/portable.py exports for ONNX)
+inline float fast_erf(float x) {
+  const float a = std::fabs(x);
+  const float t = 1.0f / (1.0f + 0.3275911f * a);
+  const float series =
+      ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+  const float y = 1.0f - series * fast_exp(-a * a);
+  return x < 0.0f ? -y : y;
+}
+
+}  // namespace mindvl

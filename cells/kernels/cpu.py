@@ -1,0 +1,169 @@
+"""The fused CPU kernels as cells: each calls a C++ function of the compiled library (cells/kernels/*.cc)
+through an AOT ops.Custom whose bprop is the matching backward kernel, and each can rebuild the standard
+cell it replaced (`standard()`), which is what exports put back.
+
+The kernels compute in float32 only; a precision policy keeps these cells float32 islands
+(mindvl.train.precision) and a float16 input is refused when the graph compiles.
+"""
+from pathlib import Path
+
+import numpy as np
+from mindspore import Tensor, nn, ops
+from mindspore.common import dtype as mstype
+
+from mindvl.cells.activation import BiasActivation, ScaledMaskedSoftmax
+from mindvl.cells.attention import AttentionCore
+from mindvl.cells.norm import standard_layer_norm
+
+
+def _float32(kernel: str, outputs: int = 1):
+    """out_dtype for a kernel: its outputs are float32, and so must every input be."""
+
+    def dtypes(*inputs):
+        for dtype in inputs:
+            if isinstance(dtype, mstype.TensorType):
+                dtype = dtype.element_type()
+            if dtype != mstype.float32:
+                raise TypeError(f"mindvl fused kernel {kernel}: inputs must be float32, got {dtype}; keep the cell "
+                                f"in float32 (train.precision keeps fused kernels float32) or set train.kernels=standard")
+        return inputs[0] if outputs == 1 else (inputs[0],) * outputs
+
+    return dtypes
+
+
+def _custom(path: Path, function: str, out_shape, outputs: int = 1, bprop=None) -> ops.Custom:
+    return ops.Custom(f"{path}:{function}", out_shape=out_shape, out_dtype=_float32(function, outputs),
+                      func_type="aot", bprop=bprop)
+
+
+class FusedLayerNorm(nn.Cell):
+    """Replaces ops.LayerNorm over the last axis inside mindvl's LayerNorm cell: (x, weight, bias) -> (y,)
+    (the cell reads element 0; the primitive's mean and variance are not needed)."""
+
+    def __init__(self, eps: float, path: Path):
+        super().__init__()
+        self.eps = eps
+        self.eps_tensor = Tensor(np.float32(eps))  # an input, so one build serves every eps
+        backward = _custom(path, "MindvlLayerNormBackward", lambda x, w, e, dy: (x, w, w), outputs=3)
+        zeros = ops.ZerosLike()
+
+        def bprop(x, weight, bias, eps, out, dout):
+            dx, dweight, dbias = backward(x, weight, eps, dout)
+            return dx, dweight, dbias, zeros(eps)
+
+        self.forward = _custom(path, "MindvlLayerNormForward", lambda x, w, b, e: x, bprop=bprop)
+
+    def construct(self, x, weight, bias):
+        return (self.forward(x, weight, bias, self.eps_tensor),)
+
+    def standard(self):
+        return standard_layer_norm(self.eps)
+
+
+class FusedGELU(nn.Cell):
+    """Exact GELU in one pass (cells.activation.GELU is five MindSpore kernels forward)."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        backward = _custom(path, "MindvlGeluBackward", lambda x, dy: x)
+
+        def bprop(x, out, dout):
+            return (backward(x, dout),)
+
+        self.forward = _custom(path, "MindvlGeluForward", lambda x: x, bprop=bprop)
+
+    def construct(self, x):
+        return self.forward(x)
+
+    def standard(self):
+        from mindvl.cells.activation import GELU
+
+        return GELU()
+
+
+class FusedBiasGELU(nn.Cell):
+    """GELU(x + bias) forward; backward returns the input gradient and the bias gradient (its column sums)
+    from one pass. Replaces BiasActivation("gelu")."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        backward = _custom(path, "MindvlBiasGeluBackward", lambda x, b, dy: (x, b), outputs=2)
+
+        def bprop(x, bias, out, dout):
+            return backward(x, bias, dout)
+
+        self.forward = _custom(path, "MindvlBiasGeluForward", lambda x, b: x, bprop=bprop)
+
+    def construct(self, x, bias):
+        return self.forward(x, bias)
+
+    def standard(self):
+        return BiasActivation("gelu")
+
+
+class FusedSoftmax(nn.Cell):
+    """softmax(scale * scores + mask) over the last axis in one pass per row, forward and backward;
+    replaces ScaledMaskedSoftmax. The mask (additive, broadcastable to the scores) gets no gradient."""
+
+    def __init__(self, scale: float, path: Path):
+        super().__init__()
+        self.scale = scale
+        self.scale_tensor = Tensor(np.float32(scale))
+        backward = _custom(path, "MindvlSoftmaxBackward", lambda p, dp, s: p)
+        zeros = ops.ZerosLike()
+
+        def masked_bprop(scores, mask, scale, out, dout):
+            return backward(out, dout, scale), zeros(mask), zeros(scale)
+
+        def bprop(scores, scale, out, dout):
+            return backward(out, dout, scale), zeros(scale)
+
+        self.masked = _custom(path, "MindvlMaskedSoftmaxForward", lambda s, m, c: s, bprop=masked_bprop)
+        self.unmasked = _custom(path, "MindvlSoftmaxForward", lambda s, c: s, bprop=bprop)
+
+    def construct(self, scores, mask=None):
+        if mask is None:
+            return self.unmasked(scores, self.scale_tensor)
+        return self.masked(scores, mask, self.scale_tensor)
+
+    def standard(self):
+        return ScaledMaskedSoftmax(self.scale)
+
+
+class FusedAttentionCore(nn.Cell):
+    """softmax(scale * Q K^T + mask) V from and to (batch, seq, heads * head_dim) in one kernel per direction
+    (heads read in place: no transposes); replaces AttentionCore when it has no attention dropout. The
+    probabilities are a second output, kept for the backward kernel as MindSpore keeps the softmax's."""
+
+    def __init__(self, heads: int, head_dim: int, path: Path):
+        super().__init__()
+        self.heads = heads
+        self.head_dim = head_dim
+        self.scale = Tensor(np.float32(1.0 / np.sqrt(head_dim)))
+        self.head_marker = Tensor(np.zeros(heads, np.float32))  # its length tells the kernel the head count
+        backward = _custom(path, "MindvlAttentionBackward", lambda q, k, v, p, d, s, h: (q, k, v), outputs=3)
+        zeros = ops.ZerosLike()
+
+        def masked_bprop(q, k, v, mask, scale, heads, out, dout):
+            dq, dk, dv = backward(q, k, v, out[1], dout[0], scale, heads)
+            return dq, dk, dv, zeros(mask), zeros(scale), zeros(heads)
+
+        def bprop(q, k, v, scale, heads, out, dout):
+            dq, dk, dv = backward(q, k, v, out[1], dout[0], scale, heads)
+            return dq, dk, dv, zeros(scale), zeros(heads)
+
+        self.masked = _custom(path, "MindvlMaskedAttentionForward",
+                              lambda q, k, v, m, s, h: (q, [q[0], h[0], q[1], k[1]]), outputs=2, bprop=masked_bprop)
+        self.unmasked = _custom(path, "MindvlAttentionForward", lambda q, k, v, s, h: (q, [q[0], h[0], q[1], k[1]]),
+                                outputs=2, bprop=bprop)
+
+    def construct(self, q, k, v, mask=None):
+        if mask is None:
+            return self.unmasked(q, k, v, self.scale, self.head_marker)[0]
+        return self.masked(q, k, v, mask, self.scale, self.head_marker)[0]
+
+    def standard(self):
+        return AttentionCore(self.heads, self.head_dim)
+
+
+CPU_CELLS = (FusedLayerNorm, FusedGELU, FusedBiasGELU, FusedSoftmax, FusedAttentionCore)

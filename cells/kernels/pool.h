@@ -1,0 +1,102 @@
+// The kernels' own worker threads. Not OpenMP: MindSpore loads libgomp at import with its default wait
+// policy, under which idle OpenMP threads spin after every parallel region and starve MindSpore's own
+// kernel threads on the same cores (a train step ran 2x slower with OpenMP kernels than with none). These
+// workers sleep on a condition variable between calls.
+#pragma once
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace mindvl {
+
+class Pool {
+ public:
+  // body(begin, end, worker) over [0, n) in `size()` contiguous chunks, worker in [0, size()); the caller
+  // runs chunk 0. A call that finds the pool busy (another kernel running concurrently) runs inline.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)> &body) {
+    const int chunks = static_cast<int>(std::min<int64_t>(size(), n));
+    std::unique_lock<std::mutex> dispatch(dispatch_, std::try_to_lock);
+    if (chunks <= 1 || !dispatch.owns_lock()) {
+      body(0, n, 0);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      body_ = &body;
+      total_ = n;
+      chunks_ = chunks;
+      pending_ = chunks - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    body(0, chunk_end(0), 0);
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [this] { return pending_ == 0; });
+  }
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  static Pool &instance() {
+    static Pool pool;
+    return pool;
+  }
+
+ private:
+  Pool() {
+    int threads = static_cast<int>(std::thread::hardware_concurrency());
+    if (const char *wanted = std::getenv("MINDVL_KERNEL_THREADS")) threads = std::atoi(wanted);
+    for (int i = 1; i < std::max(threads, 1); ++i) workers_.emplace_back([this, i] { work(i); });
+  }
+
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (auto &worker : workers_) worker.join();
+  }
+
+  int64_t chunk_end(int chunk) const { return total_ * (chunk + 1) / chunks_; }
+
+  void work(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      if (stopping_) return;
+      seen = generation_;
+      if (index >= chunks_) continue;
+      const auto *body = body_;
+      const int64_t begin = total_ * index / chunks_, end = chunk_end(index);
+      lock.unlock();
+      (*body)(begin, end, index);
+      lock.lock();
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex dispatch_, mutex_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int64_t, int64_t, int)> *body_ = nullptr;
+  int64_t total_ = 0;
+  int chunks_ = 0, pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stopping_ = false;
+};
+
+// for (i in [0, n)) body(i), spread over the pool
+template <class Body>
+void parallel_rows(int64_t n, Body &&body) {
+  Pool::instance().parallel_for(n, [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) body(i);
+  });
+}
+
+}  // namespace mindvl
