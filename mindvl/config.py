@@ -507,7 +507,7 @@ class TrainConfig:
     # "fused": fused kernels per backend (cells/kernels): on the CPU mindvl's C++ kernels (LayerNorm, GELU,
     # bias + GELU, attention core, scaled masked softmax), on Ascend flash attention; "standard":
     # MindSpore's operators everywhere. Exported graphs always hold the standard ones.
-    kernels: str = "standard"
+    kernels: str = "fused"
 
     def validate(self) -> None:
         _positive(self, "train", ["epochs", "lr", "checkpoint_every", "log_every", "grad_accumulation"])

@@ -2,9 +2,9 @@
 
 "standard" keeps MindSpore's own operators everywhere. "fused" swaps in, per backend:
   CPU     mindvl's C++ kernels (cells/kernels/*.cc, compiled on first use into a cache, called as AOT
-          custom operators with their backward kernels as bprop): LayerNorm, GELU, bias + GELU, the
-          attention core (scores, scale, mask, softmax, weighted sum) and, where a core has attention
-          dropout, the scaled masked softmax;
+          custom operators with their backward kernels as bprop): LayerNorm, a Linear's bias (add and
+          gradient), GELU, bias + GELU, the attention core (scores, scale, mask, softmax, weighted sum)
+          and, where a core has attention dropout, the scaled masked softmax;
   Ascend  MindSpore's fused operators: flash attention (ops.FlashAttentionScore) for the attention core
           (LayerNorm and GELU are single fused kernels there already);
 and keeps the standard operators elsewhere. A machine without a working C++ compiler keeps the standard
@@ -73,14 +73,17 @@ def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn
     """(parent cell, attribute, fused cell) for every operation of `model` a CPU kernel covers."""
     from mindvl.cells.activation import GELU, BiasActivation, ScaledMaskedSoftmax
     from mindvl.cells.attention import AttentionCore
+    from mindvl.cells.linear import Linear
     from mindvl.cells.norm import LayerNorm
 
-    from .cpu import FusedAttentionCore, FusedBiasGELU, FusedGELU, FusedLayerNorm, FusedSoftmax
+    from .cpu import FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedLayerNorm, FusedSoftmax
 
     swaps = []
     for _, cell in model.cells_and_names():
         if isinstance(cell, LayerNorm):
             swaps.append((cell, "layer_norm", FusedLayerNorm(cell.eps, path)))
+        if isinstance(cell, Linear) and cell.has_bias:
+            swaps.append((cell, "bias_add", FusedBiasAdd(path)))
         for name, child in cell.name_cells().items():
             if isinstance(child, AttentionCore) and child.dropout == 0:
                 swaps.append((cell, name, FusedAttentionCore(child.heads, child.head_dim, path)))

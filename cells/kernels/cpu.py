@@ -60,6 +60,26 @@ class FusedLayerNorm(nn.Cell):
         return standard_layer_norm(self.eps)
 
 
+class FusedBiasAdd(nn.Cell):
+    """x + bias over the rows of x, and as gradient dy itself and the bias gradient from one column-sum
+    kernel; replaces a Linear's bias_add (MindSpore's broadcast Add and ReduceSum are slow on the CPU)."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        column_sum = _custom(path, "MindvlColumnSum", lambda dy: [dy[-1]])
+
+        def bprop(x, bias, out, dout):
+            return dout, column_sum(dout)
+
+        self.forward = _custom(path, "MindvlBiasAdd", lambda x, b: x, bprop=bprop)
+
+    def construct(self, x, bias):
+        return self.forward(x, bias)
+
+    def standard(self):
+        return ops.Add()
+
+
 class FusedGELU(nn.Cell):
     """Exact GELU in one pass (cells.activation.GELU is five MindSpore kernels forward)."""
 
@@ -166,4 +186,4 @@ class FusedAttentionCore(nn.Cell):
         return AttentionCore(self.heads, self.head_dim)
 
 
-CPU_CELLS = (FusedLayerNorm, FusedGELU, FusedBiasGELU, FusedSoftmax, FusedAttentionCore)
+CPU_CELLS = (FusedLayerNorm, FusedBiasAdd, FusedGELU, FusedBiasGELU, FusedSoftmax, FusedAttentionCore)

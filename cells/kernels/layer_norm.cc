@@ -1,8 +1,10 @@
 // LayerNorm over the last axis, forward and backward, for MindSpore's AOT custom operators on CPU.
 //
 // MindSpore 2.10's CPU LayerNorm and its gradient are several times slower than their arithmetic needs;
-// these loops do one pass for the statistics and one for the output per row, rows in parallel (pool.h).
-// eps arrives as a 0-d float32 tensor so one build serves every norm (1e-6, 1e-5, 1e-12).
+// these loops make two vectorised passes over a row for the statistics (mean, then the centred squares)
+// and one for the output, rows in parallel (pool.h). eps arrives as a 0-d float32 tensor so one build
+// serves every norm (1e-6, 1e-5, 1e-12).
+#include <cmath>
 #include <vector>
 
 #include "common.h"
@@ -10,18 +12,17 @@
 
 namespace {
 
-using mindvl::Rows;
-using mindvl::rows_of;
-
-// mean and 1 / sqrt(variance + eps) of one row, accumulated in double
-void statistics(const float *x, int64_t cols, float eps, float *mean, float *inv) {
-  double sum = 0.0;
+// mean and 1 / sqrt(variance + eps) of one row
+inline void statistics(const float *x, int64_t cols, float eps, float *mean, float *inv) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
   for (int64_t c = 0; c < cols; ++c) sum += x[c];
-  const double m = sum / cols;
-  double squares = 0.0;
+  const float m = sum / cols;
+  float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
   for (int64_t c = 0; c < cols; ++c) squares += (x[c] - m) * (x[c] - m);
-  *mean = static_cast<float>(m);
-  *inv = static_cast<float>(1.0 / std::sqrt(squares / cols + eps));
+  *mean = m;
+  *inv = 1.0f / std::sqrt(squares / cols + eps);
 }
 
 }  // namespace
@@ -33,7 +34,7 @@ MINDVL_KERNEL(MindvlLayerNormForward) {
   const float *bias = static_cast<const float *>(params[2]);
   const float eps = *static_cast<const float *>(params[3]);
   float *y = static_cast<float *>(params[4]);
-  const Rows r = rows_of(ndims[0], shapes[0]);
+  const mindvl::Rows r = mindvl::rows_of(ndims[0], shapes[0]);
   mindvl::parallel_rows(r.rows, [&](int64_t row) {
     const float *xr = x + row * r.cols;
     float *yr = y + row * r.cols;
@@ -54,18 +55,19 @@ MINDVL_KERNEL(MindvlLayerNormBackward) {
   float *dx = static_cast<float *>(params[4]);
   float *dweight = static_cast<float *>(params[5]);
   float *dbias = static_cast<float *>(params[6]);
-  const Rows r = rows_of(ndims[0], shapes[0]);
+  const mindvl::Rows r = mindvl::rows_of(ndims[0], shapes[0]);
   mindvl::Pool &pool = mindvl::Pool::instance();
-  // each worker's share of the parameter gradients, summed in row order at the end
-  std::vector<double> dw(pool.size() * r.cols, 0.0), db(pool.size() * r.cols, 0.0);
+  // each worker's share of the parameter gradients, added up at the end
+  std::vector<float> dw(pool.size() * r.cols, 0.0f), db(pool.size() * r.cols, 0.0f);
   pool.parallel_for(r.rows, [&](int64_t begin, int64_t end, int worker) {
-    double *dwp = dw.data() + worker * r.cols, *dbp = db.data() + worker * r.cols;
+    float *dwp = dw.data() + worker * r.cols, *dbp = db.data() + worker * r.cols;
     for (int64_t row = begin; row < end; ++row) {
       const float *xr = x + row * r.cols, *dyr = dy + row * r.cols;
       float *dxr = dx + row * r.cols;
       float mean, inv;
       statistics(xr, r.cols, eps, &mean, &inv);
-      double sum_g = 0.0, sum_g_xhat = 0.0;  // g = dy * weight: the gradient reaching the normalised x
+      float sum_g = 0.0f, sum_g_xhat = 0.0f;  // g = dy * weight: the gradient reaching the normalised x
+#pragma omp simd reduction(+ : sum_g, sum_g_xhat)
       for (int64_t c = 0; c < r.cols; ++c) {
         const float xhat = (xr[c] - mean) * inv, g = dyr[c] * weight[c];
         sum_g += g;
@@ -73,7 +75,7 @@ MINDVL_KERNEL(MindvlLayerNormBackward) {
         dwp[c] += dyr[c] * xhat;
         dbp[c] += dyr[c];
       }
-      const float mean_g = static_cast<float>(sum_g / r.cols), mean_g_xhat = static_cast<float>(sum_g_xhat / r.cols);
+      const float mean_g = sum_g / r.cols, mean_g_xhat = sum_g_xhat / r.cols;
 #pragma omp simd
       for (int64_t c = 0; c < r.cols; ++c) {
         const float xhat = (xr[c] - mean) * inv;
@@ -82,13 +84,13 @@ MINDVL_KERNEL(MindvlLayerNormBackward) {
     }
   });
   for (int64_t c = 0; c < r.cols; ++c) {
-    double w = 0.0, b = 0.0;
+    float w = 0.0f, b = 0.0f;
     for (int worker = 0; worker < pool.size(); ++worker) {
       w += dw[worker * r.cols + c];
       b += db[worker * r.cols + c];
     }
-    dweight[c] = static_cast<float>(w);
-    dbias[c] = static_cast<float>(b);
+    dweight[c] = w;
+    dbias[c] = b;
   }
   return 0;
 }

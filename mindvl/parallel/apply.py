@@ -27,7 +27,7 @@ def _linear(linear: nn.Cell, dp: int, mp: int, split: str) -> None:
     linear.matmul.shard((rows, weight))
     if linear.has_bias:
         bias = (mp,) if split == "column" else (1,)
-        linear.add.shard(((dp, mp if split == "column" else 1), bias))
+        linear.bias_add.shard(((dp, mp if split == "column" else 1), bias))
 
 
 def _activation(cell: nn.Cell, dp: int, mp: int) -> None:

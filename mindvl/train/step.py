@@ -1,7 +1,7 @@
 """The compiled train step: one graph per input shape (and per micro-batch role)."""
 from typing import Sequence
 
-from mindspore import amp, nn, ops
+from mindspore import nn, ops
 
 
 def _average(count, accumulated, grad):
@@ -34,8 +34,9 @@ class TrainStep(nn.Cell):
 
     construct(apply, *batch) with `apply` a Python bool (one graph each): the micro-batch's gradients are
     added to the accumulators; when `apply`, the accumulated gradients are averaged over the
-    micro-batches and the data-parallel ranks, unscaled, checked with amp.all_finite (a non-finite step
-    updates nothing and lowers the loss scale), their norms per module taken, clipped and applied.
+    micro-batches and the data-parallel ranks, unscaled, their norms per module taken, checked for
+    finiteness through those norms (a non-finite step updates nothing and lowers the loss scale), clipped
+    and applied.
     Without accumulation (1 micro-batch) nothing is stored between calls. `reducer`: the data-parallel
     gradient mean (mindvl.train.distributed.gradient_reducer; a pass-through on one process); `rank_mean`
     averages the reported losses over the ranks (RankMean).
@@ -79,9 +80,11 @@ class TrainStep(nn.Cell):
         grads = self.reducer(grads)
         loss, parts = self.rank_mean(loss), self.rank_mean(parts)
         grads = self.scaler.unscale(grads)
-        finite = amp.all_finite(grads)
-        self.scaler.adjust(finite)
         norms = self._norms(grads)
+        # a NaN or inf in any gradient makes its module's norm non-finite: checking the few norms replaces
+        # amp.all_finite's pass over every gradient (on the CPU ~170 IsFinite kernels, 10% of the tiny step)
+        finite = ops.isfinite(norms).all()
+        self.scaler.adjust(finite)
         if self.grad_clip > 0:  # the global norm from the module norms: no second pass over the gradients
             factor = self.grad_clip / ops.maximum(ops.sqrt(ops.square(norms).sum()), self.grad_clip)
             grads = self.hyper_map(ops.partial(_times, factor), grads)

@@ -13,7 +13,9 @@ from mindvl.cells import kernels
 from mindvl.cells.activation import GELU, BiasActivation, ScaledMaskedSoftmax
 from mindvl.cells.attention import MASK_VALUE, AttentionCore
 from mindvl.cells.kernels import library, standard_kernels, use_kernels
-from mindvl.cells.kernels.cpu import FusedAttentionCore, FusedBiasGELU, FusedGELU, FusedLayerNorm, FusedSoftmax
+from mindvl.cells.kernels.cpu import (FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedLayerNorm,
+                                      FusedSoftmax)
+from mindvl.cells.linear import Linear
 from mindvl.cells.norm import LayerNorm
 
 # float32 sums over a row: outputs and input gradients agree to rounding (erf and exp are polynomial
@@ -86,6 +88,14 @@ def test_layer_norm_matches_mindspore_forward_and_backward(path, shape, eps):
 
 
 @pytest.mark.parametrize("shape", [(4, 16), (3, 7, 5), (2, 33, 1027), (1, 1, 1)])
+def test_bias_add_matches_add_and_its_bias_gradient_the_column_sums(path, shape):
+    rng = np.random.default_rng(sum(shape))
+    x = rng.normal(size=shape).astype(np.float32)
+    bias = rng.normal(size=shape[-1]).astype(np.float32)
+    _compare(ms.ops.Add(), FusedBiasAdd(path), [x, bias], wrt=(0, 1), rtol=PARAM_RTOL)
+
+
+@pytest.mark.parametrize("shape", [(4, 16), (3, 7, 5), (2, 33, 1027), (1, 1, 1)])
 def test_gelu_matches_the_erf_formulation(path, shape):
     x = (np.random.default_rng(sum(shape)).normal(size=shape) * 4).astype(np.float32)
     _compare(GELU(), FusedGELU(path), [x], wrt=0)
@@ -140,7 +150,7 @@ def test_a_core_with_attention_dropout_keeps_it_and_fuses_only_the_softmax(path)
     from mindvl.cells.attention import MultiHeadAttention
 
     attention = MultiHeadAttention(8, 2, dropout=0.1)
-    assert use_kernels(attention, "fused") == 1
+    assert use_kernels(attention, "fused") == 1 + 4  # the softmax and the projections' biases
     assert isinstance(attention.core, AttentionCore) and isinstance(attention.core.softmax, FusedSoftmax)
 
 
@@ -170,10 +180,12 @@ def test_a_model_swaps_in_the_kernels_and_exports_standard_operators(path, tmp_p
     before = encoder(x).asnumpy()
     counts = {kind: sum(isinstance(c, kind) for _, c in model.cells_and_names())
               for kind in (LayerNorm, BiasActivation, GELU, AttentionCore)}
+    biased = sum(isinstance(c, Linear) and c.has_bias for _, c in model.cells_and_names())
     swapped = use_kernels(model, "fused")
-    assert swapped == counts[LayerNorm] + counts[GELU] + counts[AttentionCore]  # every GELU: in MLPs or not
+    assert swapped == counts[LayerNorm] + biased + counts[GELU] + counts[AttentionCore]  # every GELU: in MLPs or not
     fused = {kind: sum(isinstance(c, kind) for _, c in model.cells_and_names())
-             for kind in (FusedLayerNorm, FusedBiasGELU, FusedGELU, FusedAttentionCore, FusedSoftmax)}
+             for kind in (FusedLayerNorm, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedAttentionCore, FusedSoftmax)}
+    assert fused[FusedBiasAdd] == biased
     assert fused[FusedBiasGELU] == counts[BiasActivation] and fused[FusedGELU] == counts[GELU] - counts[BiasActivation]
     assert fused[FusedLayerNorm] == counts[LayerNorm] and fused[FusedAttentionCore] == counts[AttentionCore] > 0
     assert fused[FusedSoftmax] == 0  # the cores without dropout are fused whole

@@ -1,0 +1,44 @@
+// A Linear's bias, y = x + bias over the rows of x, and its gradient, the column sums of dy: MindSpore 2.10
+// runs the broadcast Add at a few GB/s on the CPU and the gradient as a separate ReduceSum.
+#include <vector>
+
+#include "common.h"
+#include "pool.h"
+
+// inputs x (..., C), bias (C); output y (..., C)
+MINDVL_KERNEL(MindvlBiasAdd) {
+  const float *x = static_cast<const float *>(params[0]);
+  const float *bias = static_cast<const float *>(params[1]);
+  float *y = static_cast<float *>(params[2]);
+  const mindvl::Rows r = mindvl::rows_of(ndims[0], shapes[0]);
+  mindvl::parallel_rows(r.rows, [&](int64_t row) {
+    const float *xr = x + row * r.cols;
+    float *yr = y + row * r.cols;
+#pragma omp simd
+    for (int64_t c = 0; c < r.cols; ++c) yr[c] = xr[c] + bias[c];
+  });
+  return 0;
+}
+
+// input dy (..., C); output the column sums (C)
+MINDVL_KERNEL(MindvlColumnSum) {
+  const float *dy = static_cast<const float *>(params[0]);
+  float *sums = static_cast<float *>(params[1]);
+  const mindvl::Rows r = mindvl::rows_of(ndims[0], shapes[0]);
+  mindvl::Pool &pool = mindvl::Pool::instance();
+  std::vector<float> partial(pool.size() * r.cols, 0.0f);  // each worker's sums
+  pool.parallel_for(r.rows, [&](int64_t begin, int64_t end, int worker) {
+    float *mine = partial.data() + worker * r.cols;
+    for (int64_t row = begin; row < end; ++row) {
+      const float *dyr = dy + row * r.cols;
+#pragma omp simd
+      for (int64_t c = 0; c < r.cols; ++c) mine[c] += dyr[c];
+    }
+  });
+  for (int64_t c = 0; c < r.cols; ++c) {
+    float total = 0.0f;
+    for (int worker = 0; worker < pool.size(); ++worker) total += partial[worker * r.cols + c];
+    sums[c] = total;
+  }
+  return 0;
+}
