@@ -55,7 +55,7 @@ def _link_flags() -> Tuple[str, ...]:
 
 
 def library() -> Optional[Path]:
-    """The compiled kernels (built on first use, ~10 s), or None after one warning saying why not."""
+    """The compiled kernels (built on first use, ~5 s), or None after one warning saying why not."""
     from mindvl.native import BuildError, build_library
 
     if "path" not in _library and "failed" not in _library:

@@ -2,11 +2,11 @@
 // place from (batch, seq, heads * head_dim) projections: no transposes to (batch, heads, seq, head_dim) and
 // back, no separate scale, mask and softmax kernels. (batch, head) pairs run in parallel (pool.h); the
 // products are oneDNN's sgemm from the libdnnl MindSpore ships and has already loaded, one thread each.
-#include <algorithm>
 #include <vector>
 
 #include "common.h"
 #include "pool.h"
+#include "softmax.h"
 
 extern "C" int dnnl_sgemm(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
@@ -24,43 +24,17 @@ struct Layout {
   int64_t offset(int64_t b, int64_t h, int64_t seq) const { return b * seq * width + h * head_dim; }
 };
 
-// The additive mask broadcast to (batch, heads, queries, keys): element strides per axis (0 where size 1).
-struct Mask {
-  const float *data = nullptr;
-  int64_t strides[4] = {0, 0, 0, 0};
-
-  Mask(const float *mask, int rank, const int64_t *shape) : data(mask) {
-    int64_t stride = 1;
-    for (int axis = 3; axis >= 0 && mask != nullptr; --axis) {
-      const int source = axis - (4 - rank);
-      const int64_t size = source >= 0 ? shape[source] : 1;
-      strides[axis] = size == 1 ? 0 : stride;
-      stride *= size;
-    }
-  }
-};
-
 // softmax in place over each row of probs (queries x keys), after adding the mask rows of (b, h)
-void softmax_rows(float *probs, const Layout &l, const Mask &mask, int64_t b, int64_t h) {
+void softmax_rows(float *probs, const Layout &l, const mindvl::BroadcastMask &mask, int64_t b, int64_t h) {
   for (int64_t q = 0; q < l.queries; ++q) {
     float *p = probs + q * l.keys;
     if (mask.data != nullptr) {
-      const float *m = mask.data + b * mask.strides[0] + h * mask.strides[1] + q * mask.strides[2];
-      const int64_t step = mask.strides[3];
+      const float *m = mask.row(b, h, q);
+      const int64_t step = mask.key_stride();
 #pragma omp simd
       for (int64_t k = 0; k < l.keys; ++k) p[k] += m[k * step];
     }
-    float peak = p[0];
-    for (int64_t k = 1; k < l.keys; ++k) peak = std::max(peak, p[k]);
-    float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-    for (int64_t k = 0; k < l.keys; ++k) {
-      p[k] = mindvl::fast_exp(p[k] - peak);
-      total += p[k];
-    }
-    const float inverse = 1.0f / total;
-#pragma omp simd
-    for (int64_t k = 0; k < l.keys; ++k) p[k] *= inverse;
+    mindvl::softmax_in_place(p, l.keys);
   }
 }
 
@@ -75,8 +49,8 @@ int attention_forward(bool masked, void **params, int *ndims, int64_t **shapes) 
   float *out = static_cast<float *>(params[base + 2]);
   float *probs = static_cast<float *>(params[base + 3]);
   const Layout l(shapes[0], shapes[1], shapes[base + 1]);
-  const Mask mask(masked ? static_cast<const float *>(params[3]) : nullptr, masked ? ndims[3] : 0,
-                  masked ? shapes[3] : nullptr);
+  const mindvl::BroadcastMask mask(masked ? static_cast<const float *>(params[3]) : nullptr, masked ? ndims[3] : 0,
+                                   masked ? shapes[3] : nullptr);
   mindvl::parallel_rows(l.batch * l.heads, [&](int64_t pair) {
     const int64_t b = pair / l.heads, h = pair % l.heads;
     float *p = probs + pair * l.queries * l.keys;

@@ -1,7 +1,5 @@
 // A Linear's bias, y = x + bias over the rows of x, and its gradient, the column sums of dy: MindSpore 2.10
 // runs the broadcast Add at a few GB/s on the CPU and the gradient as a separate ReduceSum.
-#include <vector>
-
 #include "common.h"
 #include "pool.h"
 
@@ -26,19 +24,15 @@ MINDVL_KERNEL(MindvlColumnSum) {
   float *sums = static_cast<float *>(params[1]);
   const mindvl::Rows r = mindvl::rows_of(ndims[0], shapes[0]);
   mindvl::Pool &pool = mindvl::Pool::instance();
-  std::vector<float> partial(pool.size() * r.cols, 0.0f);  // each worker's sums
+  mindvl::PartialSums partial(pool.size(), r.cols);
   pool.parallel_for(r.rows, [&](int64_t begin, int64_t end, int worker) {
-    float *mine = partial.data() + worker * r.cols;
+    float *mine = partial.of(worker);
     for (int64_t row = begin; row < end; ++row) {
       const float *dyr = dy + row * r.cols;
 #pragma omp simd
       for (int64_t c = 0; c < r.cols; ++c) mine[c] += dyr[c];
     }
   });
-  for (int64_t c = 0; c < r.cols; ++c) {
-    float total = 0.0f;
-    for (int worker = 0; worker < pool.size(); ++worker) total += partial[worker * r.cols + c];
-    sums[c] = total;
-  }
+  partial.total(sums);
   return 0;
 }

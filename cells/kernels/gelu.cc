@@ -2,8 +2,6 @@
 // and backward. MindSpore 2.10 runs the erf formulation as five CPU kernels forward and more backward;
 // these are one pass each, vectorised, rows in parallel (pool.h). The bias variant also returns the bias gradient
 // (the column sums of the incoming gradient), which otherwise costs a separate ReduceSum.
-#include <vector>
-
 #include "common.h"
 #include "pool.h"
 
@@ -70,9 +68,9 @@ MINDVL_KERNEL(MindvlBiasGeluBackward) {
   float *dbias = static_cast<float *>(params[4]);
   const mindvl::Rows r = mindvl::rows_of(ndims[0], shapes[0]);
   mindvl::Pool &pool = mindvl::Pool::instance();
-  std::vector<float> sums(pool.size() * r.cols, 0.0f);  // each worker's column sums
+  mindvl::PartialSums sums(pool.size(), r.cols);
   pool.parallel_for(r.rows, [&](int64_t begin, int64_t end, int worker) {
-    float *partial = sums.data() + worker * r.cols;
+    float *partial = sums.of(worker);
     for (int64_t row = begin; row < end; ++row) {
       const float *xr = x + row * r.cols, *dyr = dy + row * r.cols;
       float *dxr = dx + row * r.cols;
@@ -84,10 +82,6 @@ MINDVL_KERNEL(MindvlBiasGeluBackward) {
       }
     }
   });
-  for (int64_t c = 0; c < r.cols; ++c) {
-    float total = 0.0f;
-    for (int worker = 0; worker < pool.size(); ++worker) total += sums[worker * r.cols + c];
-    dbias[c] = total;
-  }
+  sums.total(dbias);
   return 0;
 }

@@ -5,7 +5,6 @@
 // and one for the output, rows in parallel (pool.h). eps arrives as a 0-d float32 tensor so one build
 // serves every norm (1e-6, 1e-5, 1e-12).
 #include <cmath>
-#include <vector>
 
 #include "common.h"
 #include "pool.h"
@@ -57,10 +56,9 @@ MINDVL_KERNEL(MindvlLayerNormBackward) {
   float *dbias = static_cast<float *>(params[6]);
   const mindvl::Rows r = mindvl::rows_of(ndims[0], shapes[0]);
   mindvl::Pool &pool = mindvl::Pool::instance();
-  // each worker's share of the parameter gradients, added up at the end
-  std::vector<float> dw(pool.size() * r.cols, 0.0f), db(pool.size() * r.cols, 0.0f);
+  mindvl::PartialSums dw(pool.size(), r.cols), db(pool.size(), r.cols);
   pool.parallel_for(r.rows, [&](int64_t begin, int64_t end, int worker) {
-    float *dwp = dw.data() + worker * r.cols, *dbp = db.data() + worker * r.cols;
+    float *dwp = dw.of(worker), *dbp = db.of(worker);
     for (int64_t row = begin; row < end; ++row) {
       const float *xr = x + row * r.cols, *dyr = dy + row * r.cols;
       float *dxr = dx + row * r.cols;
@@ -83,14 +81,7 @@ MINDVL_KERNEL(MindvlLayerNormBackward) {
       }
     }
   });
-  for (int64_t c = 0; c < r.cols; ++c) {
-    float w = 0.0f, b = 0.0f;
-    for (int worker = 0; worker < pool.size(); ++worker) {
-      w += dw[worker * r.cols + c];
-      b += db[worker * r.cols + c];
-    }
-    dweight[c] = w;
-    dbias[c] = b;
-  }
+  dw.total(dweight);
+  db.total(dbias);
   return 0;
 }

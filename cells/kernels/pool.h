@@ -91,6 +91,28 @@ class Pool {
   bool stopping_ = false;
 };
 
+// Each worker's partial sums of `width` floats (parameter and bias gradients), added up in worker order at
+// the end, so a result does not depend on timing.
+class PartialSums {
+ public:
+  PartialSums(int workers, int64_t width) : workers_(workers), width_(width), sums_(workers * width, 0.0f) {}
+
+  float *of(int worker) { return sums_.data() + worker * width_; }
+
+  void total(float *out) const {
+    for (int64_t c = 0; c < width_; ++c) {
+      float sum = 0.0f;
+      for (int worker = 0; worker < workers_; ++worker) sum += sums_[worker * width_ + c];
+      out[c] = sum;
+    }
+  }
+
+ private:
+  int workers_;
+  int64_t width_;
+  std::vector<float> sums_;
+};
+
 // for (i in [0, n)) body(i), spread over the pool
 template <class Body>
 void parallel_rows(int64_t n, Body &&body) {

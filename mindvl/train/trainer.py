@@ -35,7 +35,7 @@ from mindvl.train.distill import DistillationLoss, distillation_loss, load_teach
 from mindvl.train.distributed import GatherWithGrad, RankMean, gradient_reducer, init_data_parallel
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss
 from mindvl.train.optim import apply_recompute, create_optimizer, freeze_modules, group_indices
-from mindvl.train.precision import apply_precision, set_objective_precision
+from mindvl.train.precision import NoLossScaling, apply_precision, set_objective_precision
 from mindvl.train.schedule import warmup_cosine
 from mindvl.train.step import TrainStep
 
@@ -199,7 +199,7 @@ class Trainer:
         settings, dtype = self.cfg.train.loss_scale, self.cfg.train.precision.low_dtype
         if settings.mode == "dynamic" or (settings.mode == "auto" and dtype == "float16"):
             return amp.DynamicLossScaler(settings.init, settings.factor, settings.window)
-        return amp.StaticLossScaler(1.0)
+        return NoLossScaling()
 
     def _extra_state(self) -> Dict[str, np.ndarray]:
         """What the checkpoint keeps besides model and optimizer moments."""
