@@ -7,7 +7,7 @@ import pytest
 from mindvl.cells import create_model
 from mindvl.config import ConfigError, PrecisionConfig, load_config
 from mindvl.train.checkpoint import parameter_paths
-from mindvl.train.precision import apply_precision, set_objective_precision
+from mindvl.train.precision import NoLossScaling, apply_precision, set_objective_precision
 from mindvl.train.losses import AnswerLoss
 
 from conftest import SMALL_MODEL  # noqa: E402  (tests/conftest.py)
@@ -73,3 +73,10 @@ def test_bfloat16_needs_an_ascend_chip():
 def test_inconsistent_policies_are_refused(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config("tiny", overrides)
+
+
+def test_no_loss_scaling_passes_loss_and_gradients_through_untouched():
+    scaler = NoLossScaling()
+    loss, grads = ms.Tensor(2.5), (ms.Tensor(np.ones(3, np.float32)), ms.Tensor(np.zeros((2, 2), np.float32)))
+    assert scaler.scale(loss) is loss and scaler.unscale(grads) is grads  # no multiply by 1 per gradient
+    assert float(scaler.scale_value.asnumpy()) == 1.0  # what the logs and checkpoints record
