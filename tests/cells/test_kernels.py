@@ -51,7 +51,7 @@ def _output_and_grads(cell, inputs, target, wrt):
     return cell(*tensors).asnumpy(), [g.asnumpy() for g in grads]
 
 
-def _compare(standard, fused, inputs, wrt, rtol=0.0):
+def assert_matches_standard(standard, fused, inputs, wrt, rtol=0.0):
     rng = np.random.default_rng(7)
     target = rng.normal(size=standard(*[ms.Tensor(a) if a is not None else None for a in inputs]).shape)
     target = target.astype(np.float32)
@@ -92,13 +92,13 @@ def test_bias_add_matches_add_and_its_bias_gradient_the_column_sums(path, shape)
     rng = np.random.default_rng(sum(shape))
     x = rng.normal(size=shape).astype(np.float32)
     bias = rng.normal(size=shape[-1]).astype(np.float32)
-    _compare(ms.ops.Add(), FusedBiasAdd(path), [x, bias], wrt=(0, 1), rtol=PARAM_RTOL)
+    assert_matches_standard(ms.ops.Add(), FusedBiasAdd(path), [x, bias], wrt=(0, 1), rtol=PARAM_RTOL)
 
 
 @pytest.mark.parametrize("shape", [(4, 16), (3, 7, 5), (2, 33, 1027), (1, 1, 1)])
 def test_gelu_matches_the_erf_formulation(path, shape):
     x = (np.random.default_rng(sum(shape)).normal(size=shape) * 4).astype(np.float32)
-    _compare(GELU(), FusedGELU(path), [x], wrt=0)
+    assert_matches_standard(GELU(), FusedGELU(path), [x], wrt=0)
 
 
 @pytest.mark.parametrize("shape", [(4, 16), (3, 7, 5), (2, 33, 1027), (1, 1, 1)])
@@ -106,7 +106,7 @@ def test_bias_gelu_matches_add_then_gelu_and_returns_the_bias_gradient(path, sha
     rng = np.random.default_rng(sum(shape))
     x = (rng.normal(size=shape) * 3).astype(np.float32)
     bias = rng.normal(size=shape[-1]).astype(np.float32)
-    _compare(BiasActivation("gelu"), FusedBiasGELU(path), [x, bias], wrt=(0, 1), rtol=PARAM_RTOL)
+    assert_matches_standard(BiasActivation("gelu"), FusedBiasGELU(path), [x, bias], wrt=(0, 1), rtol=PARAM_RTOL)
 
 
 MASKS = {  # additive masks as the encoders build them, each broadcast over the scores (2, 3, 5, 7)
@@ -127,7 +127,7 @@ def test_scaled_masked_softmax_matches_mul_add_softmax(path, mask_shape, scale):
     if mask_shape is not None:
         mask = np.where(rng.random(mask_shape) < 0.3, MASK_VALUE, 0.0).astype(np.float32)
         mask[..., 0] = 0.0  # every row keeps a key
-    _compare(ScaledMaskedSoftmax(scale), FusedSoftmax(scale, path), [scores, mask], wrt=0)
+    assert_matches_standard(ScaledMaskedSoftmax(scale), FusedSoftmax(scale, path), [scores, mask], wrt=0)
 
 
 @pytest.mark.parametrize("mask_shape", MASKS.values(), ids=MASKS.keys())
@@ -142,7 +142,7 @@ def test_attention_core_matches_the_standard_core_with_every_mask(path, mask_sha
                       for i, size in enumerate(mask_shape))  # MASKS' layouts at this test's sizes
         mask = np.where(rng.random(shape) < 0.3, MASK_VALUE, 0.0).astype(np.float32)
         mask[..., 0] = 0.0
-    _compare(AttentionCore(heads, head_dim), FusedAttentionCore(heads, head_dim, path), [q, k, v, mask],
+    assert_matches_standard(AttentionCore(heads, head_dim), FusedAttentionCore(heads, head_dim, path), [q, k, v, mask],
              wrt=(0, 1, 2))
 
 
@@ -157,7 +157,7 @@ def test_a_core_with_attention_dropout_keeps_it_and_fuses_only_the_softmax(path)
 def test_a_fully_masked_row_is_uniform_as_in_mindspore(path):
     scores = np.random.default_rng(4).normal(size=(1, 1, 2, 6)).astype(np.float32)
     mask = np.zeros((1, 1, 1, 6), np.float32) + MASK_VALUE
-    _compare(ScaledMaskedSoftmax(0.5), FusedSoftmax(0.5, path), [scores, mask], wrt=0)
+    assert_matches_standard(ScaledMaskedSoftmax(0.5), FusedSoftmax(0.5, path), [scores, mask], wrt=0)
 
 
 def test_float16_inputs_are_refused_naming_the_kernel(path):
