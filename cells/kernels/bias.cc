@@ -9,12 +9,7 @@ MINDVL_KERNEL(MindvlBiasAdd) {
   const float *bias = static_cast<const float *>(params[1]);
   float *y = static_cast<float *>(params[2]);
   const mindvl::Rows r = mindvl::rows_of(ndims[0], shapes[0]);
-  mindvl::parallel_rows(r.rows, [&](int64_t row) {
-    const float *xr = x + row * r.cols;
-    float *yr = y + row * r.cols;
-#pragma omp simd
-    for (int64_t c = 0; c < r.cols; ++c) yr[c] = xr[c] + bias[c];
-  });
+  mindvl::bias_rows(x, bias, y, r.rows, r.cols, [](float v) { return v; });
   return 0;
 }
 

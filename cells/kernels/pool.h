@@ -121,4 +121,15 @@ void parallel_rows(int64_t n, Body &&body) {
   });
 }
 
+// y = activation(x + bias) over the rows of x (..., C), rows spread over the pool
+template <class Activation>
+void bias_rows(const float *x, const float *bias, float *y, int64_t rows, int64_t cols, Activation activation) {
+  parallel_rows(rows, [&](int64_t row) {
+    const float *xr = x + row * cols;
+    float *yr = y + row * cols;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) yr[c] = activation(xr[c] + bias[c]);
+  });
+}
+
 }  // namespace mindvl
