@@ -200,6 +200,18 @@ def vqa_package(trained_run, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def package(vqa_package):
+    """The folder of vqa_package (tests/lite)."""
+    return vqa_package[1]
+
+
+@pytest.fixture(scope="session")
+def root(vqa_package):
+    """The data root vqa_package's model was trained on (tests/lite)."""
+    return vqa_package[0].data.root
+
+
+@pytest.fixture(scope="session")
 def deployed(vqa_package, tmp_path_factory):
     """A servable directory holding servable `vqa` version 1 (tests that change it copy it first)."""
     from mindvl.serving.servable import deploy

@@ -16,16 +16,6 @@ from mindvl.lite.device import DevicePipeline, softmax
 
 
 @pytest.fixture(scope="module")
-def package(vqa_package):
-    return vqa_package[1]
-
-
-@pytest.fixture(scope="module")
-def root(vqa_package):
-    return vqa_package[0].data.root
-
-
-@pytest.fixture(scope="module")
 def pipeline(package):
     with DevicePipeline(package) as device:
         yield device

@@ -20,11 +20,6 @@ from mindvl.serving import Client
 
 
 @pytest.fixture(scope="module")
-def package(vqa_package):
-    return vqa_package[1]
-
-
-@pytest.fixture(scope="module")
 def items(vqa_package):
     examples = query_examples(vqa_package[0].data.root, 6)
     return [example_item(e, mode) for e, mode in zip(examples, ("typed", "spoken", "both") * 2)]

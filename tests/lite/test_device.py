@@ -21,11 +21,6 @@ ATOL, RTOL = TOLERANCE["atol"], TOLERANCE["rtol"]
 
 
 @pytest.fixture(scope="module")
-def package(vqa_package):
-    return vqa_package[1]
-
-
-@pytest.fixture(scope="module")
 def examples(vqa_package):
     return query_examples(vqa_package[0].data.root, 4)
 

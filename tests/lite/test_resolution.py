@@ -16,16 +16,6 @@ from mindvl.preprocess import decode_image, open_image
 
 
 @pytest.fixture(scope="module")
-def package(vqa_package):
-    return vqa_package[1]
-
-
-@pytest.fixture(scope="module")
-def root(vqa_package):
-    return vqa_package[0].data.root
-
-
-@pytest.fixture(scope="module")
 def examples(root):
     return query_examples(root, 6)
 

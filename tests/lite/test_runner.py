@@ -31,11 +31,6 @@ def runner():
 
 
 @pytest.fixture(scope="module")
-def package(vqa_package):
-    return vqa_package[1]
-
-
-@pytest.fixture(scope="module")
 def pipeline(package):
     """(PreprocessConfig, TextTokenizer, labels) of the package, as the server reads them."""
     manifest = read_manifest(package)
