@@ -134,7 +134,7 @@ def test_pretrained_recipe_is_planned_without_its_converted_weights():
 
 
 def _plan_parser():
-    from mindvl.parallel.cli import add_plan_command
+    from mindvl.cli.plan import register as add_plan_command
     parser = argparse.ArgumentParser(prog="mindvl")
     add_plan_command(parser.add_subparsers(dest="command"))
     return parser

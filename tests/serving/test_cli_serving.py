@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import yaml
 
-from mindvl import cli
+from mindvl.cli import serving
+from mindvl.cli.main import build_parser, main
 from mindvl.data import load_meta
 from mindvl.data.examples import query_examples
 from mindvl.serving import Client
@@ -25,8 +26,8 @@ STARTED = re.compile(r"mindvl serve: REST (http://\S+), gRPC (\S+);")
 
 
 def run(capsys, *argv):
-    """cli.main in this process -> (exit status, stdout, stderr)."""
-    status = cli.main([str(arg) for arg in argv])
+    """mindvl.cli.main in this process -> (exit status, stdout, stderr)."""
+    status = main([str(arg) for arg in argv])
     out, err = capsys.readouterr()
     return status, out, err
 
@@ -116,7 +117,7 @@ def test_query_refuses_wrong_flags_missing_files_and_an_unreachable_server_with_
         status, _, err = run(capsys, "query", address, "--servable", "vqa", *argv)
         assert status == 2 and err.startswith(f"mindvl: error: {message}"), err
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["query", address, "--image", "x.png"])
+        main(["query", address, "--image", "x.png"])
     assert exit_info.value.code == 2 and "the following arguments are required: --servable" in capsys.readouterr().err
 
     with socket.socket() as refusing:  # bound, not listening: connections to it are refused
@@ -146,13 +147,13 @@ def test_serve_refuses_a_config_with_an_unknown_key_naming_it(tmp_path, capsys):
 
 def test_every_serve_setting_is_a_flag_that_overrides_the_file(tmp_path):
     """A ServeConfig field without a flag would be settable only from YAML; flags beat the file's values."""
-    assert set(cli.SERVE_FLAGS) == {field.name for field in dataclasses.fields(ServeConfig)}
+    assert set(serving.SERVE_FLAGS) == {field.name for field in dataclasses.fields(ServeConfig)}
     settings = tmp_path / "serve.yaml"
     settings.write_text(yaml.safe_dump({"servable_dir": "from-file", "port": 1, "workers": 3, "strict_http": False}))
-    args = cli.build_parser().parse_args([
+    args = build_parser().parse_args([
         "serve", "--config", str(settings), "--servable-dir", "d", "--host", "0.0.0.0", "--port", "0",
         "--grpc-port", "-1", "--max-batch-size", "4", "--max-wait-ms", "1.5", "--no-batching", "--max-request-mb",
         "2", "--max-instances", "5", "--timeout-s", "7", "--strict-http", "--poll-s", "0.5", "--key-env", "KEY"])
-    assert cli._serve_config(args) == ServeConfig(
+    assert serving._serve_config(args) == ServeConfig(
         servable_dir="d", host="0.0.0.0", port=0, grpc_port=-1, batching=False, max_batch_size=4, max_wait_ms=1.5,
         workers=3, max_request_mb=2.0, max_instances=5, timeout_s=7.0, strict_http=True, poll_s=0.5, key_env="KEY")

@@ -1,24 +1,18 @@
 """`mindvl plan`: per-rank memory, communication and step time of a parallel strategy (mindvl.parallel.planner),
-or with --search the valid strategies for a device count ranked by predicted step time under a memory cap.
-
-mindvl/cli.py registers it with `add_plan_command(commands)`.
-"""
+or with --search the valid strategies for a device count ranked by predicted step time under a memory cap."""
 import argparse
 import json
 
-from mindvl.config import load_config
-
-from .hardware import Hardware
+from mindvl.cli.options import add_config_args
+from mindvl.config import ConfigError, load_config
+from mindvl.parallel.hardware import Hardware
 
 GB = 1e9
 
 
-def add_plan_command(commands) -> argparse.ArgumentParser:
-    """Add `plan` to the `mindvl` subcommands; returns its parser."""
+def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("plan", help="predict memory, communication and step time of a parallel strategy")
-    parser.add_argument("--config", default="tiny", help="recipe name (mindvl/configs) or YAML path")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key, e.g. --set data.batch_size=512 (repeatable)")
+    add_config_args(parser, example="data.batch_size=512")
     parser.add_argument("--strategy", help="strategy name (parallel_configs/) or YAML path; not needed with --search")
     parser.add_argument("--devices", type=int, help="device count (default: the strategy's dp x mp x pp)")
     parser.add_argument("--search", action="store_true", help="rank every valid strategy for --devices")
@@ -43,7 +37,6 @@ def add_plan_command(commands) -> argparse.ArgumentParser:
                         "dry run (msrun --sim_level 1; needs an Ascend build of MindSpore and the built data set), "
                         "logs under DIR, and print each rank's simulated peak memory")
     parser.set_defaults(func=plan_command)
-    return parser
 
 
 def hardware_from_args(args) -> Hardware:
@@ -53,10 +46,8 @@ def hardware_from_args(args) -> Hardware:
 
 
 def plan_command(args) -> int:
-    from mindvl.config import ConfigError
-
-    from .planner import plan, search
-    from .strategy import load_strategy
+    from mindvl.parallel.planner import plan, search
+    from mindvl.parallel.strategy import load_strategy
 
     cfg = load_config(args.config, args.overrides)
     hardware = hardware_from_args(args)
@@ -82,14 +73,14 @@ def plan_command(args) -> int:
     if args.dryrun:
         from pathlib import Path
 
-        from .dryrun import run_dryrun
+        from mindvl.parallel.dryrun import run_dryrun
         results = run_dryrun(args.config, args.overrides, args.strategy, strategy, Path(args.dryrun))
         for rank, row in results.items():
             print(f"rank {rank}: {'compiled' if row['ok'] else 'FAILED'}, peak {row['used_peak_mb']} MB "
                   f"({row['actual_peak_mb']} MB with fragments); log {row['log']}")
         return 0 if all(row["ok"] for row in results.values()) else 1
     if args.dump_strategy:
-        from .apply import dump_strategy
+        from mindvl.parallel.apply import dump_strategy
         print(json.dumps(dump_strategy(cfg, strategy), indent=2, default=str))
         return 0
     result = plan(cfg, strategy, hardware, args.devices)
@@ -130,5 +121,3 @@ def render(name: str, p) -> str:
                      f"{st['memory_bytes'] / GB:.3f} GB, {st['time_s'] * 1e3:.3f} ms per micro-batch")
     return "\n".join(lines)
 
-
-__all__ = ["add_plan_command", "plan_command", "hardware_from_args", "render"]

@@ -1,5 +1,8 @@
-"""`mindvl lite ...`: the device side on the command line."""
+"""`mindvl lite info|ask|calibrate|resolution`: the device side on the command line."""
+import argparse
 import json
+
+from mindvl.cli.options import file_bytes
 
 
 def _info(args) -> None:
@@ -15,7 +18,7 @@ def _info(args) -> None:
         print(f"{row['backend']:<15} {mark:<12} {row['detail']}")
 
 
-def add_lite_commands(commands) -> None:
+def register(commands: argparse._SubParsersAction) -> None:
     lite = commands.add_parser("lite", help="run packages on device runtimes (MindSpore Lite 2.0, GraphCell)")
     sub = lite.add_subparsers(dest="lite_command", required=True)
     info = sub.add_parser("info", help="which runtime LiteModel uses here, and why the others are not used "
@@ -35,8 +38,6 @@ def _ask(args) -> None:
     from mindvl.lite.cascade import Cascade
     from mindvl.lite.device import DevicePipeline
     from mindvl.lite.model import Context
-
-    from mindvl.cli import file_bytes
 
     image = file_bytes(f"--image {args.image}", args.image)
     audio = file_bytes(f"--audio {args.audio}", args.audio) if args.audio else b""

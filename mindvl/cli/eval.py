@@ -1,0 +1,16 @@
+"""`mindvl eval`: evaluate a trained run."""
+import argparse
+import json
+
+
+def _eval(args) -> None:
+    from mindvl.eval import evaluate, load_trained
+    cfg, model = load_trained(args.run, args.data_root)
+    print(json.dumps(evaluate(cfg, model), indent=2))
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    evaluate = commands.add_parser("eval", help="evaluate a trained run")
+    evaluate.add_argument("--run", required=True, help="run folder, checkpoint folder or model.safetensors")
+    evaluate.add_argument("--data-root", help="data set folder (default: the run's data.root)")
+    evaluate.set_defaults(func=_eval)

@@ -1,0 +1,197 @@
+"""`mindvl export`: write and verify a model package, and its subcommands verify, evaluate, compare, quantize,
+prune, distill and onnx."""
+import argparse
+import json
+from pathlib import Path
+
+from mindvl.cli.options import add_key_args, package_key
+from mindvl.config import ConfigError, load_config
+
+
+def _package_options(args, evaluate: bool):
+    from mindvl.export.pipeline import PackageOptions
+    return PackageOptions(args.static_batch, package_key(args), args.version, args.force, evaluate, args.data_root,
+                          graphs=args.graph, lite2_batch=args.lite2_batch if args.target == "lite2" else None)
+
+
+def _print_export(result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"wrote {result['package']} (verified)")
+    if "evaluation" in result:
+        row = result["evaluation"]
+        print(f"VQA text {row['vqa_text']:.1%}, audio {row['vqa_audio']:.1%}; image->caption R@1 "
+              f"{row['image_to_caption_r1']:.1%}, speech->question R@1 {row['audio_to_text_r1']:.1%}; latency b1 "
+              f"{row['latency_ms_b1']:.1f} ms (mindvl export compare PKG... for the table)")
+
+
+def _export(args) -> None:
+    if args.export_command is None and not (args.checkpoint and args.out):
+        raise ConfigError("mindvl export: pass --checkpoint CKPT --out PKG, or a subcommand (verify, evaluate, "
+                          "compare, quantize, prune, distill, onnx)")
+    from mindvl.export.pipeline import package_and_check
+    from mindvl.export.source import load_source
+    cfg, model, source = load_source(args.checkpoint, args.config, args.overrides, args.data_root)
+    _print_export(package_and_check(cfg, model, source, args.out, _package_options(args, args.evaluate)), args.json)
+
+
+def _export_verify(args) -> int:
+    from mindvl.export.verify import verify_package
+    report = verify_package(args.package, package_key(args))
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
+    return 0 if report.ok else 1
+
+
+def _export_evaluate(args) -> None:
+    from mindvl.export.evaluate import evaluate_package
+    print(json.dumps(evaluate_package(args.package, args.data_root, package_key(args)), indent=2))
+
+
+def _export_compare(args) -> None:
+    from mindvl.export.evaluate import comparison_table
+    print(comparison_table(args.packages))
+
+
+def _export_quantize(args) -> None:
+    from mindvl.export.pipeline import package_and_check
+    from mindvl.export.quantize import quantize_int8
+    from mindvl.export.source import load_source
+    cfg, model, source = load_source(args.checkpoint, args.config, args.overrides, args.data_root)
+    report = quantize_int8(model)
+    result = package_and_check(cfg, model, source, args.out, _package_options(args, not args.no_eval),
+                               {"method": "int8-weight-only", **report})
+    _print_export(result, args.json)
+
+
+def _export_prune(args) -> None:
+    from mindvl.export.pipeline import package_and_check
+    from mindvl.export.prune import RECORD_FILE, prune_and_finetune
+    from mindvl.export.source import load_source
+    run_dir = Path(args.run_dir or f"{args.out}.run")
+    if (run_dir / RECORD_FILE).is_file():  # written once the fine-tune completed: package it again
+        print(f"{run_dir}: pruned and fine-tuned already ({RECORD_FILE}); packaging it")
+        record = json.loads((run_dir / RECORD_FILE).read_text())
+    else:
+        record = prune_and_finetune(args.checkpoint, run_dir, args.keep_heads, args.keep_mlp, args.steps)
+    cfg, model, source = load_source(str(run_dir), data_root=args.data_root)
+    result = package_and_check(cfg, model, source, args.out, _package_options(args, not args.no_eval),
+                               {"method": "pruned", "run": str(run_dir), "settings": record["settings"],
+                                "parameters": record["parameters"]})
+    _print_export(result, args.json)
+
+
+def _export_distill(args) -> None:
+    from mindvl.export.package import parameter_count
+    from mindvl.export.pipeline import package_and_check
+    from mindvl.export.source import load_source
+    from mindvl.train import train
+    overrides = [*args.overrides, f"train.distill.teacher={args.teacher}"]
+    if args.run_dir:
+        overrides.append(f"train.output_dir={args.run_dir}")
+    student = load_config(args.config, overrides)
+    run_dir = Path(student.train.output_dir)
+    if (run_dir / "train_result.json").is_file():  # written when a run completes: package it again, no retraining
+        print(f"{run_dir}: the student's training is complete; packaging it")
+    else:
+        train(student, resume="auto")
+    cfg, model, source = load_source(str(run_dir), data_root=args.data_root)
+    _, teacher_model, teacher = load_source(args.teacher)
+    compression = {"method": "distilled", "teacher": teacher, "teacher_parameters": parameter_count(teacher_model),
+                   "student_config": args.config}
+    _print_export(package_and_check(cfg, model, source, args.out, _package_options(args, not args.no_eval),
+                                    compression), args.json)
+
+
+def _export_onnx(args) -> int:
+    from mindvl.export.onnx import export_onnx
+    from mindvl.export.source import load_source
+    cfg, model, _ = load_source(args.checkpoint, args.config, args.overrides, args.data_root)
+    report = export_onnx(cfg, model, args.out, args.graph, args.batch)
+    print(json.dumps(report, indent=2) if args.json else report["summary"])
+    return 0 if report["ok"] else 1
+
+
+def _add_source_args(parser: argparse.ArgumentParser, required: bool) -> None:
+    parser.add_argument("--checkpoint", required=required, metavar="CKPT",
+                        help="run folder (its newest checkpoint), step_* folder or model.safetensors")
+    parser.add_argument("--out", required=required, metavar="PKG", help="package folder to write")
+    parser.add_argument("--config", help="recipe the checkpoint was trained with (default: the run's config.json)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of --config (repeatable)")
+    _add_package_args(parser)
+
+
+def _add_package_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-root", help="data set folder for the samples and evaluation (default: the config's)")
+    parser.add_argument("--static-batch", type=int, action="append", default=[], metavar="N",
+                        help="also write every graph with batch size fixed to N (repeatable)")
+    parser.add_argument("--graph", action="append", default=[], metavar="NAME",
+                        help="export only this graph (repeatable; vqa, image_embed, text_embed, audio_embed)")
+    parser.add_argument("--target", choices=("standard", "lite2"), default="standard",
+                        help="lite2: also write lite2/, the graphs down-converted to MindIR v1 for the MindSpore "
+                             "Lite 2.0 runtime, and the device assets (mindvl lite, lite/runner)")
+    parser.add_argument("--lite2-batch", type=int, default=1, metavar="N",
+                        help="static batch of the lite2 graphs (the device resizes them; default 1)")
+    parser.add_argument("--version", type=int, default=1, help="model version recorded in the manifest")
+    parser.add_argument("--force", action="store_true", help="replace an existing package folder")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_key_args(parser)
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export", help="write a model package (MindIR graphs + manifest.json + samples), verify, compress",
+        description="mindvl export --checkpoint CKPT --out PKG writes and verifies a model package; the "
+                    "subcommands verify, evaluate and compare packages, or write compressed ones.")
+    _add_source_args(export, required=False)
+    export.add_argument("--evaluate", action="store_true", help="also evaluate the package (its table row)")
+    export.set_defaults(func=_export, export_command=None)
+    sub = export.add_subparsers(dest="export_command", metavar="{verify,evaluate,compare,quantize,prune,distill,onnx}")
+
+    verify = sub.add_parser("verify", help="check hashes, load every graph, compare the stored samples' outputs")
+    verify.add_argument("package", metavar="PKG")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_key_args(verify)
+    verify.set_defaults(func=_export_verify)
+
+    evaluate = sub.add_parser("evaluate", help="a package's comparison row: accuracy, Recall@1, latency")
+    evaluate.add_argument("package", metavar="PKG")
+    evaluate.add_argument("--data-root", help="data set folder (default: the package config's data.root)")
+    add_key_args(evaluate)
+    evaluate.set_defaults(func=_export_evaluate)
+
+    compare = sub.add_parser("compare", help="markdown table of evaluated packages (the first is the reference)")
+    compare.add_argument("packages", nargs="+", metavar="PKG")
+    compare.set_defaults(func=_export_compare)
+
+    quantize = sub.add_parser("quantize", help="INT8 weight-only post-training quantization into a new package")
+    _add_source_args(quantize, required=True)
+    prune = sub.add_parser("prune", help="prune attention heads and FFN channels by importance, fine-tune, package")
+    _add_source_args(prune, required=True)
+    prune.add_argument("--keep-heads", type=float, default=0.5, help="fraction of attention heads kept per layer")
+    prune.add_argument("--keep-mlp", type=float, default=0.5, help="fraction of FFN channels kept per layer")
+    prune.add_argument("--steps", type=int, default=200, help="fine-tuning steps after pruning")
+    prune.add_argument("--run-dir", help="folder of the fine-tuning run (default: PKG.run)")
+    distill = sub.add_parser("distill", help="train a student recipe from a teacher checkpoint, package it")
+    distill.add_argument("--teacher", required=True, metavar="CKPT", help="the teacher's run or checkpoint")
+    distill.add_argument("--config", default="tiny-student", help="the student's recipe")
+    distill.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a student recipe key (repeatable)")
+    distill.add_argument("--out", required=True, metavar="PKG", help="package folder to write")
+    distill.add_argument("--run-dir", help="the student's training folder (default: the recipe's train.output_dir)")
+    _add_package_args(distill)
+    for parser, func in ((quantize, _export_quantize), (prune, _export_prune), (distill, _export_distill)):
+        parser.add_argument("--no-eval", action="store_true", help="skip the evaluation (the table row)")
+        parser.set_defaults(func=func)
+
+    onnx = sub.add_parser("onnx", help="export the same graphs to ONNX where MindSpore can; report failing ops")
+    onnx.add_argument("--checkpoint", required=True, metavar="CKPT", help="run folder, step_* folder or model.safetensors")
+    onnx.add_argument("--out", required=True, metavar="DIR", help="folder for <graph>.onnx and onnx_report.json")
+    onnx.add_argument("--config", help="recipe the checkpoint was trained with (default: the run's config.json)")
+    onnx.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    onnx.add_argument("--data-root", help="data set folder (default: the config's)")
+    onnx.add_argument("--graph", action="append", default=[], metavar="NAME", help="only this graph (repeatable)")
+    onnx.add_argument("--batch", type=int, default=3, metavar="N", help="static batch of the ONNX graphs (default 3)")
+    onnx.add_argument("--json", action="store_true", help="print the report as JSON")
+    onnx.set_defaults(func=_export_onnx)
