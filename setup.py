@@ -4,6 +4,9 @@ from setuptools import find_packages, setup
 MAPPED = {"cells": "mindvl.cells", "export": "mindvl.export", "serving": "mindvl.serving", "lite": "mindvl.lite",
           "parallel_configs": "mindvl.parallel_configs"}  # the last holds only data: the strategy files
 
+VERSION = {}
+exec(open("mindvl/version.py", encoding="utf-8").read(), VERSION)  # the one place the version is written
+
 packages = find_packages(include=["mindvl", "mindvl.*"])
 package_dir = {"mindvl": "mindvl"}
 for folder, package in MAPPED.items():
@@ -15,7 +18,7 @@ for folder, package in MAPPED.items():
 
 setup(
     name="mindvl",
-    version="0.1.0",
+    version=VERSION["__version__"],
     description="Native MindSpore multimodal (vision + text + audio) training and deployment",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
@@ -45,6 +48,7 @@ setup(
         "protobuf>=4.21",  # gRPC messages, built from descriptors at import (no generated code)
     ],
     # onnxruntime: the peer runtime the ONNX export is checked against (tests only; mindvl never imports it)
-    extras_require={"test": ["pytest>=8,<10", "onnxruntime==1.32.0"]},
+    # import-linter: the import contracts in .importlinter, checked by tests/test_imports.py
+    extras_require={"test": ["pytest>=8,<10", "onnxruntime==1.32.0", "import-linter>=2.1,<3"]},
     entry_points={"console_scripts": ["mindvl = mindvl.cli:main"]},
 )

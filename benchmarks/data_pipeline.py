@@ -30,7 +30,7 @@ from mindvl.data.packing import PACKED_STREAMS, stream_segments  # noqa: E402
 
 
 def loader_rate(cfg, batches: int) -> float:
-    from mindvl.data.loader import TrainStream
+    from mindvl.data.stream import TrainStream
 
     stream = iter(TrainStream(cfg))
     next(stream)  # pipeline start-up and table loading are not throughput

@@ -22,7 +22,7 @@ def closed_port() -> int:
 
 
 def run(cascade, examples) -> dict:
-    from mindvl.lite.calibrate import example_item
+    from mindvl.lite.calibration import example_item
 
     rows = {}
     for example in examples:

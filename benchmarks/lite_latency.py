@@ -41,7 +41,7 @@ def measure(package: Path, onnx_dir: Path, threads: int, repeat: int, warmup: in
     import numpy as np
     import onnxruntime as ort
 
-    from mindvl.export.package import load_samples, read_manifest
+    from mindvl.model_package import load_samples, read_manifest
     from mindvl.lite.model import Context, LiteModel
 
     ms.device_context.cpu.op_tuning.threads_num(threads)
@@ -79,9 +79,9 @@ def measure(package: Path, onnx_dir: Path, threads: int, repeat: int, warmup: in
 def prepare(checkpoint: str, folder: Path) -> tuple:
     from mindvl.export.onnx import export_onnx
     from mindvl.export.package import write_package
-    from mindvl.export.source import load_source
+    from mindvl.models import load_model
 
-    cfg, model, record = load_source(checkpoint)
+    cfg, model, record = load_model(checkpoint)
     package = write_package(cfg, model, folder / "package", record, progress=False, lite2_batch=1)
     report = export_onnx(cfg, model, folder / "onnx", batch=1)
     failed = [g for g, r in report["graphs"].items() if not r["ok"]]

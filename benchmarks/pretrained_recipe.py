@@ -33,9 +33,10 @@ def _train(recipe: str, overrides, run: str):
 
 
 def _evaluate(run: Path):
-    from mindvl.eval import evaluate, load_trained
+    from mindvl.eval import evaluate
+    from mindvl.models import load_model
 
-    cfg, model = load_trained(str(run))
+    cfg, model, _ = load_model(str(run))
     report = evaluate(cfg, model)
     (run / "eval.json").write_text(json.dumps(report, indent=2))
     return report, json.loads((run / "train_result.json").read_text())

@@ -244,10 +244,10 @@ def mindvl_tiny_step(kind: str) -> tuple:
     float32, fixed loss weights, no accumulation), on `tiny_batch`."""
     from mindspore import Tensor
 
-    from mindvl.cells import create_model
+    from mindvl.cells import build_cells
     from mindvl.cells.kernels import use_kernels
     from mindvl.data.loader import TRAIN_COLUMNS
-    from mindvl.train.checkpoint import parameter_paths
+    from mindvl.runs import parameter_paths
     from mindvl.train.distributed import GatherWithGrad, RankMean, gradient_reducer
     from mindvl.train.losses import MultimodalLoss
     from mindvl.train.optim import create_optimizer, group_indices
@@ -256,7 +256,7 @@ def mindvl_tiny_step(kind: str) -> tuple:
 
     cfg = tiny_config()
     batch, _ = tiny_batch(cfg)
-    model = create_model(cfg.model, cfg.preprocess)
+    model = build_cells(cfg.model, cfg.preprocess)
     names = parameter_paths(model)
     swapped = use_kernels(model, kind)
     loss_net = MultimodalLoss(model, cfg.train.loss_weights, PAD_ID, cfg.train.loss_weighting, GatherWithGrad())

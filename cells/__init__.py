@@ -4,7 +4,7 @@ from .attention import MultiHeadAttention
 from .audio import AudioEncoder
 from .eval_nets import EncodeNet, StateAnswerNet, StateGenerateNet
 from .export_nets import AnswerNet, AudioEmbedNet, GenerateNet, ImageEmbedNet, TextEmbedNet, VQANet
-from .factory import create_model
+from .factory import build_cells, count_cell_parameters
 from .fusion import FusionTransformer
 from .heads import ContrastiveHead, LogitScale, NormDenseHead
 from .masks import MASK_VALUE, padding_mask, prefix_lm_mask, segment_mask
@@ -18,7 +18,7 @@ from .vision import VisionEncoder, conv_weight_to_matmul
 __all__ = [
     "create_activation", "MultiHeadAttention", "AudioEncoder", "AnswerNet", "AudioEmbedNet", "GenerateNet",
     "EncodeNet", "StateAnswerNet", "StateGenerateNet",
-    "ImageEmbedNet", "TextEmbedNet", "VQANet", "create_model", "FusionTransformer", "NormDenseHead", "ContrastiveHead",
+    "ImageEmbedNet", "TextEmbedNet", "VQANet", "build_cells", "count_cell_parameters", "FusionTransformer", "NormDenseHead", "ContrastiveHead",
     "LogitScale", "MASK_VALUE", "padding_mask", "prefix_lm_mask", "segment_mask",
     "MultimodalModel", "TokenInputModel", "LayerNorm", "create_norm", "Int8Linear", "TextEncoder", "TransformerBlock",
     "TransformerStack",

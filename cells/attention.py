@@ -56,7 +56,7 @@ class MultiHeadAttention(nn.Cell):
     Returns (batch, seq, width).
 
     head_dim 0 takes width // heads (width must divide); > 0 sets it, so the attention's inner width
-    heads * head_dim may differ from width: a model whose heads were pruned (mindvl.export.prune) keeps
+    heads * head_dim may differ from width: a model whose heads were pruned (mindvl.train.prune) keeps
     its head size with fewer heads. q/k/v project width -> heads * head_dim, out_proj projects back.
     """
 

@@ -1,8 +1,18 @@
-"""`create_model`: the one way callers (trainer, export, eval) build the model from config."""
+"""`build_cells`: the cells of a MultimodalModel from its config, with random weights. Callers that want a
+model with weights use `mindvl.models.create_model` (a recipe) or `load_model` (a trained run).
+`count_cell_parameters` counts a built cell's (the planner counts a config's: count_config_parameters)."""
+import numpy as np
+from mindspore import nn
+
 from .model import MultimodalModel
 
 
-def create_model(model_cfg, pre_cfg) -> MultimodalModel:
+def count_cell_parameters(cell: nn.Cell) -> int:
+    """Elements of every parameter of a built cell, trainable or frozen."""
+    return int(sum(np.prod(p.shape) for p in cell.get_parameters()))
+
+
+def build_cells(model_cfg, pre_cfg) -> MultimodalModel:
     """Build a MultimodalModel from `ModelConfig` and `PreprocessConfig`.
 
     model_cfg.text.vocab_size must already hold the tokenizer's size (the recipe's 0 means "from the
@@ -11,5 +21,5 @@ def create_model(model_cfg, pre_cfg) -> MultimodalModel:
     if model_cfg.text.vocab_size <= 0:
         raise ValueError(f"model.text.vocab_size: expected the tokenizer's vocabulary size (> 0), got "
                          f"{model_cfg.text.vocab_size}; set it from the data set's tokenizer before "
-                         f"create_model")
+                         f"build_cells (mindvl.models.create_model does)")
     return MultimodalModel(model_cfg, pre_cfg)

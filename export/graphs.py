@@ -5,14 +5,17 @@ a graph's interface is declared once. Shapes use -1 for the dynamic batch dimens
 replaces it with its batch size.
 """
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Tuple
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 import numpy as np
 from mindspore import nn
 
 from mindvl.cells import AudioEmbedNet, ImageEmbedNet, TextEmbedNet, VQANet
+from mindvl.cells.kernels import standard_kernels
 from mindvl.config import PreprocessConfig
+from mindvl.model_package import PackageError
 
 DTYPES = {"float32": (ms.float32, np.float32), "int32": (ms.int32, np.int32)}
 
@@ -89,3 +92,20 @@ def graph_specs(pre: PreprocessConfig, embed_dim: int, num_answers: int, tokeniz
                   [by_name["audio_mel"], by_name["audio_mask"]], embedding("audio_embedding")),
     ]
     return {spec.name: spec for spec in specs}
+
+
+def export_graph(net: nn.Cell, name: str, inputs: Sequence[TensorSpec], path: Path,
+                 key: Optional[bytes] = None) -> Path:
+    """ms.export `net` as MindIR at `path` (AES-GCM encrypted when `key` is given), with standard operators
+    only; errors name the graph."""
+    path = Path(path)
+    options = {"enc_key": key, "enc_mode": "AES-GCM"} if key else {}
+    try:
+        with standard_kernels(net):  # a model trained with fused kernels exports MindSpore's operators
+            ms.export(net, *(t.placeholder() for t in inputs), file_name=str(path.with_suffix("")),
+                      file_format="MINDIR", **options)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise PackageError(f"graph {name}: MindIR export failed: {str(exc).strip().splitlines()[0]}") from exc
+    if not path.is_file():
+        raise PackageError(f"graph {name}: ms.export wrote no {path.name}")
+    return path

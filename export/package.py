@@ -1,43 +1,29 @@
-"""The model package: the one artifact that leaves training (read by serving, lite and `export verify`).
+"""Writing a model package (the layout and the reader: mindvl/model_package.py) from a trained model.
 
-A directory holding
-  manifest.json        format, model, versions, source checkpoint, every graph's file and typed
-                       inputs/outputs (-1 = dynamic), preprocessing parameters, label names,
-                       compression and encryption, the verification tolerance, sha256 of every file;
-  <graph>.mindir       one MindIR per deployable graph (export/graphs.py), `<graph>_b<N>.mindir` for
-                       static-batch variants;
-  tokenizer.json       the data set's tokenizer (questions and answers);
-  config.json          the training config the weights belong to (provenance, evaluation);
-  samples/<graph>.safetensors   real test inputs and the outputs the framework computed for them.
 The directory is assembled next to its destination and renamed into place, so a package either exists
 complete or not at all.
 """
 import datetime
 import json
-import os
 import shutil
 from pathlib import Path
-from typing import Dict, Iterable, Mapping, Optional, Sequence
+from typing import Dict, Mapping, Optional, Sequence
 
 import mindspore as ms
 import numpy as np
 from mindspore import nn
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 from tqdm import tqdm
 
-from mindvl.cells.kernels import standard_kernels
+from mindvl.cells import count_cell_parameters
 from mindvl.config import Config
 from mindvl.data import create_dataset, load_meta, load_tokenizer
-from mindvl.export.errors import PackageError
-from mindvl.export.graphs import DTYPES, GraphSpec, TensorSpec, graph_specs
+from mindvl.export.graphs import DTYPES, GraphSpec, export_graph, graph_specs
 from mindvl.export.lite2 import write_lite2
+from mindvl.files import sha256_file, swap_folder, work_folder
+from mindvl.model_package import FORMAT, FORMAT_VERSION, MANIFEST, TOLERANCE, PackageError, as_tuple
 from mindvl.preprocess import preprocess_dict
-from mindvl.train.checkpoint import mindvl_version, sha256_file
-
-FORMAT = "mindvl-package"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-TOLERANCE = {"atol": 1e-4, "rtol": 1e-4, "integers": "exact"}  # |got - expected| <= atol + rtol * |expected|
+from mindvl.version import __version__
 SAMPLE_MODALITIES = ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0))  # (use_text, use_audio) cycled over the samples
 SAMPLE_COLUMNS = {"text_ids": "question_ids", "text_mask": "question_mask"}  # graph input -> data column
 
@@ -67,35 +53,9 @@ def sample_graph_inputs(spec: GraphSpec, columns: Mapping[str, np.ndarray]) -> D
                                          .astype(DTYPES[t.dtype][1])) for t in spec.inputs}
 
 
-def as_tuple(outputs) -> tuple:
-    """A graph's outputs as a tuple (a single-output graph returns one tensor)."""
-    return tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
-
-
-def export_graph(net: nn.Cell, name: str, inputs: Sequence[TensorSpec], path: Path,
-                 key: Optional[bytes] = None) -> Path:
-    """ms.export `net` as MindIR at `path` (AES-GCM encrypted when `key` is given), with standard operators
-    only; errors name the graph."""
-    path = Path(path)
-    options = {"enc_key": key, "enc_mode": "AES-GCM"} if key else {}
-    try:
-        with standard_kernels(net):  # a model trained with fused kernels exports MindSpore's operators
-            ms.export(net, *(t.placeholder() for t in inputs), file_name=str(path.with_suffix("")),
-                      file_format="MINDIR", **options)
-    except (RuntimeError, TypeError, ValueError) as exc:
-        raise PackageError(f"graph {name}: MindIR export failed: {str(exc).strip().splitlines()[0]}") from exc
-    if not path.is_file():
-        raise PackageError(f"graph {name}: ms.export wrote no {path.name}")
-    return path
-
-
 def _file_entries(folder: Path) -> Dict[str, dict]:
     return {str(p.relative_to(folder)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
-
-
-def parameter_count(model: nn.Cell) -> int:
-    return int(sum(np.prod(p.shape) for p in model.get_parameters()))
 
 
 def _write_graph(spec: GraphSpec, model: nn.Cell, columns: Mapping[str, np.ndarray], folder: Path,
@@ -149,9 +109,8 @@ def write_package(cfg: Config, model: nn.Cell, out: Path, source: Mapping[str, o
     specs = chosen + [spec.static(b) for b in sorted(set(static_batches)) for spec in chosen]
     columns = sample_inputs(cfg, max([len(SAMPLE_MODALITIES), *static_batches]))
 
-    work = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    (work / "samples").mkdir(parents=True)
+    work = work_folder(out)
+    (work / "samples").mkdir()
     try:
         model.set_train(False)
         entries = {spec.name: _write_graph(spec, model, columns, work, key)
@@ -164,8 +123,8 @@ def write_package(cfg: Config, model: nn.Cell, out: Path, source: Mapping[str, o
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "name": cfg.name, "version": int(version),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "mindvl_version": mindvl_version(), "mindspore_version": ms.__version__,
-            "source": dict(source), "parameters": parameter_count(model),
+            "mindvl_version": __version__, "mindspore_version": ms.__version__,
+            "source": dict(source), "parameters": count_cell_parameters(model),
             "compression": dict(compression or {"method": "none"}),
             "encryption": {"mode": "AES-GCM", "applies_to": "every .mindir; the key is never stored"} if key else None,
             "preprocess": {**preprocess_dict(cfg.preprocess), "tokenizer": "tokenizer.json",
@@ -177,76 +136,8 @@ def write_package(cfg: Config, model: nn.Cell, out: Path, source: Mapping[str, o
             "files": _file_entries(work),
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(work, out)
+        swap_folder(work, out)
     except BaseException:  # nothing half-written stays behind (the old package, if any, is untouched)
         shutil.rmtree(work, ignore_errors=True)
         raise
     return out
-
-
-# ----------------------------------------------------------------------------- reading
-
-def read_manifest(package: Path) -> dict:
-    """The package's manifest, checked for the format this mindvl reads."""
-    path = Path(package) / MANIFEST
-    if not path.is_file():
-        raise PackageError(f"{path}: missing; {package} is not a model package (write one with `mindvl export`)")
-    try:
-        manifest = json.loads(path.read_text())
-    except ValueError as exc:
-        raise PackageError(f"{path}: not valid JSON ({exc}); re-export the package") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise PackageError(f"{path}: not a {FORMAT} manifest; re-export the package")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise PackageError(f"{path}: package format {manifest.get('format_version')}, this mindvl reads "
-                           f"{FORMAT_VERSION}; re-export with this mindvl")
-    return manifest
-
-
-def check_files(package: Path, manifest: dict, names: Optional[Iterable[str]] = None) -> None:
-    """Raise PackageError naming the first listed file (or only `names`) that is missing or changed."""
-    package = Path(package)
-    for name, entry in manifest["files"].items():
-        if names is not None and name not in names:
-            continue
-        path = package / name
-        if not path.is_file():
-            raise PackageError(f"{path}: listed in the manifest but missing; re-export the package")
-        if sha256_file(path) != entry["sha256"]:
-            raise PackageError(f"{path}: sha256 differs from the manifest: the file changed after export "
-                               f"(tampered or corrupted); re-export the package or restore the file")
-
-
-def load_graph(package: Path, manifest: dict, name: str, key: Optional[bytes] = None) -> nn.GraphCell:
-    """Graph `name` of the package as a callable cell (its file's hash checked first)."""
-    if name not in manifest["graphs"]:
-        raise PackageError(f"graph {name}: not in {package} (it has {', '.join(manifest['graphs'])})")
-    entry = manifest["graphs"][name]
-    check_files(package, manifest, [entry["file"]])
-    encrypted = manifest.get("encryption") is not None
-    if encrypted and key is None:
-        raise PackageError(f"graph {name} ({entry['file']}): the package is encrypted (AES-GCM); pass the key with "
-                           f"--key-file PATH or --key-env VAR")
-    options = {"dec_key": key, "dec_mode": "AES-GCM"} if encrypted else {}
-    try:
-        return nn.GraphCell(ms.load(str(Path(package) / entry["file"]), **options))
-    except (RuntimeError, ValueError) as exc:
-        hint = "wrong key?" if encrypted else "a corrupt or foreign MindIR file"
-        raise PackageError(f"graph {name} ({entry['file']}): MindSpore could not load it ({hint}): "
-                           f"{str(exc).strip().splitlines()[0]}") from exc
-
-
-def load_samples(package: Path, manifest: dict, name: str) -> tuple:
-    """(inputs, expected outputs) of graph `name`, each {tensor name: array} in the graph's order."""
-    entry = manifest["graphs"][name]
-    check_files(package, manifest, [entry["samples"]])
-    stored = load_file(str(Path(package) / entry["samples"]))
-    try:
-        inputs = {t["name"]: stored[f"input.{t['name']}"] for t in entry["inputs"]}
-        outputs = {t["name"]: stored[f"output.{t['name']}"] for t in entry["outputs"]}
-    except KeyError as exc:
-        raise PackageError(f"{entry['samples']}: has no tensor {exc}; re-export the package") from exc
-    return inputs, outputs

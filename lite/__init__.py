@@ -5,9 +5,9 @@ _EXPORTS = {"LiteModel": "model", "Context": "model", "LiteTensor": "model", "Li
             "backend_report": "model",
             "DevicePipeline": "device", "DeviceAnswer": "device",
             "Cascade": "cascade", "CascadeAnswer": "cascade",
-            "Calibration": "calibrate", "CalibrationError": "calibrate",
-            "load_calibration": "calibrate",
-            "ResolutionSearch": "resolution", "resolution_report": "resolution"}
+            "Calibration": "calibration", "CalibrationError": "calibration",
+            "load_calibration": "calibration",
+            "ResolutionSearch": "resolution"}
 
 
 def __getattr__(name):

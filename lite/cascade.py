@@ -1,7 +1,7 @@
 """`Cascade`: answer on the device when the edge model is confident enough, ask the cloud endpoint otherwise.
 
 The edge's confidence is calibrated: max softmax(answer_logits / temperature), the temperature fitted on
-validation data by `mindvl lite calibrate` (lite/calibrate.py), which also picks the threshold for a
+validation data by `mindvl lite calibrate` (mindvl/export/calibrate.py), which also picks the threshold for a
 target cloud-call rate or accuracy. A question whose calibrated confidence is >= threshold is answered on
 the device (source "edge"): threshold 0 never calls the cloud, a threshold above 1 always does. Otherwise
 the question goes to the cloud's predict method (`mindvl serve` or MindSpore Serving, through
@@ -97,7 +97,7 @@ class Cascade:
         """A cascade with the temperature and threshold of `mindvl lite calibrate`'s file (or of the
         calibration.json in a package folder); `threshold` overrides the calibrated one. The file must
         belong to the edge's package (its vqa graph's sha256), else CalibrationError."""
-        from mindvl.lite.calibrate import load_calibration
+        from mindvl.lite.calibration import load_calibration
 
         fitted = load_calibration(calibration)
         pipeline = _edge_pipeline(edge)

@@ -1,8 +1,8 @@
 """`DevicePipeline`: a model package answering questions on the device, request bytes in, answer out.
 
-It computes what the server's `predict` computes (servable_config.py's pixels, question_input, audio_input
-and vqa_answer stages), with the same mindvl.preprocess calls and the manifest's preprocessing parameters,
-then runs the vqa graph on a `LiteModel`. The three modalities are preprocessed at the same time: each has
+It computes what the server's `predict` computes: the same stages (mindvl.preprocess.RequestInputs, which
+the generated servable_config.py runs too) with the manifest's preprocessing parameters, then the vqa graph
+on a `LiteModel`. The three modalities are preprocessed at the same time: each has
 its own lane (a ThreadPoolExecutor of `threads` workers named mindvl-image / -question / -audio), and one
 question is one task per lane (image decode and resize, tokenisation, log-mel of the spoken question), so
 the slow log-mel never waits for the image and no two modalities share a thread. The model call follows,
@@ -57,13 +57,6 @@ class DeviceAnswer:
     threads: Dict[str, str]
 
 
-def _expect(value, kind: type, name: str):
-    """The servable's `expect`: `value` if it is a `kind`, else an InputError saying what to send."""
-    if not isinstance(value, kind):
-        raise P.InputError(f"{name}: expected {kind.__name__}, got {type(value).__name__}")
-    return value
-
-
 def _timed(function, *args) -> Tuple[object, float, str]:
     start = time.perf_counter()
     result = function(*args)
@@ -72,7 +65,7 @@ def _timed(function, *args) -> Tuple[object, float, str]:
 
 def find_package(model_path: PathLike) -> Path:
     """The model package a LiteModel was built from: the nearest folder above its file holding a manifest."""
-    from mindvl.export.package import MANIFEST
+    from mindvl.model_package import MANIFEST
 
     for folder in Path(model_path).resolve().parents:
         if (folder / MANIFEST).is_file():
@@ -94,7 +87,7 @@ class DevicePipeline:
 
     def __init__(self, package: PathLike, backend: str = "auto", threads: int = 1,
                  context: Optional[Context] = None, model: Optional[LiteModel] = None) -> None:
-        from mindvl.export.package import check_files, read_manifest
+        from mindvl.model_package import check_files, read_manifest
 
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise LiteError(f"threads={threads!r}: expected 1 or more workers per modality")
@@ -108,6 +101,7 @@ class DevicePipeline:
         self.labels: List[str] = list(self.manifest["labels"])
         check_files(self.package, self.manifest, [recorded["tokenizer"]])
         self.tokenizer = P.TextTokenizer.load(self.package / recorded["tokenizer"])
+        self.inputs = P.RequestInputs(self.pre, self.tokenizer)
         self.input_names = [t["name"] for t in self.manifest["graphs"]["vqa"]["inputs"]]
         self.model = model or LiteModel.from_package(self.package, "vqa", context, backend)
         self.backend = self.model.backend_name
@@ -122,42 +116,16 @@ class DevicePipeline:
             raise LiteError("the LiteModel is not built: build it with LiteModel.from_package(package, 'vqa')")
         return cls(find_package(model.path), threads=threads, model=model)
 
-    # -- the server's stages, one modality each (servable_config.py: pixels, question_input, audio_input)
-    def pixels(self, image: bytes, name: str = "image") -> np.ndarray:
-        """PNG/JPEG bytes -> float32 (3, S, S), normalised as in training."""
-        return P.decode_image(_expect(image, bytes, name), self.pre, name=name)
-
-    def question_input(self, question: str, name: str = "question") -> Tuple[np.ndarray, np.ndarray, np.float32]:
-        """The typed question -> (ids int32 (T,), mask float32 (T,), use_text); zeros and 0 when it is empty."""
-        if _expect(question, str, name).strip():
-            ids, mask = self.tokenizer.encode(question, self.pre.max_text_length, name=name)
-            return ids, mask, np.float32(1)
-        text = self.pre.max_text_length
-        return np.zeros((text,), np.int32), np.zeros((text,), np.float32), np.float32(0)
-
-    def audio_input(self, audio: bytes, name: str = "audio") -> Tuple[np.ndarray, np.ndarray, np.float32]:
-        """The spoken question -> (log-mel float32 (n_mels, F), frame mask float32 (F,), use_audio); zeros
-        and 0 when there is none."""
-        if len(_expect(audio, bytes, name)) == 0:
-            return (np.zeros((self.pre.n_mels, self.pre.max_audio_frames), np.float32),
-                    np.zeros((self.pre.max_audio_frames,), np.float32), np.float32(0))
-        waveform = P.load_wav(audio, self.pre.sample_rate, name=name)
-        mel, mask = P.pad_mel(P.log_mel(waveform, self.pre, name=name), self.pre, name=name)
-        return mel, mask, np.float32(1)
-
-    # -- preprocessing in parallel
+    # -- preprocessing in parallel: the server's stages (RequestInputs), one lane per modality
     def _submit(self, image, question, audio, prefix: str) -> Dict[str, Future]:
         """Check the request's shape, then start one task per modality on its lane."""
         question = "" if question is None else question
         audio = b"" if audio is None else audio
-        _expect(image, bytes, f"{prefix}image")
-        _expect(question, str, f"{prefix}question")
-        _expect(audio, bytes, f"{prefix}audio")
-        if not question.strip() and len(audio) == 0:
-            raise P.InputError(f"{prefix}predict: question and audio are both empty; ask as text, as audio or both")
-        return {"audio": self._lanes["audio"].submit(_timed, self.audio_input, audio, f"{prefix}audio"),
-                "image": self._lanes["image"].submit(_timed, self.pixels, image, f"{prefix}image"),
-                "question": self._lanes["question"].submit(_timed, self.question_input, question,
+        P.expect(image, bytes, f"{prefix}image")
+        self.inputs.check_asked(question, audio, prefix)
+        return {"audio": self._lanes["audio"].submit(_timed, self.inputs.audio_input, audio, f"{prefix}audio"),
+                "image": self._lanes["image"].submit(_timed, self.inputs.pixels, image, f"{prefix}image"),
+                "question": self._lanes["question"].submit(_timed, self.inputs.question_input, question,
                                                            f"{prefix}question")}
 
     @staticmethod
@@ -191,10 +159,8 @@ class DevicePipeline:
     def _answer(self, logits: np.ndarray, answer_ids: np.ndarray, timings: Dict[str, float],
                 threads: Dict[str, str]) -> DeviceAnswer:
         """The servable's vqa_answer for one row."""
-        probabilities = softmax(logits)
-        best = int(probabilities.argmax())
-        return DeviceAnswer(self.labels[best], float(np.float32(probabilities[best])),
-                            self.tokenizer.decode(answer_ids), np.asarray(logits, np.float32), timings, threads)
+        answer, confidence, text = self.inputs.vqa_answer(logits, answer_ids, self.labels)
+        return DeviceAnswer(answer, float(confidence), text, np.asarray(logits, np.float32), timings, threads)
 
     def answer(self, image: bytes, question: Optional[str] = None, audio: Optional[bytes] = None) -> DeviceAnswer:
         """Answer one question (typed, spoken or both) about one image; InputError names a bad input."""

@@ -80,7 +80,7 @@ class GraphCellBackend:
         import mindspore as ms
         from mindspore import nn
 
-        from mindvl.export.lite2 import mindir_io
+        from mindvl.mindir import mindir_io
 
         self._inputs, self._outputs = mindir_io(Path(path).read_bytes()) if key is None else (None, None)
         options = {"dec_key": key, "dec_mode": "AES-GCM"} if key else {}
@@ -405,7 +405,7 @@ class LiteModel:
         """Graph `graph` of a model package on the chosen backend, with the manifest's tensor names: the
         lite2 backend reads the package's lite2/ graphs (`mindvl export --target lite2`), the others the
         standard MindIR. File hashes are checked first."""
-        from mindvl.export.package import check_files, read_manifest
+        from mindvl.model_package import check_files, read_manifest
 
         package = Path(package)
         manifest = read_manifest(package)

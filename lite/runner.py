@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional, Union
 
+from mindvl.files import swap_folder, work_folder
 from mindvl.lite import runtime2
 from mindvl.native import locked
 
@@ -75,12 +76,10 @@ def build_runner() -> Path:
     with locked(runtime2.home()):
         if binary.is_file():  # another process built it while this one waited
             return binary
-        work = folder.with_name(f".{folder.name}-{os.getpid()}")
-        shutil.rmtree(work, ignore_errors=True)
+        work = work_folder(folder)
         try:
             _build(work, runtime, compiler, cmake)
-            shutil.rmtree(folder, ignore_errors=True)  # a folder whose binary was deleted
-            os.replace(work, folder)  # whole or not at all: a killed build leaves no half folder behind
+            swap_folder(work, folder)  # whole or not at all (replacing a folder whose binary was deleted)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return binary

@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
+from mindvl.files import swap_folder
 from mindvl.native import BuildError, build_library, locked
 
 WHEEL_REQUIREMENT = "mindspore-lite==2.0.0"
@@ -96,7 +97,7 @@ def _unpack(wheel: Path, folder: Path) -> None:
             archive.extractall(work, members)
     except zipfile.BadZipFile as exc:
         raise Lite2Unavailable(f"{wheel}: not a readable wheel ({exc}); delete it and retry") from exc
-    os.replace(work / "mindspore_lite", folder / "mindspore_lite")
+    swap_folder(work / "mindspore_lite", folder / "mindspore_lite")
     shutil.rmtree(work, ignore_errors=True)
 
 

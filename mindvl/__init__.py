@@ -1,5 +1,5 @@
 """mindvl: native MindSpore multimodal training and deployment."""
-__version__ = "0.1.0"
+from mindvl.version import __version__  # noqa: F401  (mindvl.__version__)
 
 
 def from_pretrained(path, image_size=None):

@@ -61,7 +61,7 @@ class EncoderConfig:
     layers: int = 2
     heads: int = 4
     # 0: width // heads; > 0: the attention's inner width is heads * head_dim, which may differ from
-    # width (a model with pruned heads keeps its head size, mindvl.export.prune)
+    # width (a model with pruned heads keeps its head size, mindvl.train.prune)
     head_dim: int = 0
     mlp_ratio: float = 4.0  # FFN hidden width = round(width * mlp_ratio)
     pre_norm: bool = True
@@ -398,7 +398,8 @@ class LossScaleConfig:
             raise ConfigError(f"train.loss_scale.factor: expected > 1, got {self.factor}")
 
 
-MODULES = ("vision", "text", "audio", "fusion", "heads")
+STACKS = ("vision", "text", "audio", "fusion")  # the Transformer stacks: model.<name> configs, cells <name>.encoder
+MODULES = (*STACKS, "heads")  # what freezing, precision and parallel strategies address by name
 
 
 @dataclass

@@ -10,6 +10,8 @@ import subprocess
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from mindvl.files import atomic_write
+
 
 class BuildError(RuntimeError):
     """The library cannot be built here; the message says why."""
@@ -44,11 +46,12 @@ def build_library(name: str, sources: Sequence[Path], folder: Path, flags: Seque
     with locked(Path(folder)):
         if target.is_file():  # another process built it while this one waited
             return target
-        partial = target.with_suffix(f".{os.getpid()}.tmp")
-        done = subprocess.run([compiler, *flags, *map(str, sources), *link, "-o", str(partial)],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            partial.unlink(missing_ok=True)
-            raise BuildError(f"compiling {name} failed: {done.stderr.strip()[-800:]}")
-        os.replace(partial, target)
+
+        def compile_into(partial: Path) -> None:
+            done = subprocess.run([compiler, *flags, *map(str, sources), *link, "-o", str(partial)],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                raise BuildError(f"compiling {name} failed: {done.stderr.strip()[-800:]}")
+
+        atomic_write(target, compile_into)
     return target

@@ -12,6 +12,8 @@ Conventions (the C++ device runner mirrors them):
   then (x + 4) / 4); float32 (n_mels, frames) with frames = len(waveform) // hop_length.
 - text: a word-level `tokenizers` tokenizer; questions are [CLS] words [SEP], answers [BOS] words [EOS],
   both padded with [PAD] = 0.
+- a request (image bytes, a typed and/or spoken question) becomes the vqa graph's inputs through
+  `RequestInputs`, the stages both the generated servable and the device pipeline run.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import json
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, List, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Iterable, List, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -29,7 +31,7 @@ from mindvl.config import PreprocessConfig
 if TYPE_CHECKING:  # PIL is imported lazily: the text-only paths never need it
     from PIL import Image
 
-__all__ = ["InputError", "decode_image", "open_image", "resize_image", "image_to_array", "log_mel", "whisper_log_mel",
+__all__ = ["InputError", "RequestInputs", "expect", "decode_image", "open_image", "resize_image", "image_to_array", "log_mel", "whisper_log_mel",
            "pad_mel", "load_wav", "audio_seconds", "TextTokenizer", "build_word_tokenizer", "SPECIAL_TOKENS"]
 
 SILENCE_PEAK = 1e-4  # a clip whose peak |amplitude| is below this is treated as silent
@@ -356,3 +358,78 @@ def preprocess_dict(pre: PreprocessConfig) -> dict:
     import dataclasses
 
     return json.loads(json.dumps(dataclasses.asdict(pre)))
+
+
+# ----------------------------------------------------------------------------- a request's graph inputs
+
+def expect(value, kind: type, name: str):
+    """`value` if it is a `kind` (str or bytes), else an InputError saying how to send one."""
+    if not isinstance(value, kind):
+        how = "a JSON string" if kind is str else 'base64 as {"b64": "..."}'
+        raise InputError(f"{name}: expected {kind.__name__} ({how}), got {type(value).__name__}")
+    return value
+
+
+class RequestInputs:
+    """What one request's fields become as graph inputs (no batch axis), and what the vqa graph's outputs
+    become as an answer: the stages the servable that `mindvl deploy` generates runs under MindSpore
+    Serving, and the ones `DevicePipeline` runs on the device, written once so the two cannot drift.
+
+    pre: the package's PreprocessConfig (its manifest's "preprocess"). tokenizer: its TextTokenizer, or a
+    function returning it (the servable reads the file on first use).
+    """
+
+    def __init__(self, pre: PreprocessConfig, tokenizer: Union[TextTokenizer, Callable[[], TextTokenizer]]):
+        self.pre = pre
+        self._tokenizer = tokenizer
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        return self._tokenizer if isinstance(self._tokenizer, TextTokenizer) else self._tokenizer()
+
+    def pixels(self, image: bytes, name: str = "image") -> np.ndarray:
+        """PNG/JPEG bytes -> float32 (3, image_size, image_size), normalised as in training."""
+        return decode_image(expect(image, bytes, name), self.pre, name=name)
+
+    def tokens(self, text: str, name: str) -> Tuple[np.ndarray, np.ndarray]:
+        """str -> (token ids int32 (max_text_length,), mask float32 (max_text_length,))."""
+        return self.tokenizer.encode(expect(text, str, name), self.pre.max_text_length, name=name)
+
+    def speech(self, audio: bytes, name: str) -> Tuple[np.ndarray, np.ndarray]:
+        """WAV/FLAC/OGG bytes -> (log-mel float32 (n_mels, max_audio_frames), frame mask float32 (max_audio_frames,))."""
+        waveform = load_wav(expect(audio, bytes, name), self.pre.sample_rate, name=name)
+        return pad_mel(log_mel(waveform, self.pre, name=name), self.pre, name=name)
+
+    @staticmethod
+    def check_asked(question, audio, prefix: str = "") -> None:
+        """A question must come typed (str), spoken (bytes) or both: InputError for a wrong type or neither."""
+        expect(question, str, f"{prefix}question")
+        expect(audio, bytes, f"{prefix}audio")
+        if not question.strip() and len(audio) == 0:
+            raise InputError(f"{prefix}predict: question and audio are both empty; ask as text, as audio or both")
+
+    def question_input(self, question: str, name: str = "question") -> Tuple[np.ndarray, np.ndarray, np.float32]:
+        """The typed question -> (ids int32 (T,), mask float32 (T,), use_text); zeros and 0 when it is empty."""
+        if expect(question, str, name).strip():
+            ids, mask = self.tokens(question, name)
+            return ids, mask, np.float32(1)
+        text = self.pre.max_text_length
+        return np.zeros((text,), np.int32), np.zeros((text,), np.float32), np.float32(0)
+
+    def audio_input(self, audio: bytes, name: str = "audio") -> Tuple[np.ndarray, np.ndarray, np.float32]:
+        """The spoken question -> (log-mel float32 (n_mels, F), frame mask float32 (F,), use_audio); zeros and
+        0 when there is none."""
+        if len(expect(audio, bytes, name)) == 0:
+            return (np.zeros((self.pre.n_mels, self.pre.max_audio_frames), np.float32),
+                    np.zeros((self.pre.max_audio_frames,), np.float32), np.float32(0))
+        mel, mask = self.speech(audio, name)
+        return mel, mask, np.float32(1)
+
+    def vqa_answer(self, answer_logits: np.ndarray, answer_ids: np.ndarray,
+                   labels: Sequence[str]) -> Tuple[str, np.float32, str]:
+        """One instance's vqa outputs -> (label, its softmax probability (float32, computed in float64),
+        the generated answer text)."""
+        logits = np.asarray(answer_logits, np.float64)
+        probabilities = np.exp(logits - logits.max())
+        best = int(probabilities.argmax())
+        return labels[best], np.float32(probabilities[best] / probabilities.sum()), self.tokenizer.decode(answer_ids)

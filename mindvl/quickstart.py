@@ -20,9 +20,9 @@ def run_quickstart(workdir: str = "mindvl_quickstart", config: str = "tiny", ove
                    progress: bool = True) -> Dict[str, Any]:
     from mindvl.data.build import build_dataset
     from mindvl.data.examples import query_examples
-    from mindvl.eval import evaluate, load_trained
+    from mindvl.eval import evaluate
     from mindvl.export.pipeline import PackageOptions, package_and_check
-    from mindvl.export.source import load_source
+    from mindvl.models import load_model
     from mindvl.train import train
 
     start = time.perf_counter()
@@ -33,10 +33,10 @@ def run_quickstart(workdir: str = "mindvl_quickstart", config: str = "tiny", ove
     _stage("2/6 train")
     result = train(cfg, progress=progress)
     _stage("3/6 evaluate")
-    cfg, model = load_trained(result.output_dir)
+    cfg, model, _ = load_model(result.output_dir)
     metrics = evaluate(cfg, model, progress=progress)
     _stage("4/6 export the model package (+ its Lite 2.0 graphs) and verify it")
-    cfg, model, source = load_source(result.output_dir)
+    cfg, model, source = load_model(result.output_dir)
     check = package_and_check(cfg, model, source, work / "package",
                               PackageOptions(force=True, progress=progress, lite2_batch=1))
     examples = query_examples(cfg.data.root, QUESTIONS + CALIBRATION_QUESTIONS)
@@ -91,7 +91,7 @@ def run_on_device(package: Path, data_root: str, cloud: str, instances: Sequence
     """The same questions on the device: the Python device pipeline on the first available runtime (Lite
     2.0 where it can be prepared), the C++ runner on the typed ones, and the cascade with the server as
     its cloud, calibrated on the test questions after the asked ones."""
-    from mindvl.lite.calibrate import calibrate
+    from mindvl.export.calibrate import calibrate
     from mindvl.lite.cascade import Cascade
     from mindvl.lite.device import DevicePipeline
 

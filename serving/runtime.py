@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import mindspore as ms
 import numpy as np
 
-from mindvl.export.package import TOLERANCE, as_tuple, check_files, load_graph, load_samples, read_manifest
+from mindvl.model_package import TOLERANCE, as_tuple, check_files, load_graph, load_samples, read_manifest
 from mindvl.serving.protocol import InstanceError, ProtocolError
 from mindvl.serving.register import Method, Placeholder, ServableDefinition, ServableError, Stage, \
     load_servable_config

@@ -20,8 +20,8 @@ from pathlib import Path, PurePosixPath
 from typing import List, Optional, Tuple, Union
 
 from mindvl.config import PreprocessConfig
-from mindvl.export.errors import PackageError
-from mindvl.export.package import MANIFEST, check_files, read_manifest
+from mindvl.files import swap_folder
+from mindvl.model_package import MANIFEST, PackageError, check_files, read_manifest
 from mindvl.serving.protocol import is_safe_name
 from mindvl.serving.register import ServableDefinition, ServableError, load_servable_config
 
@@ -131,7 +131,7 @@ def _install_version(package: Path, manifest: dict, folder: Path) -> Tuple[int, 
         for _ in range(RENAME_ATTEMPTS):
             version = max(_versions(folder), default=0) + 1
             try:
-                os.rename(work, folder / str(version))  # fails when another deploy filled that folder first
+                swap_folder(work, folder / str(version), exclusive=True)  # fails when another deploy won it
                 return version, folder / str(version)
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
@@ -210,14 +210,13 @@ preprocessing, tokenizer or labels differ from them. The tokenizer is read from 
 holding the file with PACKAGE's sha256 (every version does).
 """
 import functools
-import hashlib
 from pathlib import Path
 
-import numpy as np
 from mindspore_serving.server import register
 
 from mindvl import preprocess as P
 from mindvl.config import PreprocessConfig
+from mindvl.files import sha256_file
 
 PACKAGE = {contract}
 PRE = PreprocessConfig(**PACKAGE["preprocess"])
@@ -226,37 +225,22 @@ HERE = Path(__file__).resolve().parent
 
 @functools.lru_cache(maxsize=None)
 def tokenizer():
+    """The package's tokenizer, read on first use."""
     versions = sorted((p for p in HERE.iterdir() if p.name.isdigit()), key=lambda p: int(p.name), reverse=True)
     for folder in versions:
         path = folder / PACKAGE["tokenizer"]["file"]
-        if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == PACKAGE["tokenizer"]["sha256"]:
+        if path.is_file() and sha256_file(path) == PACKAGE["tokenizer"]["sha256"]:
             return P.TextTokenizer.load(path)
     raise RuntimeError(f"{{HERE}}: no version folder holds the tokenizer this servable_config.py was generated "
                        f"for (sha256 {{PACKAGE['tokenizer']['sha256']}}); deploy that package again")
 
 
-def expect(value, kind, name):
-    """`value` if it is a `kind` (str or bytes), else an input error saying how to send one."""
-    if not isinstance(value, kind):
-        how = "a JSON string" if kind is str else 'base64 as {{"b64": "..."}}'
-        raise P.InputError(f"{{name}}: expected {{kind.__name__}} ({{how}}), got {{type(value).__name__}}")
-    return value
+INPUTS = P.RequestInputs(PRE, tokenizer)  # the stages below, as the device pipeline runs them too
 
 
 def pixels(image):
     """PNG/JPEG bytes -> float32 (3, image_size, image_size), normalised as in training."""
-    return P.decode_image(expect(image, bytes, "image"), PRE)
-
-
-def tokens(text, name):
-    """str -> (token ids int32 (max_text_length,), mask float32 (max_text_length,))."""
-    return tokenizer().encode(expect(text, str, name), PRE.max_text_length, name=name)
-
-
-def speech(audio, name):
-    """WAV/FLAC/OGG bytes -> (log-mel float32 (n_mels, max_audio_frames), frame mask float32 (max_audio_frames,))."""
-    waveform = P.load_wav(expect(audio, bytes, name), PRE.sample_rate, name=name)
-    return P.pad_mel(P.log_mel(waveform, PRE, name=name), PRE, name=name)
+    return INPUTS.pixels(image)
 '''
 
 _GRAPHS = {
@@ -269,30 +253,18 @@ vqa_graph = register.declare_model(model_file="{file}", model_format="MindIR", w
 
 def question_input(question, audio):
     """The typed question -> (ids, mask, use_text); zeros and use_text 0 when the question is only spoken."""
-    if expect(question, str, "question").strip():
-        question_ids, question_mask = tokens(question, "question")
-        return question_ids, question_mask, np.float32(1)
-    if len(expect(audio, bytes, "audio")) == 0:
-        raise P.InputError("predict: question and audio are both empty; ask as text, as audio or both")
-    return np.zeros((PRE.max_text_length,), np.int32), np.zeros((PRE.max_text_length,), np.float32), np.float32(0)
+    INPUTS.check_asked(question, audio)
+    return INPUTS.question_input(question)
 
 
 def audio_input(audio):
     """The spoken question -> (log-mel, frame mask, use_audio); zeros and use_audio 0 when there is none."""
-    if len(expect(audio, bytes, "audio")) == 0:
-        return (np.zeros((PRE.n_mels, PRE.max_audio_frames), np.float32),
-                np.zeros((PRE.max_audio_frames,), np.float32), np.float32(0))
-    audio_mel, audio_mask = speech(audio, "audio")
-    return audio_mel, audio_mask, np.float32(1)
+    return INPUTS.audio_input(audio)
 
 
 def vqa_answer(answer_logits, answer_ids):
     """The vqa graph's outputs for one instance -> (label, its softmax probability, generated text)."""
-    logits = np.asarray(answer_logits, np.float64)
-    probabilities = np.exp(logits - logits.max())
-    best = int(probabilities.argmax())
-    confidence = np.float32(probabilities[best] / probabilities.sum())
-    return PACKAGE["labels"][best], confidence, tokenizer().decode(answer_ids)
+    return INPUTS.vqa_answer(answer_logits, answer_ids, PACKAGE["labels"])
 
 
 @register.register_method(output_names=["answer", "confidence", "answer_text"])
@@ -322,7 +294,7 @@ text_embed_graph = register.declare_model(model_file="{file}", model_format="Min
 
 
 def text_input(text):
-    return tokens(text, "text")
+    return INPUTS.tokens(text, "text")
 
 
 @register.register_method(output_names=["embedding"])
@@ -338,7 +310,7 @@ audio_embed_graph = register.declare_model(model_file="{file}", model_format="Mi
 
 
 def audio_embed_input(audio):
-    return speech(audio, "audio")
+    return INPUTS.speech(audio, "audio")
 
 
 @register.register_method(output_names=["embedding"])

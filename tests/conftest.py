@@ -191,10 +191,10 @@ def vqa_package(trained_run, tmp_path_factory):
     """(config, package folder) of the small trained model: vqa, image_embed, text_embed, audio_embed, and
     their lite2/ versions at static batch 1 with the device assets (tests/lite uses the same package)."""
     from mindvl.export.package import write_package
-    from mindvl.export.source import load_source
+    from mindvl.models import load_model
 
     _, result = trained_run
-    cfg, model, record = load_source(result.output_dir)
+    cfg, model, record = load_model(result.output_dir)
     return cfg, write_package(cfg, model, tmp_path_factory.mktemp("serving_pkg") / "vqa", record, progress=False,
                               lite2_batch=1)
 

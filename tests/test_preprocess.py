@@ -175,3 +175,39 @@ def test_loading_a_missing_or_broken_tokenizer_says_what_to_do(tmp_path):
     (tmp_path / "broken.json").write_text("{not json")
     with pytest.raises(P.InputError, match="not a valid tokenizer.json"):
         P.TextTokenizer.load(tmp_path / "broken.json")
+
+
+# ----------------------------------------------------------------------------- a request's graph inputs
+
+def test_request_inputs_turn_a_typed_or_spoken_question_into_the_graph_rows(png_bytes):
+    """The stages the servable and the device pipeline share: shapes, dtypes, flags and zeros for what is
+    not asked, and the answer from the vqa outputs."""
+    tokenizer = P.build_word_tokenizer(TEXTS)
+    calls = []
+    inputs = P.RequestInputs(TINY, lambda: calls.append(1) or tokenizer)  # the servable's lazy tokenizer
+    assert inputs.pixels(png_bytes).shape == (3, TINY.image_size, TINY.image_size)
+    ids, mask, use_text = inputs.question_input("what color is the shape?")
+    assert ids.dtype == np.int32 and mask.dtype == np.float32 and use_text == 1 and mask.sum() == 8
+    ids, mask, use_text = inputs.question_input("  ")
+    assert use_text == 0 and not ids.any() and not mask.any() and ids.shape == (TINY.max_text_length,)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, tone(1.0, sample_rate=TINY.sample_rate), TINY.sample_rate, format="WAV")
+    mel, frames, use_audio = inputs.audio_input(buffer.getvalue())
+    assert mel.shape == (TINY.n_mels, TINY.max_audio_frames) and use_audio == 1 and 0 < frames.sum() < frames.size
+    mel, frames, use_audio = inputs.audio_input(b"")
+    assert use_audio == 0 and not mel.any() and not frames.any()
+    logits = np.array([0.0, 2.0, 1.0], np.float32)
+    answer, confidence, text = inputs.vqa_answer(logits, tokenizer.encode_answer("circle", 4), ["a", "b", "c"])
+    assert answer == "b" and text == "circle" and confidence.dtype == np.float32
+    assert abs(float(confidence) - np.exp(2) / np.exp([0.0, 2.0, 1.0]).sum()) < 1e-7
+    assert calls  # the tokenizer function was asked, not captured at construction
+
+
+@pytest.mark.parametrize("question, audio, message", [
+    ("", b"", "item 2: predict: question and audio are both empty"),
+    (3, b"", "item 2: question: expected str"),
+    ("what?", "a.wav", "item 2: audio: expected bytes"),
+])
+def test_request_inputs_refuse_a_question_that_is_not_asked_or_not_typed_right(question, audio, message):
+    with pytest.raises(P.InputError, match=message):
+        P.RequestInputs.check_asked(question, audio, "item 2: ")

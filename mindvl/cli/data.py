@@ -18,7 +18,11 @@ def _data_build(args) -> None:
         if value is not None:
             setattr(section, key, value)
     cfg.validate()
-    report = build_dataset(cfg, limit=args.limit, force=args.force)
+    scorer = None
+    if cfg.data.cleaning.align_checkpoint:  # the data layer loads no model: the scorer is handed over
+        from mindvl.eval.alignment import AlignmentScorer
+        scorer = AlignmentScorer(cfg.data.cleaning.align_checkpoint)
+    report = build_dataset(cfg, limit=args.limit, force=args.force, scorer=scorer)
     print(json.dumps(asdict(report), indent=2, default=str) if args.json else report.summary())
 
 

@@ -4,8 +4,9 @@ import json
 
 
 def _eval(args) -> None:
-    from mindvl.eval import evaluate, load_trained
-    cfg, model = load_trained(args.run, args.data_root)
+    from mindvl.eval import evaluate
+    from mindvl.models import load_model
+    cfg, model, _ = load_model(args.run, data_root=args.data_root)
     print(json.dumps(evaluate(cfg, model), indent=2))
 
 

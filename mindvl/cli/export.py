@@ -31,8 +31,8 @@ def _export(args) -> None:
         raise ConfigError("mindvl export: pass --checkpoint CKPT --out PKG, or a subcommand (verify, evaluate, "
                           "compare, quantize, prune, distill, onnx)")
     from mindvl.export.pipeline import package_and_check
-    from mindvl.export.source import load_source
-    cfg, model, source = load_source(args.checkpoint, args.config, args.overrides, args.data_root)
+    from mindvl.models import load_model
+    cfg, model, source = load_model(args.checkpoint, args.config, args.overrides, args.data_root)
     _print_export(package_and_check(cfg, model, source, args.out, _package_options(args, args.evaluate)), args.json)
 
 
@@ -56,8 +56,8 @@ def _export_compare(args) -> None:
 def _export_quantize(args) -> None:
     from mindvl.export.pipeline import package_and_check
     from mindvl.export.quantize import quantize_int8
-    from mindvl.export.source import load_source
-    cfg, model, source = load_source(args.checkpoint, args.config, args.overrides, args.data_root)
+    from mindvl.models import load_model
+    cfg, model, source = load_model(args.checkpoint, args.config, args.overrides, args.data_root)
     report = quantize_int8(model)
     result = package_and_check(cfg, model, source, args.out, _package_options(args, not args.no_eval),
                                {"method": "int8-weight-only", **report})
@@ -66,15 +66,15 @@ def _export_quantize(args) -> None:
 
 def _export_prune(args) -> None:
     from mindvl.export.pipeline import package_and_check
-    from mindvl.export.prune import RECORD_FILE, prune_and_finetune
-    from mindvl.export.source import load_source
+    from mindvl.train.prune import RECORD_FILE, prune_and_finetune
+    from mindvl.models import load_model
     run_dir = Path(args.run_dir or f"{args.out}.run")
     if (run_dir / RECORD_FILE).is_file():  # written once the fine-tune completed: package it again
         print(f"{run_dir}: pruned and fine-tuned already ({RECORD_FILE}); packaging it")
         record = json.loads((run_dir / RECORD_FILE).read_text())
     else:
         record = prune_and_finetune(args.checkpoint, run_dir, args.keep_heads, args.keep_mlp, args.steps)
-    cfg, model, source = load_source(str(run_dir), data_root=args.data_root)
+    cfg, model, source = load_model(str(run_dir), data_root=args.data_root)
     result = package_and_check(cfg, model, source, args.out, _package_options(args, not args.no_eval),
                                {"method": "pruned", "run": str(run_dir), "settings": record["settings"],
                                 "parameters": record["parameters"]})
@@ -82,9 +82,9 @@ def _export_prune(args) -> None:
 
 
 def _export_distill(args) -> None:
-    from mindvl.export.package import parameter_count
+    from mindvl.cells import count_cell_parameters
     from mindvl.export.pipeline import package_and_check
-    from mindvl.export.source import load_source
+    from mindvl.models import load_model
     from mindvl.train import train
     overrides = [*args.overrides, f"train.distill.teacher={args.teacher}"]
     if args.run_dir:
@@ -95,9 +95,9 @@ def _export_distill(args) -> None:
         print(f"{run_dir}: the student's training is complete; packaging it")
     else:
         train(student, resume="auto")
-    cfg, model, source = load_source(str(run_dir), data_root=args.data_root)
-    _, teacher_model, teacher = load_source(args.teacher)
-    compression = {"method": "distilled", "teacher": teacher, "teacher_parameters": parameter_count(teacher_model),
+    cfg, model, source = load_model(str(run_dir), data_root=args.data_root)
+    _, teacher_model, teacher = load_model(args.teacher)
+    compression = {"method": "distilled", "teacher": teacher, "teacher_parameters": count_cell_parameters(teacher_model),
                    "student_config": args.config}
     _print_export(package_and_check(cfg, model, source, args.out, _package_options(args, not args.no_eval),
                                     compression), args.json)
@@ -105,8 +105,8 @@ def _export_distill(args) -> None:
 
 def _export_onnx(args) -> int:
     from mindvl.export.onnx import export_onnx
-    from mindvl.export.source import load_source
-    cfg, model, _ = load_source(args.checkpoint, args.config, args.overrides, args.data_root)
+    from mindvl.models import load_model
+    cfg, model, _ = load_model(args.checkpoint, args.config, args.overrides, args.data_root)
     report = export_onnx(cfg, model, args.out, args.graph, args.batch)
     print(json.dumps(report, indent=2) if args.json else report["summary"])
     return 0 if report["ok"] else 1

@@ -85,7 +85,8 @@ def _ask(args) -> None:
 def _calibrate(args) -> None:
     from pathlib import Path
 
-    from mindvl.lite.calibrate import CALIBRATION_FILE, calibrate, format_report
+    from mindvl.export.calibrate import calibrate, format_report
+    from mindvl.lite.calibration import CALIBRATION_FILE
 
     calibration = calibrate(args.package, args.data, split=args.split, modality=args.modality,
                             target_cloud_rate=args.target_cloud_rate, target_accuracy=args.target_accuracy,
@@ -101,7 +102,8 @@ def _calibrate(args) -> None:
 
 
 def _resolution(args) -> None:
-    from mindvl.lite.resolution import DEFAULT_VIEWS, format_resolution, resolution_report
+    from mindvl.export.resolution import format_resolution, resolution_report
+    from mindvl.lite.resolution import DEFAULT_VIEWS
 
     views = [v.strip() for v in args.views.split(",") if v.strip()] if args.views else DEFAULT_VIEWS
     report = resolution_report(args.package, args.data, scale=args.scale, mode=args.mode, views=views,

@@ -25,14 +25,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _user_errors() -> tuple:
     """The exceptions whose message tells the user what to fix; imported only once one is raised (some of
     their modules import MindSpore, which `mindvl query` never needs)."""
-    from mindvl.data.loader import DataRootError
-    from mindvl.export.errors import PackageError
+    from mindvl.data.root import DataRootError
     from mindvl.lite.model import LiteError
+    from mindvl.model_package import PackageError
     from mindvl.preprocess import InputError
     from mindvl.pretrained import ConversionError
     from mindvl.serving.client import ServingError
     from mindvl.serving.register import ServableError
-    from mindvl.train.checkpoint import CheckpointError
+    from mindvl.runs import CheckpointError
     return ConfigError, InputError, CheckpointError, DataRootError, ConversionError, PackageError, ServingError, \
         ServableError, LiteError
 

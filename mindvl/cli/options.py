@@ -24,7 +24,7 @@ def add_key_args(parser: argparse.ArgumentParser, title: str = "encryption (AES-
 
 def package_key(args) -> Optional[bytes]:
     """The key --key-file or --key-env names, or None."""
-    from mindvl.export.keys import read_key
+    from mindvl.model_package import read_key
     return read_key(args.key_file, args.key_env)
 
 

@@ -47,7 +47,7 @@ def hardware_from_args(args) -> Hardware:
 
 def plan_command(args) -> int:
     from mindvl.parallel.planner import plan, search
-    from mindvl.parallel.strategy import load_strategy
+    from mindvl.parallel.strategy import create_strategy
 
     cfg = load_config(args.config, args.overrides)
     hardware = hardware_from_args(args)
@@ -69,7 +69,7 @@ def plan_command(args) -> int:
         return 0
     if not args.strategy:
         raise ConfigError("--strategy: name a strategy (parallel_configs/) or use --search --devices N")
-    strategy = load_strategy(args.strategy)
+    strategy = create_strategy(args.strategy)
     if args.dryrun:
         from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""Data: building the data set (`build`), reading it (`loader`), and the sources behind it.
+"""Data: building the data set (`build`), reading it (`loader`, `stream`), and the sources behind it.
 
 `create_dataset` is imported lazily so that `import mindvl.data` stays cheap (no mindspore import).
 """
@@ -7,10 +7,14 @@ __all__ = ["create_dataset", "build_dataset", "load_meta", "load_tokenizer", "CO
 
 
 def __getattr__(name):
-    if name in ("create_dataset", "load_meta", "load_tokenizer", "COLUMNS"):
+    if name in ("create_dataset", "COLUMNS"):
         from mindvl.data import loader
 
         return getattr(loader, name)
+    if name in ("load_meta", "load_tokenizer"):
+        from mindvl.data import root
+
+        return getattr(root, name)
     if name == "build_dataset":
         from mindvl.data.build import build_dataset
 

@@ -41,103 +41,35 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections import Counter, defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Dict, List, Optional, Protocol, Sequence, Set, Tuple, Union
 
 import numpy as np
 from tqdm import tqdm
 
-import mindvl
 from mindvl import preprocess as P
 from mindvl.config import CleaningConfig, Config, ConfigError
 from mindvl.data import cleaning, easyvqa, records, speech, userdata
+from mindvl.data.card import write_card
 from mindvl.data.cleaning import Drop, Quarantine
+from mindvl.data.report import SKIP_REASONS, BuildReport
+from mindvl.data.resume import ResumeUnit, plan_digest
+from mindvl.data.root import (FORMAT_VERSION, PARTIAL_STATE, check_replaceable, is_complete, open_partial, read_report,
+                              remove)
 from mindvl.data.source import SPLITS, Source, SourceSplit
+from mindvl.files import sha256_file, swap_folder
 
-FORMAT_VERSION = 2
-# files every complete root holds; the split tables are listed in meta.json "tables" (see is_complete)
-DATA_FILES = ("tokenizer.json", "meta.json", "card.json", "report.json", "quarantine.jsonl",
-              "speech.mindrecord", "speech.mindrecord.db")
-SKIP_REASONS = tuple(cleaning.REASONS)
 USER_VOICE = "user"
-ESPEAK_LICENCE = {"name": "espeak-ng voices (espeakng-loader)", "license": "GPL-3.0-or-later",
-                  "url": "https://github.com/espeak-ng/espeak-ng", "content": "synthesised spoken questions"}
-_PARTIAL_STATE = (".done", ".lock", ".settings.json")  # bookkeeping of a partial build, removed at the end
 
 
-@dataclass
-class BuildReport:
-    """What a build produced and dropped; also written as `<root>/report.json`."""
+class AlignmentScore(Protocol):
+    """What the alignment filter needs of a model: cosine similarity of images[i] with captions[i]."""
 
-    root: str
-    settings: Dict = field(default_factory=dict)
-    counts: Dict[str, Dict[str, int]] = field(default_factory=dict)  # split -> {"images", "examples", ...}
-    skips: Dict[str, int] = field(default_factory=dict)  # reason -> items dropped (units: cleaning.REASONS)
-    skips_by_split: Dict[str, Dict[str, int]] = field(default_factory=dict)  # split -> reason -> count (non-zero)
-    voices: Dict[str, List[str]] = field(default_factory=dict)  # split -> voices used
-    rates: Dict[str, List[int]] = field(default_factory=dict)  # split -> speech rates used (words/minute)
-    quarantined: List[str] = field(default_factory=list)  # copies under quarantine/
-    resampled: List[Dict] = field(default_factory=list)  # user clips at another rate: split, source, from, to
-    alignment: Dict[str, Any] = field(default_factory=dict)  # scorer, threshold, score quantiles, dropped
-    resumed: List[str] = field(default_factory=list)  # units reused from an interrupted build
-    seconds: Dict[str, float] = field(default_factory=dict)  # stage -> wall seconds, and "total"
-    already_built: bool = False
-
-    def to_dict(self) -> Dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Dict) -> "BuildReport":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-    def summary(self) -> str:
-        """A table of what each split kept and dropped (by reason, with the unit each reason counts)."""
-        head = f"data root {self.root}" + (" (already built)" if self.already_built else "")
-        if self.seconds.get("total"):
-            head += f", built in {self.seconds['total']:.1f} s"
-        rows: List[Tuple[str, List[Any]]] = []
-
-        def row(label: str, key: str) -> None:
-            rows.append((label, [self.counts.get(split, {}).get(key, 0) for split in SPLITS]))
-
-        row("source images", "images")
-        row("source examples", "source_examples")
-        row("kept images", "images_used")
-        row("kept examples", "examples")
-        row("kept questions", "questions")
-        row("kept captions", "captions")
-        row("kept clips", "clips")
-        row("shards", "shards")
-        dropped = [reason for reason in SKIP_REASONS if self.skips.get(reason)]
-        if dropped:
-            rows.append(("dropped:", []))
-            for reason in dropped:
-                rows.append((f"  {reason} ({cleaning.REASONS[reason][0]}s)",
-                             [self.skips_by_split.get(split, {}).get(reason, 0) for split in SPLITS]))
-        width = max(len(label) for label, _ in rows)
-        lines = [head, f"  {'':{width}}" + "".join(f"{split:>10}" for split in SPLITS)]
-        lines += [(f"  {label:{width}}" + "".join(f"{v:>10}" for v in values)).rstrip() for label, values in rows]
-        if not dropped:
-            lines.append("  dropped: nothing")
-        lines.append(f"  voices: train {self.voices.get('train')} at {self.rates.get('train')} wpm, "
-                     f"test {self.voices.get('test')} at {self.rates.get('test')} wpm")
-        if self.resampled:
-            rates = sorted({r["from"] for r in self.resampled})
-            lines.append(f"  resampled {len(self.resampled)} user clip(s) from {rates} Hz")
-        if self.alignment:
-            lines.append(f"  alignment: {self.alignment}")
-        if self.resumed:
-            lines.append(f"  resumed: reused {len(self.resumed)} finished unit(s) of an interrupted build")
-        dropped_total = sum(self.skips.values())
-        lines.append(f"  quarantine.jsonl: {dropped_total} record(s)"
-                     + (f"; {len(self.quarantined)} file(s) copied to quarantine/" if self.quarantined else ""))
-        return "\n".join(lines)
+    def score(self, images: Sequence[bytes], captions: Sequence[str]) -> np.ndarray: ...
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -165,54 +97,39 @@ def _tokenizer_file(cfg: Config) -> Path:
     return path / "tokenizer.json" if path.is_dir() else path
 
 
-def is_complete(root: Union[str, Path]) -> bool:
-    """True when `root` holds every file a finished build writes (DATA_FILES and every table in meta.json)."""
-    root = Path(root)
-    if not all((root / name).is_file() for name in DATA_FILES):
-        return False
-    try:
-        tables = json.loads((root / "meta.json").read_text())["tables"]
-        names = [name for split in SPLITS for name in tables[split]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return all((root / name).is_file() and (root / f"{name}.db").is_file() for name in names)
-
-
-def read_report(root: Union[str, Path]) -> Optional[BuildReport]:
-    path = Path(root) / "report.json"
-    try:
-        return BuildReport.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
-
-
 def rates_for_test_voices(rates: List[int]) -> List[int]:
     """Test voices speak at the middle rate only: new speakers are the point, not new speeds."""
     ordered = sorted(int(r) for r in rates)
     return [ordered[len(ordered) // 2]]
 
 
-def load_source(cfg: Config, limit: int) -> Source:
+def read_source(cfg: Config, limit: int) -> Source:
     """The source data.source names: "easy-vqa" or a user folder."""
     if cfg.data.source == "easy-vqa":
-        return easyvqa.load_source(limit)
-    return userdata.load_source(cfg.data.source, limit)
+        return easyvqa.read_source(limit)
+    return userdata.read_source(cfg.data.source, limit)
 
 
 def build_dataset(cfg: Config, root: Union[str, Path, None] = None, limit: Optional[int] = None,
-                  progress: bool = True, force: bool = False) -> BuildReport:
+                  progress: bool = True, force: bool = False, scorer: Optional[AlignmentScore] = None) -> BuildReport:
     """Build the data root `root` (default cfg.data.root) from cfg.data.source; see the module docstring.
 
     `limit`: at most this many source images per split (default cfg.data.limit; 0: all), keeping every
     question of the kept images. Raises ConfigError for settings a user must fix (unknown voice, a root
     that is not a data set, a missing source folder, an unloadable alignment checkpoint), never for data.
+    `scorer`: required when data.cleaning.align_checkpoint is set, the model that scores image-caption pairs
+    (`mindvl.eval.alignment.AlignmentScorer(checkpoint)`, as `mindvl data build` passes): the data layer
+    loads no model itself.
     """
     started = time.perf_counter()
     root = Path(root if root is not None else cfg.data.root)
     limit = cfg.data.limit if limit is None else int(limit)
     if limit < 0:
         raise ConfigError(f"data.limit: expected >= 0 (0 means all), got {limit}")
-    source = load_source(cfg, limit)
+    if cfg.data.cleaning.align_checkpoint and scorer is None:
+        raise ConfigError("data.cleaning.align_checkpoint: set, but build_dataset got no scorer; pass "
+                          "scorer=mindvl.eval.alignment.AlignmentScorer(checkpoint) (mindvl data build does)")
+    source = read_source(cfg, limit)
     source_seconds = round(time.perf_counter() - started, 2)
     settings = build_settings(cfg, limit, source)
     if not force and is_complete(root):
@@ -222,22 +139,22 @@ def build_dataset(cfg: Config, root: Union[str, Path, None] = None, limit: Optio
             previous.root = str(root)
             return previous
     _check_voices(cfg)
-    _check_replaceable(root)
+    check_replaceable(root)
 
     root.parent.mkdir(parents=True, exist_ok=True)
-    work = _open_partial(root, settings, force)
+    work = open_partial(root, settings, force)
     try:
         report = BuildReport(root=str(root), settings=settings)
         report.seconds["sources"] = source_seconds
-        _build_into(work, cfg, source, report, progress)
+        _build_into(work, cfg, source, report, progress, scorer)
         report.seconds["total"] = round(time.perf_counter() - started, 2)
         (work / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
-        _write_card(work, cfg, source, report)
-        for name in _PARTIAL_STATE:
-            _remove(work / name)
-        _swap_into_place(work, root)
+        write_card(work, cfg, source, report)
+        for name in PARTIAL_STATE:
+            remove(work / name)
+        swap_folder(work, root)
     finally:
-        _remove(work / ".lock")  # an interrupted build keeps its finished units for the next run
+        remove(work / ".lock")  # an interrupted build keeps its finished units for the next run
     return report
 
 
@@ -266,7 +183,8 @@ class _Image:
     caption: Optional[str] = None  # the image's caption (given or derived)
 
 
-def _build_into(work: Path, cfg: Config, source: Source, report: BuildReport, progress: bool) -> None:
+def _build_into(work: Path, cfg: Config, source: Source, report: BuildReport, progress: bool,
+                scorer: Optional[AlignmentScore]) -> None:
     pre, clean = cfg.preprocess, cfg.data.cleaning
     quarantine = Quarantine()
     quarantine.extend(source.drops)
@@ -291,7 +209,7 @@ def _build_into(work: Path, cfg: Config, source: Source, report: BuildReport, pr
         _deduplicate(images, clean, quarantine, near=True)
     if clean.align_checkpoint:
         with _stage(report.seconds, "alignment"):
-            _align(images, clean, report, quarantine)
+            _align(images, clean, report, quarantine, scorer)
 
     # 3. clips: user recordings, then espeak-ng for every used question still without a clip
     with _stage(report.seconds, "speech"):
@@ -522,9 +440,8 @@ def _near_match(image: _Image, images: Dict[str, Dict[int, _Image]], index: clea
 
 
 def _align(images: Dict[str, Dict[int, _Image]], clean: CleaningConfig, report: BuildReport,
-           quarantine: Quarantine) -> None:
+           quarantine: Quarantine, scorer: AlignmentScore) -> None:
     """Score every (image, caption) pair with a trained run; drop the rows of pairs below the threshold."""
-    scorer = cleaning.AlignmentScorer(clean.align_checkpoint)
     pairs = [(split, image_id, caption) for split in SPLITS for image_id in sorted(images[split])
              for caption in dict.fromkeys(row.caption for row in images[split][image_id].rows)]
     scores = scorer.score([images[s][i].data for s, i, _ in pairs], [c for _, _, c in pairs])
@@ -569,7 +486,7 @@ def _speech_unit(work: Path, cfg: Config, final: Dict[str, List[Tuple[_Image, _R
                  quarantine: Quarantine, report: BuildReport, progress: bool) -> List[Tuple[int, str, int, str]]:
     """Write speech.mindrecord (or reuse it from an interrupted build); returns (qid, voice, rate, split) per clip."""
     plan = _speech_plan(cfg, final, question_ids)
-    unit = _Unit(work, "speech", _digest(plan), [records.SPEECH_TABLE])
+    unit = ResumeUnit(work, "speech", plan_digest(plan), [records.SPEECH_TABLE])
     done = unit.finished()
     if done is None:
         rows, drops, resampled = _make_clips(work, cfg, plan, progress)
@@ -675,7 +592,7 @@ def _write_shards(work: Path, split: str, table: List[Tuple[_Image, _Row]], shar
         ids = [(i, table[i][0].image_id, question_ids[table[i][1].question], caption_ids[table[i][1].caption],
                 answer_ids[table[i][1].answer]) for i in span]
         plan = {"rows": [(*row, table[i][0].sha256) for row, i in zip(ids, span)]}
-        unit = _Unit(work, name, _digest(plan), [name])
+        unit = ResumeUnit(work, name, plan_digest(plan), [name])
         if unit.finished() is not None:
             report.resumed.append(name)
             bar.update(len(span))
@@ -693,77 +610,14 @@ def _write_shards(work: Path, split: str, table: List[Tuple[_Image, _Row]], shar
     return names
 
 
-class _Unit:
-    """A resumable piece of the build: its files plus a done marker (.done/<name>.json) that records the
-    digest of the plan it was written from and the sha256 of every file."""
-
-    def __init__(self, work: Path, name: str, plan_digest: str, tables: List[str]) -> None:
-        self.work, self.name, self.plan = work, name, plan_digest
-        self.files = [f for table in tables for f in (table, f"{table}.db")]
-        self.marker = work / ".done" / f"{name}.json"
-
-    def finished(self) -> Optional[Dict]:
-        """The marker, if this unit was finished from the same plan and its files are intact; else None."""
-        try:
-            done = json.loads(self.marker.read_text())
-            if done["plan"] == self.plan and all(records.file_sha256(self.work / f) == done["files"][f]
-                                                 for f in self.files):
-                return done
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-        return None
-
-    def finish(self, rows: int, payload: Dict) -> Dict:
-        done = {"unit": self.name, "plan": self.plan, "rows": rows, "payload": payload,
-                "files": {f: records.file_sha256(self.work / f) for f in self.files}}
-        self.marker.parent.mkdir(exist_ok=True)
-        tmp = self.marker.with_suffix(".tmp")
-        tmp.write_text(json.dumps(done))
-        os.replace(tmp, self.marker)
-        return done
-
-
-def _digest(plan: Any) -> str:
-    return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()
-
-
 def _file_digest(path: str) -> str:
     try:
-        return records.file_sha256(path)
+        return sha256_file(path)
     except OSError:
         return "missing"
 
 
-# ----------------------------------------------------------------------------- the dataset card
-
-def _write_card(work: Path, cfg: Config, source: Source, report: BuildReport) -> None:
-    """card.json: what the data set is, where it came from under which licence, and a sha256 per file."""
-    files = {}
-    for path in sorted(p for p in work.rglob("*") if p.is_file()):
-        rel = path.relative_to(work).as_posix()
-        if rel.split("/")[0] in _PARTIAL_STATE or rel == "card.json":
-            continue
-        files[rel] = {"sha256": records.file_sha256(path), "bytes": path.stat().st_size}
-    sources = [*source.licences, {**ESPEAK_LICENCE, "voices": report.voices, "rates_wpm": report.rates}]
-    card = {
-        "name": f"mindvl data set from {source.name}",
-        "format": FORMAT_VERSION,
-        "mindvl_version": mindvl.__version__,
-        "sources": sources,
-        "counts": {split: {k: report.counts[split][k] for k in ("examples", "images_used", "questions", "captions",
-                                                                  "clips", "shards")} for split in SPLITS},
-        "speech_clips": report.counts["speech"],
-        "dropped": report.skips_by_split,
-        "cleaning": dataclasses.asdict(cfg.data.cleaning),
-        "preprocess": P.preprocess_dict(cfg.preprocess),
-        "limit": report.settings.get("limit", 0),
-        "build_seconds": report.seconds.get("total"),
-        "files": files,
-    }
-    (work / "card.json").write_text(json.dumps(card, indent=2, ensure_ascii=False))
-
-
-# ----------------------------------------------------------------------------- safety around the root
+# ----------------------------------------------------------------------------- helpers
 
 def _check_voices(cfg: Config) -> None:
     for key in ("train_voices", "test_voices"):
@@ -772,73 +626,6 @@ def _check_voices(cfg: Config) -> None:
                 speech.check_voice(voice)
             except speech.SpeechError as exc:
                 raise ConfigError(f"data.{key}[{i}]: {exc}") from exc
-
-
-def _check_replaceable(root: Path) -> None:
-    """Refuse to replace a folder that is not a (possibly partial) mindvl data root."""
-    if root.exists() and not root.is_dir():
-        raise ConfigError(f"data.root: {root} exists and is not a folder; choose another data.root")
-    if root.is_dir() and any(root.iterdir()) and not any((root / name).exists()
-                                                         for name in ("report.json", "meta.json")):
-        raise ConfigError(f"data.root: {root} is a non-empty folder that is not a mindvl data set; "
-                          f"choose another data.root or empty it")
-
-
-def partial_folder(root: Union[str, Path]) -> Path:
-    """Where a build of `root` works until it renames the finished folder into place."""
-    root = Path(root)
-    return root.parent / f".{root.name}.partial"
-
-
-def _open_partial(root: Path, settings: Dict, force: bool) -> Path:
-    """The partial folder, kept when an interrupted build with the same settings left it, else fresh."""
-    work = partial_folder(root)
-    lock = work / ".lock"
-    if _alive_other(lock):
-        raise ConfigError(f"data.root: another build (pid {lock.read_text()}) is writing {work}; "
-                          f"wait for it or stop it")
-    try:
-        same = json.loads((work / ".settings.json").read_text()) == json.loads(json.dumps(settings))
-    except (OSError, ValueError):
-        same = False
-    if force or not same:
-        shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(exist_ok=True)
-    lock.write_text(str(os.getpid()))
-    (work / ".settings.json").write_text(json.dumps(settings, indent=2))
-    return work
-
-
-def _alive_other(lock: Path) -> bool:
-    """True when `lock` names a running process other than this one."""
-    try:
-        pid = int(lock.read_text())
-        if pid == os.getpid():
-            return False
-        os.kill(pid, 0)
-    except PermissionError:
-        return True  # it exists, under another user
-    except (OSError, ValueError):
-        return False
-    return True
-
-
-def _swap_into_place(work: Path, root: Path) -> None:
-    old = None
-    if root.exists():
-        old = root.parent / f".{root.name}.old-{os.getpid()}"
-        shutil.rmtree(old, ignore_errors=True)
-        root.rename(old)
-    work.rename(root)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists():
-        path.unlink()
 
 
 def _quarantine_copy(work: Path, name: str, data: bytes) -> str:

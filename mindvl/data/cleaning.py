@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -427,54 +427,3 @@ def clean_text(text: str, field: str, max_tokens: int, min_words: int, cfg: Clea
 def vocabulary_text(text: str) -> str:
     """`text` without [UNK] markers: what the tokenizer's vocabulary is trained on."""
     return text.replace(P.UNK, " ")
-
-
-# ----------------------------------------------------------------------------- image <-> caption alignment
-
-class AlignmentScorer:
-    """Cosine similarity of (image, caption) pairs under a trained mindvl run's contrastive heads.
-
-    `checkpoint`: a run folder, a checkpoint folder or a model.safetensors (`mindvl.eval.load_trained`).
-    Images are decoded with the run's preprocess settings and captions tokenised with the tokenizer the
-    run trained with (its data root's tokenizer.json), so the scores are the ones the run would give.
-    """
-
-    def __init__(self, checkpoint: str, batch_size: int = 64) -> None:
-        from mindvl.cells import ImageEmbedNet, TextEmbedNet
-        from mindvl.config import ConfigError
-        from mindvl.eval.evaluate import load_trained
-
-        try:
-            self.cfg, model = load_trained(checkpoint)
-        except (OSError, ValueError, RuntimeError) as exc:  # CheckpointError is a RuntimeError
-            raise ConfigError(f"data.cleaning.align_checkpoint: cannot load {checkpoint!r} ({exc})") from exc
-        path = Path(self.cfg.data.root) / "tokenizer.json"
-        if not path.is_file():
-            raise ConfigError(f"data.cleaning.align_checkpoint: the run's tokenizer {path} is missing; the scorer "
-                              f"needs the data root the run trained on")
-        self.tokenizer = P.TextTokenizer.load(path)
-        self.image_net, self.text_net = ImageEmbedNet(model), TextEmbedNet(model)
-        self.batch_size = batch_size
-
-    def _embed(self, net, arrays: Sequence[np.ndarray]) -> np.ndarray:
-        import mindspore as ms
-
-        out = []
-        for start in range(0, len(arrays[0]), self.batch_size):
-            out.append(net(*[ms.Tensor(a[start:start + self.batch_size]) for a in arrays]).asnumpy())
-        emb = np.concatenate(out).astype(np.float64)
-        return emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-
-    def score(self, images: Sequence[bytes], captions: Sequence[str]) -> np.ndarray:
-        """(N,) cosine similarities of images[i] with captions[i]."""
-        if not len(images):
-            return np.zeros(0)
-        pre = self.cfg.preprocess
-        pixels = np.stack([P.decode_image(data, pre, name=f"alignment image {i}") for i, data in enumerate(images)])
-        distinct = sorted(set(captions))
-        encoded = [self.tokenizer.encode(c, pre.max_text_length, name="caption") for c in distinct]
-        text = self._embed(self.text_net, [np.stack([e[0] for e in encoded]), np.stack([e[1] for e in encoded])])
-        index = {c: i for i, c in enumerate(distinct)}
-        image = self._embed(self.image_net, [pixels.astype(np.float32)])
-        return np.einsum("nd,nd->n", image, text[[index[c] for c in captions]])
-

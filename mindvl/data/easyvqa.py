@@ -55,7 +55,7 @@ def load_split(split: str, limit: int = 0) -> SourceSplit:
                        image_refs={i: f"easy-vqa {split} image {i}" for i in kept})
 
 
-def load_source(limit: int = 0) -> Source:
+def read_source(limit: int = 0) -> Source:
     """Both splits (see `load_split`), the question and answer lists, and the licence for card.json."""
     splits = {split: load_split(split, limit) for split in SPLITS}
     for split in splits.values():

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Union
 
-from mindvl.data.loader import load_meta
+from mindvl.data.root import load_meta
 from mindvl.data.records import SPEECH_TABLE, read_split, read_table
 
 

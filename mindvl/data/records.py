@@ -15,7 +15,6 @@ Given the same rows, the writer produces byte-identical files (no timestamps or 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Dict, Iterable, List, Union
@@ -121,11 +120,3 @@ def read_split(root: Union[str, Path], split: str, columns: List[str] = None) ->
     for path in table_files(root, split):
         rows.extend(read_table(path, columns))
     return rows
-
-
-def file_sha256(path: Union[str, Path], block: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(block), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

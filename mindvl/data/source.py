@@ -1,7 +1,7 @@
 """What a data source hands `mindvl data build`: per split, one row per (image, question) and the images.
 
-Two sources exist: easy-VQA (`mindvl.data.easyvqa.load_source`) and a user folder
-(`mindvl.data.userdata.load_source`). Texts arrive raw; the build normalises and checks them.
+Two sources exist: easy-VQA (`mindvl.data.easyvqa.read_source`) and a user folder
+(`mindvl.data.userdata.read_source`). Texts arrive raw; the build normalises and checks them.
 """
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ OPTIONAL = ("caption", "audio")
 LICENCE = "user-provided"
 
 
-def load_source(folder: Union[str, Path], limit: int = 0) -> Source:
+def read_source(folder: Union[str, Path], limit: int = 0) -> Source:
     """Read DIR/train.jsonl and DIR/test.jsonl; `limit` > 0 keeps each split's first `limit` images."""
     folder = Path(folder).expanduser().resolve()
     if not folder.is_dir():

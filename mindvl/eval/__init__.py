@@ -1,4 +1,4 @@
-"""Evaluation: VQA accuracy per question modality and cross-modal retrieval."""
-from mindvl.eval.evaluate import evaluate, load_trained
+"""Evaluation: VQA accuracy per question modality and cross-modal retrieval of a built model."""
+from mindvl.eval.evaluate import evaluate
 
-__all__ = ["evaluate", "load_trained"]
+__all__ = ["evaluate"]

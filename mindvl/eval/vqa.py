@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from mindvl.config import Config
 from mindvl.data import create_dataset, load_meta, load_tokenizer
-from mindvl.data.loader import split_rows
+from mindvl.data.splits import split_rows
 from mindvl.data.records import read_split
 
 ANSWER_KINDS = {"yes": "yes/no", "no": "yes/no", "circle": "shape", "rectangle": "shape", "triangle": "shape"}

@@ -15,7 +15,7 @@ from typing import Dict, List
 
 from mindspore import nn, ops
 
-from mindvl.config import Config, ConfigError
+from mindvl.config import MODULES, STACKS, Config, ConfigError
 from mindvl.parallel.strategy import ParallelStrategy, pipeline_blocks, validate_strategy
 
 
@@ -79,7 +79,7 @@ def _embedding(embedding: nn.Cell, dp: int, mp: int, vocab_emb_dp: bool) -> None
 def encoder_blocks(model: nn.Cell) -> Dict[str, nn.Cell]:
     """{"vision.0": block, ...} in pipeline order (strategy.pipeline_blocks)."""
     blocks = {}
-    for module in ("vision", "text", "audio", "fusion"):
+    for module in STACKS:
         for index, block in enumerate(getattr(model, module).encoder.blocks):
             blocks[f"{module}.{index}"] = block
     return blocks
@@ -97,7 +97,7 @@ def stage_of_blocks(cfg: Config, strategy: ParallelStrategy) -> List[int]:
 def apply_strategy(model: nn.Cell, cfg: Config, strategy: ParallelStrategy) -> Dict[str, int]:
     """Set the strategy's shards, pipeline stages and recompute on `model` (a MultimodalModel) ->
     {block: stage}. Only cell attributes change; the graph is compiled later (on Ascend)."""
-    for module in ("vision", "text", "audio", "fusion"):
+    for module in STACKS:
         split = strategy.module(module)
         for block in getattr(model, module).encoder.blocks:
             _block(block, split.data_parallel, split.model_parallel)
@@ -152,12 +152,12 @@ def dump_strategy(cfg: Config, strategy: ParallelStrategy) -> Dict[str, object]:
     """Build the model of `cfg` (shapes only) on this machine, apply `strategy` -> {"context": set_auto_parallel_context
     arguments, "stages": {block: stage}, "primitives": {cell path.attribute: in_strategy}} (what the
     Ascend compiler would receive)."""
-    from mindvl.cells import create_model as create_cells
+    from mindvl.cells import build_cells
     from mindvl.parallel.planner import planning_config
 
     cfg = planning_config(cfg)  # every shape known (vocabulary, converted encoders) without data or weights
     validate_strategy(strategy, cfg)
-    model = create_cells(cfg.model, cfg.preprocess)  # random weights: a strategy needs shapes, not values
+    model = build_cells(cfg.model, cfg.preprocess)  # random weights: a strategy needs shapes, not values
     stages = apply_strategy(model, cfg, strategy)
     primitives = {f"{path}.{attribute}" if path else attribute: [list(part) for part in value.attrs["in_strategy"]]
                   for path, cell in model.cells_and_names() for attribute, value in vars(cell).items()
@@ -174,12 +174,11 @@ def prepare_training(cfg: Config, model: nn.Cell, world: int) -> ParallelStrateg
     splits tensors or stages is refused with the reason."""
     import mindspore as ms
 
-    from mindvl.parallel.strategy import load_strategy
+    from mindvl.parallel.strategy import create_strategy
 
-    strategy = load_strategy(cfg.train.parallel)
-    validate_strategy(strategy, cfg, devices=world)
+    strategy = create_strategy(cfg.train.parallel, cfg, devices=world)
     ascend = ms.get_context("device_target") == "Ascend"
-    splits = [f"modules.{m}.model_parallel" for m in ("vision", "text", "audio", "fusion", "heads")
+    splits = [f"modules.{m}.model_parallel" for m in MODULES
               if strategy.module(m).model_parallel > 1 and getattr(strategy.modules, m).model_parallel]
     if strategy.model_parallel > 1:
         splits.insert(0, "model_parallel")
@@ -196,7 +195,7 @@ def prepare_training(cfg: Config, model: nn.Cell, world: int) -> ParallelStrateg
                               f"micro_batch_num is {strategy.micro_batch_num}; remove one of them")
         cfg.train.grad_accumulation = strategy.micro_batch_num
     if strategy.recompute_config.recompute:
-        for module in ("vision", "text", "audio", "fusion"):
+        for module in STACKS:
             getattr(cfg.train.modules, module).recompute = list(range(getattr(cfg.model, module).layers))
     if ascend and world > 1:
         ms.set_auto_parallel_context(**context_settings(strategy))

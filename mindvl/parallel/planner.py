@@ -37,13 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from mindvl.config import AudioConfig, Config, ConfigError, TextConfig, VisionConfig
+from mindvl.config import MODULES, STACKS, AudioConfig, Config, ConfigError, TextConfig, VisionConfig
 
 from .hardware import Hardware
 from .strategy import ParallelStrategy, RecomputeConfig, pipeline_blocks, validate_strategy
 
 ENCODERS = ("vision", "text", "audio")
-STACKS = ("vision", "text", "audio", "fusion")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 PARAM_BYTES = 4  # float32 master weights (train.precision keeps parameters float32)
 ADAM_STATES = 2  # AdamWeightDecay: moments1, moments2 (float32)
@@ -96,7 +95,7 @@ def planning_config(cfg: Config) -> Config:
 def _data_vocab(cfg: Config) -> int:
     """The built data set's vocabulary size, or 0 when it is not built."""
     from mindvl.data import load_tokenizer
-    from mindvl.data.loader import DataRootError
+    from mindvl.data.root import DataRootError
 
     try:
         return int(load_tokenizer(cfg.data.root).vocab_size)
@@ -189,7 +188,7 @@ class ModuleShape:
 def model_shapes(cfg: Config) -> Dict[str, ModuleShape]:
     """Every module's shape from a planning config (`planning_config`)."""
     m, pre = cfg.model, cfg.preprocess
-    frozen = {name: getattr(cfg.train.modules, name).frozen for name in ("vision", "text", "audio", "fusion", "heads")}
+    frozen = {name: getattr(cfg.train.modules, name).frozen for name in MODULES}
     for kind in ENCODERS:
         if getattr(m.pretrained, kind) and m.pretrained.freeze:
             frozen[kind] = True
@@ -246,11 +245,12 @@ def model_shapes(cfg: Config) -> Dict[str, ModuleShape]:
     return shapes
 
 
-def parameter_count(cfg: Config) -> int:
+def count_config_parameters(cfg: Config) -> int:
+    """Parameters the config builds, counted analytically (no cells: count_cell_parameters counts a built one)."""
     return sum(s.params for s in model_shapes(planning_config(cfg)).values())
 
 
-def trainable_parameter_count(cfg: Config) -> int:
+def count_config_trainable_parameters(cfg: Config) -> int:
     return sum(s.trainable_params for s in model_shapes(planning_config(cfg)).values())
 
 

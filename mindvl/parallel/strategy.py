@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Union
 
-from mindvl.config import Config, ConfigError, build_dataclass, read_yaml
+from mindvl.config import MODULES, STACKS, Config, ConfigError, build_dataclass, read_yaml
 
 STRATEGY_DIR = Path(__file__).resolve().parent.parent.parent / "parallel_configs"  # a source checkout
 PACKAGED_DIR = Path(__file__).resolve().parent.parent / "parallel_configs"  # an installed mindvl (setup.py)
-MODULES = ("vision", "text", "audio", "fusion", "heads")
 ASSIGNMENTS = ("balanced", "explicit")
 
 
@@ -103,12 +102,17 @@ def strategy_path(name_or_path: Union[str, Path]) -> Path:
                       f"{strategy_names()}")
 
 
-def load_strategy(name_or_path: Union[str, Path]) -> ParallelStrategy:
-    """Read a strategy YAML (unknown keys refused with the valid ones) and check its own consistency."""
+def create_strategy(name_or_path: Union[str, Path], cfg: Optional[Config] = None,
+                    devices: Optional[int] = None) -> ParallelStrategy:
+    """A strategy from its YAML (a shipped name or a path; unknown keys refused with the valid ones), checked
+    for its own consistency and, given `cfg` (and `devices`), against that model and device count: the
+    factory beside mindvl.models.create_model and mindvl.data.create_dataset."""
     path = strategy_path(name_or_path)
     strategy = build_dataclass(ParallelStrategy, read_yaml(path))
     strategy.name = strategy.name or path.stem
     check_strategy(strategy)
+    if cfg is not None:
+        validate_strategy(strategy, cfg, devices)
     return strategy
 
 
@@ -168,7 +172,7 @@ def check_strategy(strategy: ParallelStrategy, devices: Optional[int] = None) ->
 
 def pipeline_blocks(cfg: Config) -> List[str]:
     """The blocks a pipeline cuts, in order: each encoder's layers, then the fusion layers."""
-    return [f"{module}.{i}" for module in ("vision", "text", "audio", "fusion")
+    return [f"{module}.{i}" for module in STACKS
             for i in range(getattr(cfg.model, module).layers)]
 
 
@@ -177,7 +181,7 @@ def validate_strategy(strategy: ParallelStrategy, cfg: Config, devices: Optional
     global batch (cfg.data.batch_size) on `devices` (default: the strategy's own count)."""
     check_strategy(strategy, devices)
     s, model = strategy, cfg.model
-    for name in ("vision", "text", "audio", "fusion"):
+    for name in STACKS:
         mp = s.module(name).model_parallel
         encoder = getattr(model, name)
         sizes = {"width": encoder.width, "heads": encoder.heads,

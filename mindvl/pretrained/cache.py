@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence, Union
 
 import numpy as np
+
+from mindvl.files import atomic_write
 
 from .store import WEIGHTS_FILE, read_config
 
@@ -73,11 +74,11 @@ class FeatureCache:
             return None
 
     def _store(self, path: Path, value: np.ndarray) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as handle:
-            np.save(handle, np.asarray(value, self.dtype))
-        os.replace(tmp, path)
+        def save(tmp: Path) -> None:
+            with open(tmp, "wb") as handle:
+                np.save(handle, np.asarray(value, self.dtype))
+
+        atomic_write(path, save, durable=False)
 
     def get(self, data: bytes):
         """The cached output for one input, or None (missing or damaged)."""

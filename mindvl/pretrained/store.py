@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -22,6 +21,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
+
+from mindvl.files import sha256_file, swap_folder, work_folder
+from mindvl.version import __version__
 
 FORMAT = "mindvl-pretrained/1"
 CONFIG_FILE = "config.json"
@@ -48,15 +50,9 @@ def package_file(distribution: str, relative: str, module: Optional[str] = None)
     return path
 
 
-def sha256(path: Union[str, Path]) -> str:
-    from mindvl.data.records import file_sha256
-
-    return file_sha256(path)
-
-
 @lru_cache(maxsize=64)
 def _sha256_of_version(path: str, size: int, mtime_ns: int) -> str:
-    return sha256(path)
+    return sha256_file(path)
 
 
 def _current_sha256(path: Path) -> str:
@@ -109,29 +105,20 @@ class Converted:
     def write(self, out: Union[str, Path]) -> Path:
         from safetensors.numpy import save_file
 
-        from mindvl import __version__
-
         out = Path(out)
-        tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        tmp = work_folder(out)
         try:
             save_file({k: np.ascontiguousarray(v, np.float32) for k, v in self.tensors.items()},
                       str(tmp / WEIGHTS_FILE))
             for name, path in self.extra_files.items():
                 shutil.copyfile(path, tmp / name)
-            files = {p.name: sha256(p) for p in sorted(tmp.iterdir())}
+            files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
             config = {"format": FORMAT, "kind": self.kind, "encoder": self.encoder, "input": self.input,
-                      "source": {**self.source, "files": {str(p): sha256(p) for p in self.files_read}},
+                      "source": {**self.source, "files": {str(p): sha256_file(p) for p in self.files_read}},
                       "files": files, "parameters": int(sum(v.size for v in self.tensors.values())),
                       "mindvl": __version__}
             (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
-            for path in tmp.iterdir():
-                with open(path, "rb") as handle:
-                    os.fsync(handle.fileno())
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
+            swap_folder(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return out

@@ -1,4 +1,7 @@
 """Training: objectives, optimizer, precision, compiled step, checkpoints and the Trainer."""
-from mindvl.train.trainer import Trainer, TrainingArguments, TrainResult, create_model, train
+from mindvl.models import create_model
+from mindvl.train.arguments import TrainingArguments
+from mindvl.train.result import TrainResult
+from mindvl.train.trainer import Trainer, train
 
 __all__ = ["Trainer", "TrainingArguments", "TrainResult", "create_model", "train"]

@@ -8,7 +8,7 @@ train) from the first ingredient and is evaluated with them. The one shape that 
 vision position table (one row per patch of preprocess.image_size), is resized to the first
 ingredient's patch grid, so runs trained at other resolutions join the soup at the first one's.
 
-Output: a run-like folder that `mindvl eval --run`, `mindvl export --checkpoint` and `load_trained` accept:
+Output: a run-like folder that `mindvl eval --run`, `mindvl export --checkpoint` and `mindvl.models.load_model` accept:
 `config.json`, `model.safetensors` and `average.json` (ingredients with the sha256 of their weights,
 normalised weights, and the evaluation once `evaluate_soup` ran).
 """
@@ -22,9 +22,10 @@ from safetensors.numpy import save_file
 from tqdm import tqdm
 
 from mindvl.config import ConfigError, config_from_dict
-from mindvl.train.checkpoint import (MODEL_FILE, CheckpointError, atomic_write, read_weights, resolve_checkpoint,
-                                     sha256_file)
-from mindvl.train.trainer import CONFIG_FILE
+from mindvl.files import atomic_write, sha256_file
+from mindvl.models import load_model
+from mindvl.runs import (CONFIG_FILE, MODEL_FILE, CheckpointError, load_model_weights, read_run_config, read_weights,
+                         resolve_checkpoint)
 
 SOUP_FILE = "average.json"
 # model.pretrained.cache names a folder of cached encoder states, not part of the architecture: runs of
@@ -56,12 +57,6 @@ def _differences(a: Any, b: Any, path: str, ignore=frozenset()) -> List[str]:
         return [diff for key in sorted(set(a) | set(b)) if f"{path}.{key}" not in ignore
                 for diff in _differences(a.get(key), b.get(key), f"{path}.{key}", ignore)]
     return [] if a == b else [f"{path} {a!r} vs {b!r}"]
-
-
-def _run_config(weights_file: Path) -> Dict[str, Any]:
-    from mindvl.eval.evaluate import find_run_config
-
-    return json.loads(find_run_config(weights_file).read_text())
 
 
 POSITION_TABLE = "vision.pos_embed"
@@ -97,7 +92,7 @@ def average_checkpoints(ingredients: Sequence[PathLike], weights: Optional[Seque
     files = [resolve_checkpoint(Path(source)) for source in ingredients]
     if (out / MODEL_FILE).resolve() in {f.resolve() for f in files}:
         raise CheckpointError(f"{out}: is one of the ingredients; pass another --out folder")
-    configs = [_run_config(f) for f in files]
+    configs = [read_run_config(f) for f in files]
     try:
         config_from_dict(configs[0])  # the soup's config must load
     except ConfigError as exc:
@@ -182,11 +177,8 @@ def evaluate_soup(out: PathLike, data_root: Optional[str] = None, progress: bool
     """VQA accuracy (text and spoken questions, test split) of each ingredient and of the average in `out`,
     all with the soup's config (the first ingredient's preprocess and data; `data_root` overrides the
     data set). Returns one row per model, the average last, and records them in average.json."""
-    from mindvl.eval.evaluate import load_trained
-    from mindvl.train.checkpoint import load_model_weights
-
     record = read_record(out)
-    cfg, model = load_trained(str(out), data_root)  # builds the model once; each row loads its weights
+    cfg, model, _ = load_model(out, data_root=data_root)  # builds the model once; each row loads its weights
     entries = [(item["source"], item["weight"], Path(item["weights_file"])) for item in record["ingredients"]]
     entries.append(("average", None, Path(out) / MODEL_FILE))
     rows = []

@@ -9,7 +9,6 @@ al. 2015) and, on the chosen fusion blocks, the teacher's hidden states through 
 hold the student alone (the trainer keeps the map's values in the optimizer state for resume); the
 teacher's parameters never train and are never saved.
 """
-import json
 from pathlib import Path
 from typing import Dict, Sequence, Tuple
 
@@ -21,7 +20,8 @@ from mindvl.cells.linear import dense
 from mindvl.config import Config, ConfigError, DistillConfig, config_from_dict
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.data.loader import MODEL_COLUMNS
-from mindvl.train.checkpoint import CheckpointError, resolve_checkpoint
+from mindvl.models import load_model
+from mindvl.runs import CheckpointError, read_run_config, resolve_checkpoint
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss
 
 DISTILL_NAMES = ("kd_answer", "kd_lm", "kd_feature")
@@ -32,15 +32,13 @@ STATE_PREFIX = "distill/"  # the feature maps' values in the optimizer state's `
 
 def teacher_config(cfg: Config) -> Tuple[Config, Path]:
     """The teacher run's config and weights file, checked against the (data-bound) student `cfg`."""
-    from mindvl.eval.evaluate import find_run_config  # mindvl.eval imports the trainer, which imports us
-
     source = cfg.train.distill.teacher
     if cfg.model.pretrained.cache:
         raise ConfigError("train.distill.teacher: distillation runs the teacher on the packed inputs, which "
                           "cached encoder states (model.pretrained.cache) skip; set model.pretrained.cache=''")
     try:
         weights = resolve_checkpoint(Path(source))
-        teacher = config_from_dict(json.loads(find_run_config(weights).read_text()))
+        teacher = config_from_dict(read_run_config(weights))
     except CheckpointError as exc:
         raise ConfigError(f"train.distill.teacher: {exc}") from exc
     check_teacher(cfg, teacher, source)
@@ -92,10 +90,8 @@ def _vocabulary(root: Path) -> Dict[str, int]:
 
 def load_teacher(cfg: Config) -> Tuple[Config, nn.Cell]:
     """(teacher config, teacher model with its weights) of `cfg.train.distill.teacher`, checked first."""
-    from mindvl.eval import load_trained  # mindvl.eval imports the trainer, which imports us
-
     teacher_cfg, weights = teacher_config(cfg)
-    return teacher_cfg, load_trained(str(weights))[1]
+    return teacher_cfg, load_model(weights)[1]
 
 
 class FrozenTeacher(nn.Cell):

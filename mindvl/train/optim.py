@@ -4,12 +4,11 @@ from typing import Dict, List, Sequence
 
 from mindspore import Parameter, Tensor, nn
 
-from mindvl.config import MODULES, TrainConfig
-from mindvl.train.checkpoint import parameter_paths
+from mindvl.config import STACKS, TrainConfig
+from mindvl.runs import parameter_paths
 from mindvl.train.schedule import warmup_cosine
 
 NO_DECAY_MARKERS = ("bias", "beta", "gamma", "norm", "logit_scale", "embedding", "cls_token", "pos_")
-ENCODER_MODULES = MODULES[:4]  # vision, text, audio, fusion: the model's attributes of those names
 
 
 def uses_weight_decay(name: str) -> bool:
@@ -20,7 +19,7 @@ def module_of(name: str) -> str:
     """The train.modules entry a parameter belongs to: its top-level cell, or `heads` for the rest
     (projections, logit scales, answer and LM heads)."""
     top = name.split(".", 1)[0]
-    return top if top in ENCODER_MODULES else "heads"
+    return top if top in STACKS else "heads"
 
 
 def freeze_modules(model: nn.Cell, cfg: TrainConfig) -> None:
@@ -34,7 +33,7 @@ def apply_recompute(model: nn.Cell, cfg: TrainConfig) -> List[str]:
     """Recompute the listed Transformer blocks in the backward pass instead of keeping their activations;
     returns the blocks' names. An index past a stack's depth is an error naming the module."""
     names = []
-    for module in ENCODER_MODULES:
+    for module in STACKS:
         indices = getattr(cfg.modules, module).recompute
         blocks = getattr(model, module).encoder.blocks
         for index in indices:

@@ -9,129 +9,41 @@ Python API (the CLI's `mindvl train` does the same):
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Tuple
 
 import mindspore as ms
 import numpy as np
 from mindspore import amp, nn
-from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
 from mindvl.cells import TokenInputModel
 from mindvl.cells.kernels import use_kernels
-from mindvl.cells import create_model as create_cells
-from mindvl.config import Config, ConfigError, load_config
-from mindvl.data import load_meta, load_tokenizer
-from mindvl.data.loader import TrainStream, split_inputs
+from mindvl.config import Config, ConfigError
+from mindvl.data import load_tokenizer
+from mindvl.data.loader import split_inputs
+from mindvl.data.stream import TrainStream
 from mindvl.data.packing import PACKED_STREAMS, PackingLog
-from mindvl.pretrained.bind import bind_pretrained, load_pretrained
+from mindvl.models import bind_config, create_model
 from mindvl.pretrained.tokens import token_cache
-from mindvl.train.checkpoint import (CheckpointError, STATE_FILE, check_same_model, find_resumable,
-                                     load_model_weights, load_optimizer_state, mark_best, parameter_paths,
-                                     read_state, save_checkpoint, verify_checkpoint)
+from mindvl.runs import (CHECKPOINTS, CONFIG_FILE, STATE_FILE, CheckpointError, load_model_weights, parameter_paths,
+                         read_state)
+from mindvl.train.arguments import TrainingArguments
+from mindvl.train.checkpoint import (check_same_model, find_resumable, load_optimizer_state, mark_best,
+                                     save_checkpoint, verify_checkpoint)
 from mindvl.train.distill import DistillationLoss, distillation_loss, load_teacher
 from mindvl.train.distributed import GatherWithGrad, RankMean, gradient_reducer, init_data_parallel
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss
+from mindvl.train.metrics_log import MetricsLog
 from mindvl.train.optim import apply_recompute, create_optimizer, freeze_modules, group_indices
 from mindvl.train.precision import NoLossScaling, apply_precision, set_objective_precision
+from mindvl.train.result import TrainResult
 from mindvl.train.schedule import warmup_cosine
 from mindvl.train.step import TrainStep
 
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
 BEST_METRIC = "val_vqa"  # mean validation VQA accuracy over text and spoken questions
 logger = logging.getLogger("mindvl.train")
-
-
-@dataclass
-class TrainResult:
-    output_dir: str
-    checkpoint: str
-    steps: int
-    samples: int
-    compile_seconds: float  # wall time of the first step, which compiles the graph
-    train_seconds: float  # wall time of every later step, data loading included
-    samples_per_second: float
-    first_losses: Dict[str, float] = field(default_factory=dict)  # mean over the first log window
-    final_losses: Dict[str, float] = field(default_factory=dict)  # mean over the last log window
-    skipped_steps: int = 0  # steps with non-finite gradients: not applied (the loss scale was lowered)
-    start_step: int = 0  # > 0 when the run resumed from a checkpoint
-    packing: Dict[str, object] = field(default_factory=dict)  # per stream: fill statistics over the whole run
-    trainable_parameters: int = 0
-    token_cache_seconds: float = 0.0  # filling model.pretrained.cache before the first step (0: no cache)
-    world_size: int = 1  # data-parallel ranks
-    loss_scale: float = 1.0  # at the end
-    best: Dict[str, object] = field(default_factory=dict)  # best validation checkpoint (train.eval_every)
-    validation: List[Dict[str, object]] = field(default_factory=list)  # every validation evaluation
-
-    def summary(self) -> str:
-        """The end-of-run report `mindvl train` prints."""
-        def losses(values):
-            return ", ".join(f"{k} {v:.3f}" for k, v in values.items()) or "-"
-
-        lines = [f"trained steps {self.start_step}..{self.steps} ({self.samples} samples) on {self.world_size} "
-                 f"rank(s): {self.samples_per_second:.1f} samples/s, compile {self.compile_seconds:.1f} s, "
-                 f"steps {self.train_seconds:.1f} s" + (f", encoder cache {self.token_cache_seconds:.0f} s"
-                                                        if self.token_cache_seconds else ""),
-                 f"loss first window: {losses(self.first_losses)}",
-                 f"loss last window:  {losses(self.final_losses)}",
-                 f"skipped steps (non-finite gradients): {self.skipped_steps}; final loss scale {self.loss_scale:g}; "
-                 f"trainable parameters {self.trainable_parameters:,}"]
-        if self.best:
-            lines.append(f"best validation {self.best['metric']} {self.best['value']:.4f} at step {self.best['step']}")
-        lines.append(f"checkpoint {self.checkpoint}; logs {Path(self.output_dir) / METRICS_FILE}, "
-                     f"{Path(self.output_dir) / 'tb'}")
-        return "\n".join(lines)
-
-
-@dataclass
-class TrainingArguments:
-    """A recipe (the whole Config) and how to run it. `resume`: a checkpoint folder, a run folder (its
-    newest good checkpoint) or "auto" (the newest good one in train.output_dir, or a fresh start)."""
-
-    config: Config
-    resume: Optional[str] = None
-    progress: bool = True
-
-    @classmethod
-    def from_yaml(cls, path: str, overrides: Sequence[str] = (), **run) -> "TrainingArguments":
-        """Load a recipe (a name in mindvl/configs or a YAML path) with KEY=VALUE overrides."""
-        return cls(load_config(path, overrides), **run)
-
-
-def bind_data(cfg: Config, vocab: int, answers: int) -> Config:
-    """Set model.text.vocab_size and model.num_answers from the data set (0 in a recipe means exactly
-    this); a recipe value that disagrees with the data is an error, not a silent resize."""
-    _bind(cfg, cfg.model.text, "vocab_size", "model.text.vocab_size", vocab, "tokens in its tokenizer")
-    _bind(cfg, cfg.model, "num_answers", "model.num_answers", answers, "answers")
-    return cfg
-
-
-def _bind(cfg: Config, section, name: str, key: str, value: int, what: str) -> None:
-    if getattr(section, name) not in (0, value):
-        raise ConfigError(f"{key}: {getattr(section, name)} does not match the data in {cfg.data.root} "
-                          f"({value} {what}); set it to 0 to follow the data")
-    setattr(section, name, value)
-
-
-def bind_config(cfg: Config) -> Config:
-    """Size `cfg` to its data set and its pretrained encoders (in place; idempotent)."""
-    tokenizer = load_tokenizer(cfg.data.root)
-    return bind_pretrained(bind_data(cfg, tokenizer.vocab_size, len(load_meta(cfg.data.root)["answers"])))
-
-
-def create_model(config: Union[Config, TrainingArguments]):
-    """The model a recipe describes: sized to its data set (the config is updated in place), seeded with
-    train.seed (every data-parallel rank builds the same initial weights) and holding its pretrained
-    encoder weights."""
-    cfg = config.config if isinstance(config, TrainingArguments) else config
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_seed(cfg.train.seed)
-    model = create_cells(bind_config(cfg).model, cfg.preprocess)
-    load_pretrained(model, cfg)
-    return model
 
 
 class Trainer:
@@ -222,9 +134,9 @@ class Trainer:
             self._refuse_rollback(path)
             return path, verify_checkpoint(path)
         if resume == "auto":
-            found = find_resumable(self.output_dir / "checkpoints", warn=self._warn)
+            found = find_resumable(self.output_dir / CHECKPOINTS, warn=self._warn)
         else:
-            found = find_resumable(path / "checkpoints" if (path / "checkpoints").is_dir() else path, warn=self._warn)
+            found = find_resumable(path / CHECKPOINTS if (path / CHECKPOINTS).is_dir() else path, warn=self._warn)
             if found is None:
                 raise CheckpointError(f"--resume {resume}: no checkpoint there; pass a step_* folder, a run folder "
                                       f"or 'auto'")
@@ -233,7 +145,7 @@ class Trainer:
     def _refuse_rollback(self, checkpoint: Path) -> None:
         """Going back to an older checkpoint inside this run's own folder would leave the newer ones of
         the abandoned attempt for a later `--resume auto` to pick up: refuse, naming them."""
-        own = self.output_dir / "checkpoints"
+        own = self.output_dir / CHECKPOINTS
         if checkpoint.resolve().parent != own.resolve():
             return
         newer = sorted(p.name for p in own.glob("step_*") if p.name > checkpoint.name)
@@ -366,7 +278,7 @@ class Trainer:
         return result
 
     def _save(self, step: int, losses: Dict[str, float], metrics: Optional[Dict]) -> Path:
-        directory = self.output_dir / "checkpoints"
+        directory = self.output_dir / CHECKPOINTS
         if metrics is not None and metrics[BEST_METRIC] > self.best.get("value", -1.0):
             self.best = {"step": step, "metric": BEST_METRIC, "value": metrics[BEST_METRIC]}
         if self.rank != 0:  # every rank holds the same weights; rank 0 writes them
@@ -380,7 +292,7 @@ class Trainer:
             mark_best(directory, checkpoint, BEST_METRIC, self.best["value"])
         return checkpoint
 
-    def _validate(self, step: int, log: "MetricsLog") -> Dict[str, object]:
+    def _validate(self, step: int, log: MetricsLog) -> Dict[str, object]:
         """VQA accuracy on the validation split with text and with spoken questions."""
         from mindvl.eval.vqa import vqa_accuracy
 
@@ -404,7 +316,7 @@ class Trainer:
         for packing in logs:
             packing.add(segments, self.stream.micro_batch_size)
 
-    def _log_packing(self, log: "MetricsLog", bar, packing: PackingLog, step: int) -> None:
+    def _log_packing(self, log: MetricsLog, bar, packing: PackingLog, step: int) -> None:
         """Packing is never silently off: each stream's fill and bucket use go to the log and TensorBoard."""
         for name, summary in packing.summary().items():
             log.scalar(f"data/{name}_fill", summary["fill"], step)
@@ -425,48 +337,7 @@ class Trainer:
         logger.warning(message)
 
 
-class MetricsLog:
-    """metrics.jsonl (one JSON record per log window or evaluation) and TensorBoard scalars, rank 0 only.
-    A resumed run first drops the records past its checkpoint, so each step is logged once."""
-
-    def __init__(self, output_dir: Path, start_step: int, enabled: bool = True):
-        self.enabled = enabled
-        if not enabled:
-            return
-        self.path = output_dir / METRICS_FILE
-        kept = [line for line in (self.path.read_text().splitlines() if self.path.is_file() else [])
-                if line.strip() and json.loads(line).get("step", 0) <= start_step]
-        self.path.write_text("".join(line + "\n" for line in kept))
-        self.file = open(self.path, "a")
-        self.tensorboard = SummaryWriter(str(output_dir / "tb"), purge_step=start_step + 1 if start_step else None)
-
-    def write(self, record: Dict[str, object]) -> None:
-        if not self.enabled:
-            return
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-        prefix = "val" if record.get("split") == "validation" else "train"
-        for key, value in record.items():
-            if isinstance(value, dict):
-                for name, item in value.items():
-                    self.scalar(f"{key}/{name}", item, record["step"])
-            elif isinstance(value, (int, float)) and key != "step":
-                self.scalar(f"{prefix}/{key}", value, record["step"])
-
-    def scalar(self, tag: str, value: float, step: int) -> None:
-        if self.enabled:
-            self.tensorboard.add_scalar(tag, value, step)
-
-    def close(self) -> None:
-        if self.enabled:
-            self.file.close()
-            self.tensorboard.close()
-
-
 def train(cfg: Config, progress: bool = True, resume: Optional[str] = None) -> TrainResult:
     """Train `cfg` and return the result; the run folder holds config, checkpoints and logs."""
     args = TrainingArguments(cfg, resume=resume, progress=progress)
     return Trainer(create_model(args), args).train()
-
-
-__all__ = ["Trainer", "TrainingArguments", "TrainResult", "train", "create_model", "bind_data", "bind_config"]

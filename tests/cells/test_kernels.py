@@ -166,14 +166,14 @@ def test_float16_inputs_are_refused_naming_the_kernel(path):
 
 
 def test_a_model_swaps_in_the_kernels_and_exports_standard_operators(path, tmp_path):
-    from mindvl.cells import create_model
+    from mindvl.cells import build_cells
     from mindvl.config import load_config
-    from mindvl.export.lite2 import mindir_ops
-    from mindvl.export.package import export_graph
+    from mindvl.mindir import mindir_ops
+    from mindvl.export.graphs import export_graph
     from mindvl.export.graphs import TensorSpec
 
     cfg = load_config("tiny", ["model.text.vocab_size=40"])
-    model = create_model(cfg.model, cfg.preprocess)
+    model = build_cells(cfg.model, cfg.preprocess)
     model.set_train(False)
     encoder = model.text.encoder
     x = ms.Tensor(np.random.default_rng(0).normal(size=(2, 6, cfg.model.text.width)).astype(np.float32))

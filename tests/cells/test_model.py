@@ -11,7 +11,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindvl.cells import (AnswerNet, AudioEmbedNet, GenerateNet, ImageEmbedNet, MultimodalModel, TextEmbedNet,
-                          create_model)
+                          build_cells)
 from mindvl.config import load_config
 from mindvl.data.packing import PACK_COLUMNS, PACK_INPUTS, Packer
 
@@ -32,7 +32,7 @@ def cfg():
 @pytest.fixture(scope="module")
 def model(cfg):
     ms.set_seed(0)
-    net = create_model(cfg.model, cfg.preprocess)
+    net = build_cells(cfg.model, cfg.preprocess)
     net.set_train(False)
     return net
 
@@ -143,7 +143,7 @@ def test_missing_vocab_size_is_a_clear_error(cfg):
     model_cfg = load_config("tiny").model
     assert model_cfg.text.vocab_size == 0
     with pytest.raises(ValueError, match="vocab_size"):
-        create_model(model_cfg, cfg.preprocess)
+        build_cells(model_cfg, cfg.preprocess)
     with pytest.raises(ValueError, match="vocab_size"):
         MultimodalModel(model_cfg, cfg.preprocess)
 

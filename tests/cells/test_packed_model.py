@@ -15,7 +15,7 @@ from mindspore import Tensor, nn, ops
 
 from conftest import SMALL_MODEL
 from mindvl.cells import (AnswerNet, AudioEmbedNet, EncodeNet, GenerateNet, ImageEmbedNet, StateAnswerNet,
-                          StateGenerateNet, TextEmbedNet, TokenInputModel, create_model)
+                          StateGenerateNet, TextEmbedNet, TokenInputModel, build_cells)
 from mindvl.cells.masks import MASK_VALUE, packed_prefix_lm_mask, prefix_lm_mask
 from mindvl.config import load_config
 from mindvl.data.loader import TOKEN_COLUMNS
@@ -74,7 +74,7 @@ def cfg():
 @pytest.fixture(scope="module")
 def model(cfg):
     ms.set_seed(0)
-    net = create_model(cfg.model, cfg.preprocess)
+    net = build_cells(cfg.model, cfg.preprocess)
     net.set_train(False)
     return net
 
@@ -291,7 +291,7 @@ def test_packed_training_equals_the_padded_export_path(model, batch, packed_outp
 
 
 def test_gradients_of_the_packed_loss_are_finite_and_reach_every_used_modality(cfg, packed):
-    model = create_model(cfg.model, cfg.preprocess)  # its own: wrapping in the loss prefixes parameter names
+    model = build_cells(cfg.model, cfg.preprocess)  # its own: wrapping in the loss prefixes parameter names
     params = model.trainable_params()
     names = [p.name for p in params]
     loss_net = MultimodalLoss(model, cfg.train.loss_weights)

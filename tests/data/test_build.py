@@ -11,8 +11,11 @@ import pytest
 
 import mindvl
 from mindvl.config import ConfigError
-from mindvl.data import build, records
+from mindvl.data import records
 from mindvl.data.build import build_dataset
+from mindvl.data.report import SKIP_REASONS
+from mindvl.data.root import is_complete, partial_folder
+from mindvl.files import sha256_file
 
 
 def _source_pairs(split):
@@ -25,7 +28,7 @@ def _source_pairs(split):
 
 def test_build_writes_every_table_and_a_report_that_matches_them(small_cfg, small_report):
     root = Path(small_cfg.data.root)
-    assert build.is_complete(root)
+    assert is_complete(root)
     on_disk = json.loads((root / "report.json").read_text())
     assert on_disk["counts"] == small_report.counts
     meta = json.loads((root / "meta.json").read_text())
@@ -46,7 +49,7 @@ def test_build_writes_every_table_and_a_report_that_matches_them(small_cfg, smal
         captioned = {r["image_id"] for r in rows}
         assert len(rows) == sum(len(source[i]) for i in captioned)
         assert counts["images_used"] == len(captioned) == 8 - small_report.skips_by_split[split].get("no_caption", 0)
-    assert set(small_report.skips) == set(build.SKIP_REASONS)
+    assert set(small_report.skips) == set(SKIP_REASONS)
     assert small_report.voices == {"train": small_cfg.data.train_voices, "test": small_cfg.data.test_voices}
     assert small_report.seconds["total"] > 0
 
@@ -138,9 +141,9 @@ def test_an_interrupted_build_leaves_no_root_that_looks_complete(tmp_path, monke
     with pytest.raises(KeyboardInterrupt):
         build_dataset(cfg, progress=False)
     assert not (tmp_path / "root").exists()
-    partial = build.partial_folder(tmp_path / "root")
+    partial = partial_folder(tmp_path / "root")
     assert list(tmp_path.iterdir()) == [partial]  # kept for the next run to resume, hidden, and incomplete
-    assert partial.name.startswith(".") and not build.is_complete(partial)
+    assert partial.name.startswith(".") and not is_complete(partial)
     assert not (partial / ".lock").exists()
 
 
@@ -207,7 +210,7 @@ def test_a_resumed_build_skips_finished_shards_and_equals_an_uninterrupted_one(t
         build_dataset(cfg, progress=False)
     finished = ["speech.mindrecord", "train-00000-of-00003.mindrecord", "train-00001-of-00003.mindrecord"]
     assert written == [*finished, "train-00002-of-00003.mindrecord"]
-    partial = build.partial_folder(tmp_path / "resumed")
+    partial = partial_folder(tmp_path / "resumed")
     before = {name: (partial / name).stat().st_mtime_ns for name in finished}
 
     written.clear()
@@ -238,13 +241,13 @@ def test_a_changed_shard_file_is_rewritten_on_resume(tmp_path, monkeypatch, make
     monkeypatch.setattr(records, "write_table", interrupt_test)
     with pytest.raises(KeyboardInterrupt):
         build_dataset(cfg, progress=False)
-    shard = build.partial_folder(tmp_path / "root") / "train-00001-of-00002.mindrecord"
+    shard = partial_folder(tmp_path / "root") / "train-00001-of-00002.mindrecord"
     shard.write_bytes(shard.read_bytes()[:-10])  # damaged after its done marker was written
     monkeypatch.setattr(records, "write_table", original)
     report = build_dataset(cfg, progress=False)
     assert report.resumed == ["speech", "train-00000-of-00002.mindrecord"]
     card = json.loads((tmp_path / "root" / "card.json").read_text())
-    assert card["files"]["train-00001-of-00002.mindrecord"]["sha256"] == records.file_sha256(
+    assert card["files"]["train-00001-of-00002.mindrecord"]["sha256"] == sha256_file(
         tmp_path / "root" / "train-00001-of-00002.mindrecord")
 
 
@@ -261,7 +264,7 @@ def test_the_dataset_card_lists_sources_licences_counts_thresholds_and_every_fil
     on_disk = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} - {"card.json"}
     assert set(card["files"]) == on_disk
     for name, entry in card["files"].items():
-        assert entry["sha256"] == records.file_sha256(root / name) and entry["bytes"] == (root / name).stat().st_size
+        assert entry["sha256"] == sha256_file(root / name) and entry["bytes"] == (root / name).stat().st_size
 
 
 def test_the_summary_is_a_table_of_kept_and_dropped_items_per_split(small_report):
@@ -278,7 +281,7 @@ def test_the_summary_is_a_table_of_kept_and_dropped_items_per_split(small_report
 
 def test_an_alignment_checkpoint_drops_pairs_it_scores_below_the_threshold(trained_run, small_cfg, make_config,
                                                                            tmp_path):
-    from mindvl.data.cleaning import AlignmentScorer
+    from mindvl.eval.alignment import AlignmentScorer
 
     _, result = trained_run
     root = Path(small_cfg.data.root)
@@ -288,12 +291,13 @@ def test_an_alignment_checkpoint_drops_pairs_it_scores_below_the_threshold(train
         for row in records.read_split(root, split, ["image_id", "image", "caption_id"]):
             pairs.setdefault((split, int(row["image_id"])), (row["image"], meta["captions"][row["caption_id"]]))
     keys = sorted(pairs)
-    scores = AlignmentScorer(result.output_dir).score([pairs[k][0] for k in keys], [pairs[k][1] for k in keys])
+    scorer = AlignmentScorer(result.output_dir)
+    scores = scorer.score([pairs[k][0] for k in keys], [pairs[k][1] for k in keys])
     assert np.all(np.abs(scores) <= 1 + 1e-6)
     threshold = float(np.round(np.median(scores), 4))
     cfg = make_config(tmp_path / "root", data__cleaning__align_checkpoint=str(result.output_dir),
                       data__cleaning__align_min_similarity=threshold)
-    report = build_dataset(cfg, progress=False)
+    report = build_dataset(cfg, progress=False, scorer=scorer)
     drops = [json.loads(line) for line in (tmp_path / "root" / "quarantine.jsonl").read_text().splitlines()]
     misaligned = {(d["split"], int(d["source"].split()[-1])): d for d in drops if d["reason"] == "misaligned"}
     expected = {k for k, score in zip(keys, scores) if score < threshold}
@@ -330,3 +334,11 @@ def test_a_published_tokenizer_tokenises_the_data_and_checks_its_lengths(tmp_pat
     assert {d["value"] for d in drops if d["reason"] == "question_too_long"} >= {10}
     kept = load_meta(short.data.root)["questions"]
     assert kept and all(tokenizer.count(q) <= 9 for q in kept)
+
+
+def test_an_alignment_checkpoint_without_a_scorer_is_refused_before_any_work(make_config, tmp_path):
+    """The data layer loads no model: the caller hands the scorer over (`mindvl data build` does)."""
+    cfg = make_config(tmp_path / "root", data__cleaning__align_checkpoint=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match=r"data.cleaning.align_checkpoint: .*AlignmentScorer"):
+        build_dataset(cfg, progress=False)
+    assert list(tmp_path.iterdir()) == []

@@ -8,8 +8,10 @@ import pytest
 from mindvl import preprocess as P
 from mindvl.data import COLUMNS, create_dataset, load_meta, load_tokenizer
 from mindvl.config import ConfigError
-from mindvl.data.loader import (TRAIN_COLUMNS, DataRootError, TrainStream, data_parallel_context, epoch_order,
-                                global_batches, micro_batch_size, sample_sizes, split_inputs)
+from mindvl.data.loader import TRAIN_COLUMNS, sample_sizes, split_inputs
+from mindvl.data.order import data_parallel_context, epoch_order, global_batches, micro_batch_size
+from mindvl.data.root import DataRootError
+from mindvl.data.stream import TrainStream
 from mindvl.data.packing import PACK_COLUMNS, FusionLayout
 from mindvl.data.records import read_table
 

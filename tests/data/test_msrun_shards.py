@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mindvl.data.loader import TrainStream
+from mindvl.data.stream import TrainStream
 
 
 @pytest.mark.slow

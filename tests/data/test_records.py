@@ -61,9 +61,3 @@ def test_the_same_rows_give_byte_identical_files_in_any_folder(tmp_path):
 def test_an_empty_table_is_valid(tmp_path):
     assert records.write_table(tmp_path / "test.mindrecord", records.EXAMPLE_SCHEMA, [], "empty") == 0
     assert records.read_table(tmp_path / "test.mindrecord") == []
-
-
-def test_file_sha256_reads_in_blocks_and_matches_hashlib(tmp_path):
-    path = tmp_path / "data.bin"
-    path.write_bytes(bytes(range(256)) * 5000)
-    assert records.file_sha256(path, block=1000) == _sha(path)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from mindvl.data.records import read_table
-from mindvl.eval import evaluate, load_trained
+from mindvl.eval import evaluate
 from mindvl.eval.retrieval import recall_at_k
+from mindvl.models import load_model
 
 
 def test_recall_at_k_counts_ranks():
@@ -19,7 +20,7 @@ def test_recall_at_k_counts_ranks():
 @pytest.fixture(scope="module")
 def report(trained_run):
     _, result = trained_run
-    cfg, model = load_trained(result.output_dir)
+    cfg, model, _ = load_model(result.output_dir)
     return cfg, evaluate(cfg, model, progress=False)
 
 

@@ -9,10 +9,12 @@ from mindspore import nn, ops
 
 from mindvl.cli import main
 from mindvl.cells.portable import DecomposedLayerNorm
-from mindvl.export.errors import PackageError
-from mindvl.export.lite2 import AS_IS, RULES, convert_mindir, mindir_ops, mindir_version, unconvertible
-from mindvl.export.package import load_samples, read_manifest, write_package
-from mindvl.export.source import load_source
+from mindvl.model_package import PackageError
+from mindvl.export.lite2_convert import AS_IS, RULES, convert_mindir, unconvertible
+from mindvl.mindir import mindir_ops, mindir_version
+from mindvl.export.package import write_package
+from mindvl.model_package import load_samples, read_manifest
+from mindvl.models import load_model
 from mindvl.export.verify import verify_package
 from mindvl.lite import runtime2
 from mindvl.lite.model import Context, LiteModel
@@ -151,7 +153,7 @@ def test_export_target_lite2_on_the_command_line(trained_run, tmp_path, capsys, 
 
 def test_lite2_with_a_key_is_refused(trained_run, tmp_path):
     _, result = trained_run
-    cfg, model, record = load_source(result.output_dir)
+    cfg, model, record = load_model(result.output_dir)
     with pytest.raises(PackageError, match="--target lite2 with a key"):
         write_package(cfg, model, tmp_path / "enc", record, key=bytes(32), progress=False, lite2_batch=1)
     assert not (tmp_path / "enc").exists()

@@ -9,15 +9,15 @@ import pytest
 from mindvl.cli import main
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.eval.vqa import greedy_decode, vqa_nets
-from mindvl.export.errors import PackageError
+from mindvl.model_package import PackageError
 from mindvl.export.evaluate import comparison_table, evaluate_package
-from mindvl.export.keys import read_key
+from mindvl.model_package import read_key
 from mindvl.export.graphs import graph_specs
-from mindvl.export.package import (load_graph, load_samples, read_manifest, sample_graph_inputs, sample_inputs,
-                                   write_package)
-from mindvl.export.source import load_source
+from mindvl.export.package import sample_graph_inputs, sample_inputs, write_package
+from mindvl.model_package import load_graph, load_samples, read_manifest
+from mindvl.models import load_model
 from mindvl.export.verify import verify_package
-from mindvl.train.checkpoint import CheckpointError
+from mindvl.runs import CheckpointError
 
 KEY = bytes(range(32))
 
@@ -25,7 +25,7 @@ KEY = bytes(range(32))
 @pytest.fixture(scope="module")
 def source(trained_run):
     _, result = trained_run
-    return (result.output_dir, *load_source(result.output_dir))
+    return (result.output_dir, *load_model(result.output_dir))
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_a_wrong_expected_output_fails_verification_naming_graph_and_output(pack
                                                                            writable_copy):
     """Samples edited and re-hashed: the hashes pass, the comparison must not."""
     from safetensors.numpy import load_file, save_file
-    from mindvl.train.checkpoint import sha256_file
+    from mindvl.files import sha256_file
 
     target = writable_copy(package, tmp_path)
     path = target / "samples" / "text_embed.safetensors"
@@ -174,7 +174,7 @@ def test_a_missing_checkpoint_or_a_mismatched_config_is_named(source, tmp_path, 
     assert main(["export", "--checkpoint", str(tmp_path / "nowhere"), "--out", str(tmp_path / "p")]) == 2
     assert "no checkpoint found" in capsys.readouterr().err
     with pytest.raises(CheckpointError, match=r"--config tiny does not match the checkpoint: .*(missing \['|has shape)"):
-        load_source(run, "tiny", [f"data.root={cfg.data.root}", "model.fusion.width=64"])
+        load_model(run, "tiny", [f"data.root={cfg.data.root}", "model.fusion.width=64"])
     assert not (tmp_path / "p").exists()
 
 

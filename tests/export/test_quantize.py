@@ -14,9 +14,9 @@ from mindspore.train import mind_ir_pb2
 from mindvl.cells import AnswerNet, Int8Linear
 from mindvl.cells.linear import Linear
 from mindvl.data import create_dataset
-from mindvl.eval import load_trained
+from mindvl.models import load_model
 from mindvl.export.graphs import question_inputs
-from mindvl.export.package import export_graph
+from mindvl.export.graphs import export_graph
 from mindvl.export.quantize import quantize_int8
 
 ms.set_context(mode=ms.GRAPH_MODE)
@@ -26,8 +26,8 @@ ms.set_context(mode=ms.GRAPH_MODE)
 def models(trained_run):
     """(cfg, float model, quantized model, report): the trained run loaded twice, the second quantized."""
     _, result = trained_run
-    cfg, float_model = load_trained(result.output_dir)
-    _, quantized = load_trained(result.output_dir)
+    cfg, float_model, _ = load_model(result.output_dir)
+    _, quantized, _ = load_model(result.output_dir)
     return cfg, float_model, quantized, quantize_int8(quantized)
 
 
@@ -147,7 +147,7 @@ def test_quantized_mindir_keeps_int8_weights_and_answers_as_the_framework(models
 
 def test_mindvl_export_quantize_writes_a_verified_int8_package(trained_run, tmp_path):
     from mindvl.cli import main
-    from mindvl.export.package import read_manifest
+    from mindvl.model_package import read_manifest
 
     _, result = trained_run
     out = tmp_path / "int8"

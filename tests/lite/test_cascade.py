@@ -11,7 +11,7 @@ import pytest
 
 from mindvl.cli import main
 from mindvl.data.examples import query_examples
-from mindvl.lite.calibrate import Calibration, CalibrationError, example_item, package_identity
+from mindvl.lite.calibration import Calibration, CalibrationError, example_item, package_identity
 from mindvl.lite.cascade import Cascade
 from mindvl.lite.device import DevicePipeline, softmax
 from mindvl.lite.model import LiteError

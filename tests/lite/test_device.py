@@ -8,8 +8,8 @@ import pytest
 
 from mindvl.cli import main
 from mindvl.data.examples import query_examples, wav_bytes
-from mindvl.export.package import TOLERANCE, load_graph, read_manifest
-from mindvl.lite.calibrate import example_item
+from mindvl.model_package import TOLERANCE, load_graph, read_manifest
+from mindvl.lite.calibration import example_item
 from mindvl.lite.device import MODALITIES, DevicePipeline
 from mindvl.preprocess import InputError
 from mindvl.serving import Client

@@ -10,8 +10,8 @@ import pytest
 from mindspore import nn
 
 from mindvl.cli import main
-from mindvl.export.lite2 import convert_mindir
-from mindvl.export.package import load_samples, read_manifest
+from mindvl.export.lite2_convert import convert_mindir
+from mindvl.model_package import load_samples, read_manifest
 from mindvl.lite import runtime2
 from mindvl.lite.model import BACKENDS, Context, LiteError, LiteModel, backend_report
 

@@ -11,7 +11,7 @@ from PIL import Image
 
 from mindvl import preprocess as P
 from mindvl.config import PreprocessConfig
-from mindvl.export.package import read_manifest
+from mindvl.model_package import read_manifest
 from mindvl.lite import runtime2
 from mindvl.lite.model import LiteModel
 from mindvl.lite.runner import RunnerFailed, build_runner, run_runner

@@ -4,17 +4,17 @@ from pathlib import Path
 
 from mindvl.cli import main
 from mindvl.parallel.dryrun import dryrun_command, read_memory, simulated_ranks
-from mindvl.parallel.strategy import load_strategy
+from mindvl.parallel.strategy import create_strategy
 
 
 def test_one_rank_per_pipeline_stage_in_stage_major_order():
-    assert simulated_ranks(load_strategy("dp2-mp2-pp2")) == [0, 4]
-    assert simulated_ranks(load_strategy("dp32-mp8-pp4")) == [0, 256, 512, 768]
-    assert simulated_ranks(load_strategy("dp8")) == [0]
+    assert simulated_ranks(create_strategy("dp2-mp2-pp2")) == [0, 4]
+    assert simulated_ranks(create_strategy("dp32-mp8-pp4")) == [0, 256, 512, 768]
+    assert simulated_ranks(create_strategy("dp8")) == [0]
 
 
 def test_the_command_simulates_one_rank_of_the_whole_cluster(tmp_path):
-    command = dryrun_command("tiny", ["data.root=/data"], "dp2-mp2-pp2", load_strategy("dp2-mp2-pp2"), 4, tmp_path)
+    command = dryrun_command("tiny", ["data.root=/data"], "dp2-mp2-pp2", create_strategy("dp2-mp2-pp2"), 4, tmp_path)
     assert Path(command[0]).name == "msrun"
     for flag in ("--worker_num=8", "--local_worker_num=1", "--sim_level=1", "--sim_rank_id=4", "--join=True"):
         assert flag in command

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from mindvl.config import load_config
-from mindvl.parallel.planner import (ADAM_STATES, PARAM_BYTES, PUBLISHED_ENCODERS, bubble_fraction, parameter_count,
-                                     plan, search, trainable_parameter_count)
+from mindvl.parallel.planner import (ADAM_STATES, PARAM_BYTES, PUBLISHED_ENCODERS, bubble_fraction,
+                                     count_config_parameters, count_config_trainable_parameters, plan, search)
 from mindvl.parallel.strategy import ParallelStrategy, RecomputeConfig, validate_strategy
 
 VOCAB = 64
@@ -20,8 +20,8 @@ def tiny(*extra):
 
 
 def built(cfg):
-    from cells.factory import create_model
-    return create_model(cfg.model, cfg.preprocess)
+    from mindvl.cells import build_cells
+    return build_cells(cfg.model, cfg.preprocess)
 
 
 @pytest.mark.parametrize("extra", [[], VARIANT], ids=["tiny", "variant"])
@@ -31,7 +31,7 @@ def test_predicted_parameter_bytes_equal_the_built_models(extra):
     real = sum(p.size * p.itemsize for p in model.get_parameters())
     result = plan(cfg, ParallelStrategy())
     assert result.parameter_bytes == real
-    assert parameter_count(cfg) * PARAM_BYTES == real
+    assert count_config_parameters(cfg) * PARAM_BYTES == real
 
 
 def test_optimizer_state_bytes_equal_adamweightdecays_over_the_trainable_parameters():
@@ -43,14 +43,14 @@ def test_optimizer_state_bytes_equal_adamweightdecays_over_the_trainable_paramet
     real = sum(m.size * m.itemsize for m in list(optimizer.moments1) + list(optimizer.moments2))
     result = plan(cfg, ParallelStrategy())
     assert result.optimizer_bytes == real
-    assert trainable_parameter_count(cfg) * PARAM_BYTES * ADAM_STATES == real
+    assert count_config_trainable_parameters(cfg) * PARAM_BYTES * ADAM_STATES == real
     assert result.gradient_bytes == sum(p.size * p.itemsize for p in model.trainable_params())
 
 
 def test_data_parallel_all_reduce_volume_is_the_gradient_bytes():
     cfg = tiny()
     result = plan(cfg, ParallelStrategy(data_parallel=8))
-    assert result.comm_bytes["dp_grad_allreduce"] == result.gradient_bytes == parameter_count(cfg) * PARAM_BYTES
+    assert result.comm_bytes["dp_grad_allreduce"] == result.gradient_bytes == count_config_parameters(cfg) * PARAM_BYTES
     assert result.comm_bytes["dp_sent"] == pytest.approx(2 * 7 / 8 * result.gradient_bytes)
     assert result.comm_bytes["tp_all_gather"] == result.comm_bytes["pp_send_recv"] == 0
 

@@ -10,7 +10,7 @@ import pytest
 
 from mindvl.config import ConfigError, load_config
 from mindvl.parallel.apply import apply_strategy, dump_strategy, prepare_training, stage_of_blocks
-from mindvl.parallel.strategy import (ParallelStrategy, load_strategy, pipeline_blocks, strategy_names,
+from mindvl.parallel.strategy import (ParallelStrategy, create_strategy, pipeline_blocks, strategy_names,
                                       validate_strategy)
 
 SHIPPED = {"single": 1, "dp2": 2, "dp8": 8, "dp2-mp4": 8, "dp2-mp2-pp2": 8, "dp8-mp4-pp2": 64, "dp32-mp8-pp4": 1024}
@@ -28,11 +28,11 @@ def strategy(**values) -> ParallelStrategy:
 def test_the_shipped_strategies_load_with_their_device_counts(cfg):
     assert set(SHIPPED) <= set(strategy_names())
     for name, devices in SHIPPED.items():
-        loaded = load_strategy(name)
+        loaded = create_strategy(name)
         assert loaded.name == name and loaded.devices == devices
-    validate_strategy(load_strategy("dp2-mp4"), cfg)
-    assert load_strategy("dp2-mp4").module("vision").data_parallel == 8
-    assert load_strategy("dp2-mp4").module("fusion").model_parallel == 4
+    validate_strategy(create_strategy("dp2-mp4"), cfg)
+    assert create_strategy("dp2-mp4").module("vision").data_parallel == 8
+    assert create_strategy("dp2-mp4").module("fusion").model_parallel == 4
 
 
 @pytest.mark.parametrize("values, devices, message", [
@@ -56,27 +56,27 @@ def test_module_overrides_and_pipeline_ranges_are_checked(cfg, tmp_path):
     bad.write_text("data_parallel: 2\nmodel_parallel: 4\nmodules:\n  vision: {data_parallel: 4, model_parallel: 1}\n")
     with pytest.raises(ConfigError, match=r"modules.vision: data_parallel x model_parallel = 4 x 1 must equal "
                                           r"the stage's 8 devices"):
-        load_strategy(bad)
+        create_strategy(bad)
     bad.write_text("data_parallel: 1\nmodel_parallel: 1\nmodules:\n  text: {model_parallel: 3}\n"
                    "data_paralel: 2\n")
     with pytest.raises(ConfigError, match=r"data_paralel: unknown key; valid keys here are"):
-        load_strategy(bad)
+        create_strategy(bad)
     bad.write_text("pipeline_stage: 2\nmicro_batch_num: 2\npipeline: {assignment: explicit, "
                    "layer_ranges: [[0, 3], [5, 7]]}\n")
     with pytest.raises(ConfigError, match=r"pipeline.layer_ranges\[1\]: \[5, 7\]; .* expected \[4, last >= 4\]"):
-        load_strategy(bad)
+        create_strategy(bad)
     bad.write_text("pipeline_stage: 2\nmicro_batch_num: 2\npipeline: {assignment: explicit, "
                    "layer_ranges: [[0, 3], [4, 6]]}\n")
     with pytest.raises(ConfigError, match=r"the last stage ends at block 6, the model has blocks 0..7"):
-        validate_strategy(load_strategy(bad), cfg)
+        validate_strategy(create_strategy(bad), cfg)
     with pytest.raises(ConfigError, match=r"strategy nowhere: no such file or shipped strategy"):
-        load_strategy("nowhere")
+        create_strategy("nowhere")
 
 
 def test_stages_are_contiguous_balanced_or_explicit(cfg):
     blocks = pipeline_blocks(cfg)
     assert blocks[0] == "vision.0" and blocks[-1] == "fusion.1" and len(blocks) == 8
-    balanced = stage_of_blocks(cfg, load_strategy("dp2-mp2-pp2"))
+    balanced = stage_of_blocks(cfg, create_strategy("dp2-mp2-pp2"))
     assert balanced == sorted(balanced) and set(balanced) == {0, 1}
     four = stage_of_blocks(cfg, strategy(pipeline_stage=4, micro_batch_num=4))
     assert four == sorted(four) and set(four) == {0, 1, 2, 3}  # every stage gets a block
@@ -87,10 +87,10 @@ def test_stages_are_contiguous_balanced_or_explicit(cfg):
 
 
 def test_apply_sets_megatron_splits_stages_and_recompute(cfg):
-    from mindvl.cells import create_model
+    from mindvl.cells import build_cells
 
-    model = create_model(cfg.model, cfg.preprocess)
-    hybrid = load_strategy("dp2-mp2-pp2")
+    model = build_cells(cfg.model, cfg.preprocess)
+    hybrid = create_strategy("dp2-mp2-pp2")
     stages = apply_strategy(model, cfg, hybrid)
     block = model.fusion.encoder.blocks[0]
     attn, mlp = block.attn, block.mlp
@@ -110,16 +110,16 @@ def test_apply_sets_megatron_splits_stages_and_recompute(cfg):
 
 
 def test_module_overrides_reach_their_cells(cfg):
-    from mindvl.cells import create_model
+    from mindvl.cells import build_cells
 
-    model = create_model(cfg.model, cfg.preprocess)
-    apply_strategy(model, cfg, load_strategy("dp2-mp4"))
+    model = build_cells(cfg.model, cfg.preprocess)
+    apply_strategy(model, cfg, create_strategy("dp2-mp4"))
     assert model.vision.encoder.blocks[0].attn.q_proj.matmul.attrs["in_strategy"] == ((8, 1), (1, 1))
     assert model.fusion.encoder.blocks[0].attn.q_proj.matmul.attrs["in_strategy"] == ((2, 1), (4, 1))
 
 
 def test_dump_strategy_lists_the_primitives_and_the_context(cfg):
-    dumped = dump_strategy(cfg, load_strategy("dp2-mp2-pp2"))
+    dumped = dump_strategy(cfg, create_strategy("dp2-mp2-pp2"))
     assert dumped["context"]["parallel_mode"] == "semi_auto_parallel" and dumped["context"]["pipeline_stages"] == 2
     assert dumped["primitives"]["fusion.encoder.blocks.0.attn.out_proj.matmul"] == [[2, 2], [1, 2]]
     assert set(dumped["stages"]) == set(pipeline_blocks(cfg))
@@ -159,12 +159,12 @@ def test_mindvl_plan_dumps_and_refuses_on_the_command_line(capsys):
 
 
 def test_the_losses_are_split_over_the_rows(cfg):
-    from mindvl.cells import create_model
+    from mindvl.cells import build_cells
     from mindvl.parallel.apply import apply_loss_strategy
     from mindvl.train.losses import MultimodalLoss
 
-    loss = MultimodalLoss(create_model(cfg.model, cfg.preprocess), cfg.train.loss_weights)
-    apply_loss_strategy(loss, load_strategy("dp2-mp4"))
+    loss = MultimodalLoss(build_cells(cfg.model, cfg.preprocess), cfg.train.loss_weights)
+    apply_loss_strategy(loss, create_strategy("dp2-mp4"))
     assert loss.contrastive.matmul.attrs["in_strategy"] == ((2, 1), (1, 1))
     assert loss.contrastive.log_softmax.log_softmax.attrs["in_strategy"] == ((2, 1),)
     assert loss.answer_loss.ce.sparse_softmax_cross_entropy.attrs["in_strategy"] == ((2, 1), (2,))

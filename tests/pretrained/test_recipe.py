@@ -44,9 +44,9 @@ def test_frozen_encoders_keep_their_converted_weights_while_the_rest_trains(conv
     assert saved["text.word_embeddings.weight"].shape == (30524, 384)
     np.testing.assert_array_equal(saved["text.word_embeddings.weight"][:30522], words)
     assert saved["vision.pos_embed"].shape == (1, 1 + 8 * 8, 384)  # resized from 37 x 37 to 112 / 14
-    from mindvl.eval import load_trained
+    from mindvl.models import load_model
 
-    cfg, model = load_trained(result.output_dir)  # the run's config holds the shapes: no folder needed
+    cfg, model, _ = load_model(result.output_dir)  # the run's config holds the shapes: no folder needed
     assert (cfg.model.vision.width, cfg.model.text.width, cfg.model.audio.width) == (384, 384, 512)
     np.testing.assert_array_equal(model.vision.patch_embed.weight.asnumpy(), dinov2["patch_embed.weight"])
 

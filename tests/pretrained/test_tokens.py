@@ -71,7 +71,7 @@ def test_cached_states_are_the_encoders_outputs(trainer):
 
 def test_a_batch_of_cached_states_gives_the_full_models_loss(trainer):
     """The first training batch through TokenInputModel and through the full model (encoders run)."""
-    from mindvl.data.loader import TrainStream
+    from mindvl.data.stream import TrainStream
     from mindvl.train.losses import MultimodalLoss
 
     cached_ids, cached = next(iter(trainer.stream))

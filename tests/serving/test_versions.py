@@ -13,8 +13,9 @@ import pytest
 
 from live import b64, call, config, grpc_predict, predict, rest_inputs, vqa_inputs
 from mindvl.data.examples import query_examples
-from mindvl.export.package import read_manifest, write_package
-from mindvl.export.source import load_source
+from mindvl.export.package import write_package
+from mindvl.model_package import read_manifest
+from mindvl.models import load_model
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.servable import CONFIG_FILE, config_text, deploy
 from mindvl.serving.server import BackgroundServer
@@ -34,7 +35,7 @@ def step10_package(trained_run, tmp_path_factory):
     """The vqa graph of the same run at step 10: other weights than the session package (step 30), the same
     preprocessing, tokenizer and labels, so it deploys as another version of the same servable."""
     _, result = trained_run
-    cfg, model, record = load_source(str(Path(result.output_dir) / "checkpoints" / "step_00000010"))
+    cfg, model, record = load_model(str(Path(result.output_dir) / "checkpoints" / "step_00000010"))
     return write_package(cfg, model, tmp_path_factory.mktemp("pkg") / "step10", record, progress=False,
                          graphs=["vqa"])
 
@@ -251,7 +252,7 @@ def encrypted_servables(trained_run, vqa_package, tmp_path_factory):
     """enc: the image graph of the session model encrypted with KEY; plain: the same graph, unencrypted,
     from the session package (so both embed an image alike)."""
     _, result = trained_run
-    cfg, model, record = load_source(result.output_dir)
+    cfg, model, record = load_model(result.output_dir)
     package = write_package(cfg, model, tmp_path_factory.mktemp("pkg") / "enc", record, key=KEY, progress=False,
                             graphs=["image_embed"])
     folder = tmp_path_factory.mktemp("servables")

@@ -10,7 +10,8 @@ from safetensors.numpy import load_file, save_file
 
 from mindvl.config import ConfigError
 from mindvl.train.average import average_checkpoints, normalise_weights
-from mindvl.train.checkpoint import CheckpointError, sha256_file
+from mindvl.files import sha256_file
+from mindvl.runs import CheckpointError
 
 
 def _checkpoint(result, step: int) -> Path:
@@ -30,7 +31,7 @@ def _variant(base: Path, folder: Path, config_edit=None, weights_edit=None) -> P
 
 
 def test_weighted_average_is_the_numpy_weighted_mean_and_loads(trained_run, tmp_path):
-    from mindvl.eval import load_trained
+    from mindvl.models import load_model
 
     cfg, result = trained_run
     first, second = _checkpoint(result, 10), _checkpoint(result, 30) / "model.safetensors"
@@ -53,7 +54,7 @@ def test_weighted_average_is_the_numpy_weighted_mean_and_loads(trained_run, tmp_
     assert record["config"] == {"taken_from": str(first), "sections_differing": []}
     assert record["evaluation"] is None
 
-    _, model = load_trained(str(out))  # what `mindvl eval --run` does
+    _, model, _ = load_model(str(out))  # what `mindvl eval --run` does
     for name, param in model.parameters_and_names():
         np.testing.assert_array_equal(param.asnumpy(), soup[name], err_msg=name)
 

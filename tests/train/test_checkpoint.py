@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn
 
-from mindvl.train.checkpoint import (CHECKPOINT_FORMAT, CheckpointError, best_checkpoint, check_same_model,
-                                     find_resumable, latest_checkpoint, load_model_weights, load_optimizer_state,
-                                     mark_best, read_best, save_checkpoint, sha256_file, verify_checkpoint)
+from mindvl.files import sha256_file
+from mindvl.runs import (best_checkpoint, CHECKPOINT_FORMAT, CheckpointError, latest_checkpoint, load_model_weights,
+                         read_best)
+from mindvl.train.checkpoint import (check_same_model, find_resumable, load_optimizer_state, mark_best,
+                                     save_checkpoint, verify_checkpoint)
 
 MODEL_CONFIG = {"fusion": {"width": 128, "layers": 2}, "text": {"vocab_size": 50, "shape": (4, 8)}}
 

@@ -14,7 +14,8 @@ from safetensors.numpy import load_file
 
 from mindvl.cli import main
 from mindvl.config import ConfigError, EncoderConfig, load_config
-from mindvl.export.package import parameter_count, read_manifest
+from mindvl.export.package import count_cell_parameters
+from mindvl.model_package import read_manifest
 from mindvl.train.distill import FeatureLoss, FrozenTeacher, SoftTargetKL, teacher_config
 
 # A student smaller than the session teacher (widths 32, one block per stack): widths 16.
@@ -63,20 +64,20 @@ def test_distillation_trains_the_student_and_logs_every_part_by_name(distilled):
 
 
 def test_the_checkpoint_holds_the_student_alone_and_loads_for_evaluation(distilled):
-    from mindvl.cells import create_model
-    from mindvl.eval import load_trained
-    from mindvl.train.checkpoint import parameter_paths
+    from mindvl.cells import build_cells
+    from mindvl.models import load_model
+    from mindvl.runs import parameter_paths
 
     cfg, result = distilled
     saved = load_file(str(Path(result.checkpoint) / "model.safetensors"))
-    student = parameter_paths(create_model(cfg.model, cfg.preprocess))
+    student = parameter_paths(build_cells(cfg.model, cfg.preprocess))
     assert set(saved) == set(student)  # no teacher, no feature map
     assert {name: value.shape for name, value in saved.items()} == {n: p.shape for n, p in student.items()}
     assert result.trainable_parameters == sum(value.size for value in saved.values())
     optimizer = load_file(str(Path(result.checkpoint) / "optimizer.safetensors"))
     assert {"extra/distill/projections.0.weight", "extra/distill/projections.0.bias"} <= set(optimizer)
     assert optimizer["extra/distill/projections.0.weight"].shape == (32, 16)  # student width -> teacher width
-    loaded_cfg, model = load_trained(result.output_dir)
+    loaded_cfg, model, _ = load_model(result.output_dir)
     assert loaded_cfg.model.fusion.width == 16
     for name, param in parameter_paths(model).items():
         np.testing.assert_array_equal(param.asnumpy(), saved[name])
@@ -94,10 +95,10 @@ def test_mindvl_export_distill_packages_the_completed_student(distilled, trained
     manifest = read_manifest(tmp_path / "pkg")
     compression = manifest["compression"]
     assert compression["method"] == "distilled" and compression["teacher"]["checkpoint"].startswith(str(teacher))
-    from mindvl.eval import load_trained
+    from mindvl.models import load_model
 
-    _, teacher_model = load_trained(str(teacher))
-    assert compression["teacher_parameters"] == parameter_count(teacher_model) > manifest["parameters"]
+    _, teacher_model, _ = load_model(str(teacher))
+    assert compression["teacher_parameters"] == count_cell_parameters(teacher_model) > manifest["parameters"]
 
 
 def test_resume_restores_the_feature_map_and_never_optimizes_the_teacher(distilled):
@@ -164,10 +165,10 @@ def test_feature_taps_leave_the_default_output_and_return_the_tapped_blocks():
 
 
 def test_feature_taps_outside_the_fusion_are_refused():
-    from mindvl.cells import create_model
+    from mindvl.cells import build_cells
 
     cfg = load_config("tiny", STUDENT + ["model.text.vocab_size=20"])
-    model = create_model(cfg.model, cfg.preprocess)
+    model = build_cells(cfg.model, cfg.preprocess)
     assert model.fusion.encoder.taps == ()
     with pytest.raises(ValueError, match=r"feature taps \[1\]: the fusion has blocks 0..0"):
         model.set_feature_taps([1])
@@ -213,7 +214,7 @@ def test_feature_loss_averages_valid_slots_only():
 # ----------------------------------------------------------------------------- refusals
 
 def _bound(cfg):
-    from mindvl.train.trainer import bind_config
+    from mindvl.models import bind_config
 
     return bind_config(cfg)
 

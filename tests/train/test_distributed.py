@@ -9,7 +9,7 @@ import pytest
 
 from conftest import MSRUN_WORKER  # noqa: E402  (tests/conftest.py)
 
-TOLERANCE = 1e-6  # float32; measured differences are ~6e-8 (the two halves' partial sums vs one matmul)
+TOLERANCE = 1e-6  # float32; measured differences are ~6e-8 on AVX-512, ~9e-8 on AVX2 (partial sums vs one matmul)
 
 
 def test_init_data_parallel_without_msrun_initialises_nothing(monkeypatch):
@@ -36,8 +36,11 @@ def test_two_msrun_ranks_with_gathered_embeddings_get_the_single_process_gradien
     parameters = [name for name in reference.files if name not in ("loss", "gathered")]
     assert len(parameters) == 4
     for rank in ranks:
-        # every rank holds the whole batch's embeddings, rank 0's rows first
-        np.testing.assert_array_equal(rank["gathered"], reference["gathered"])
+        # every rank holds the whole batch's embeddings, rank 0's rows first; each half is computed by its own
+        # rank, whose matmul over fewer rows may sum in another order (AVX2 kernels: ~9e-8 apart), so the
+        # rows agree within float32 rounding, not bit for bit
+        assert rank["gathered"].shape == reference["gathered"].shape
+        np.testing.assert_allclose(rank["gathered"], reference["gathered"], rtol=0, atol=TOLERANCE)
         for name in parameters:
             np.testing.assert_allclose(rank[name], reference[name], rtol=0, atol=TOLERANCE, err_msg=name)
             assert np.abs(reference[name]).max() > 1e-2  # a gradient that matters, not zeros matching zeros

@@ -3,7 +3,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from mindvl.cells import create_model
+from mindvl.cells import build_cells
 from mindvl.config import load_config
 from mindvl.train.optim import apply_recompute, create_optimizer, freeze_modules, group_indices, module_of
 from mindvl.train.schedule import warmup_cosine
@@ -14,7 +14,7 @@ from conftest import SMALL_MODEL  # noqa: E402  (tests/conftest.py)
 def _setup(*overrides):
     cfg = load_config("tiny", [*SMALL_MODEL, "train.lr=1e-3", "train.warmup_steps=2", *overrides])
     cfg.model.text.vocab_size = 40
-    return cfg, create_model(cfg.model, cfg.preprocess)
+    return cfg, build_cells(cfg.model, cfg.preprocess)
 
 
 def test_every_parameter_belongs_to_one_module():

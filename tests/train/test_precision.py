@@ -4,9 +4,9 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from mindvl.cells import create_model
+from mindvl.cells import build_cells
 from mindvl.config import ConfigError, PrecisionConfig, load_config
-from mindvl.train.checkpoint import parameter_paths
+from mindvl.runs import parameter_paths
 from mindvl.train.precision import NoLossScaling, apply_precision, set_objective_precision
 from mindvl.train.losses import AnswerLoss
 
@@ -17,7 +17,7 @@ def _model(seed=0):
     cfg = load_config("tiny", SMALL_MODEL)
     cfg.model.text.vocab_size = 40
     ms.set_seed(seed)
-    return create_model(cfg.model, cfg.preprocess)
+    return build_cells(cfg.model, cfg.preprocess)
 
 
 @pytest.fixture(scope="module")

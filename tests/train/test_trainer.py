@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindvl.cells import create_model
-from mindvl.train.checkpoint import CheckpointError, latest_checkpoint, load_model_weights
+from mindvl.cells import build_cells
+from mindvl.runs import CheckpointError, latest_checkpoint, load_model_weights
 
 
 def test_short_training_on_real_data_lowers_the_loss(trained_run):
@@ -35,7 +35,7 @@ def test_checkpoints_are_written_at_intervals_with_a_train_state(trained_run):
 
 def test_weights_load_back_exactly(trained_run):
     cfg, result = trained_run
-    model = create_model(cfg.model, cfg.preprocess)
+    model = build_cells(cfg.model, cfg.preprocess)
     state = load_model_weights(model, Path(result.output_dir))
     assert state["step"] == 30
     from safetensors.numpy import load_file
@@ -50,7 +50,7 @@ def test_truncated_checkpoint_is_a_clear_error(trained_run, tmp_path):
     broken = tmp_path / "model.safetensors"
     broken.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="truncated"):
-        load_model_weights(create_model(cfg.model, cfg.preprocess), broken)
+        load_model_weights(build_cells(cfg.model, cfg.preprocess), broken)
 
 
 def test_checkpoint_of_another_config_is_refused(trained_run):
@@ -58,7 +58,7 @@ def test_checkpoint_of_another_config_is_refused(trained_run):
     cfg.model.fusion.layers += 1
     try:
         with pytest.raises(CheckpointError, match="does not match the model"):
-            load_model_weights(create_model(cfg.model, cfg.preprocess), Path(result.output_dir))
+            load_model_weights(build_cells(cfg.model, cfg.preprocess), Path(result.output_dir))
     finally:
         cfg.model.fusion.layers -= 1
 
@@ -82,7 +82,7 @@ def test_packing_statistics_are_reported(trained_run):
 
 def test_model_sizes_follow_the_data_or_fail_clearly(make_config, tmp_path):
     from mindvl.config import ConfigError
-    from mindvl.train.trainer import bind_data
+    from mindvl.models import bind_data
 
     cfg = make_config(tmp_path, model__num_answers=0)
     bind_data(cfg, vocab=50, answers=40)
@@ -130,7 +130,7 @@ def test_metrics_go_to_jsonl_and_tensorboard(trained_run):
 
 
 def test_validation_during_training_tracks_the_best_checkpoint(trained_run):
-    from mindvl.train.checkpoint import best_checkpoint, read_best
+    from mindvl.runs import best_checkpoint, read_best
 
     _, result = trained_run
     assert [v["step"] for v in result.validation] == [10, 20, 30]

@@ -8,7 +8,7 @@ channels, each layer its own most important ones, so the pruned stack is again o
 heads = k with head_dim kept, mlp_ratio = m / width (round(width * m / width) == m exactly).
 
 Heads and channels are permutation invariant, so the kept ones are laid out most important first:
-keeping all of them permutes the weights and changes no output (tests/export/test_prune.py checks it).
+keeping all of them permutes the weights and changes no output (tests/train/test_prune.py checks it).
 """
 import copy
 import json
@@ -21,17 +21,17 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 from mindspore import ParameterTuple, nn, ops
 
-from mindvl.cells import create_model
+from mindvl.cells import build_cells, count_cell_parameters
 from mindvl.cells.linear import merged_state
-from mindvl.config import Config, ConfigError, EncoderConfig
-from mindvl.data.loader import TrainStream, load_tokenizer
-from mindvl.eval import load_trained
-from mindvl.export.package import parameter_count
-from mindvl.train.checkpoint import assign_state
+from mindvl.config import STACKS, Config, ConfigError, EncoderConfig
+from mindvl.data.root import load_tokenizer
+from mindvl.data.stream import TrainStream
+from mindvl.models import load_model
+from mindvl.runs import CHECKPOINTS, assign_state
 from mindvl.train.losses import MultimodalLoss
-from mindvl.train.trainer import Trainer, TrainingArguments
+from mindvl.train.arguments import TrainingArguments
+from mindvl.train.trainer import Trainer
 
-STACKS = ("vision", "text", "audio", "fusion")  # model.<name> configs; the stack is the cell <name>.encoder
 HEAD_ROWS = ("q_proj", "k_proj", "v_proj")  # projections whose output rows are grouped by head
 PRUNABLE = re.compile(rf"^({'|'.join(STACKS)})\.encoder\.blocks\.\d+\."
                       r"(attn\.(q_proj|k_proj|v_proj|out_proj)|mlp\.fc1|mlp\.fc2)\.(weight|bias)$")
@@ -166,7 +166,7 @@ def merge_lora(cfg: Config, model: nn.Cell) -> Tuple[Config, nn.Cell]:
     merged_cfg = copy.deepcopy(cfg)
     for stack in STACKS:
         getattr(merged_cfg.model, stack).lora_rank = 0
-    merged = create_model(merged_cfg.model, merged_cfg.preprocess)
+    merged = build_cells(merged_cfg.model, merged_cfg.preprocess)
     assign_state(merged, merged_state(model), "the LoRA-merged weights")
     merged.set_train(False)
     return merged_cfg, merged
@@ -182,7 +182,7 @@ def prune_model(cfg: Config, model: nn.Cell, scores: Dict[str, StackImportance],
     with_lora = [f"model.{stack}" for stack in STACKS if getattr(cfg.model, stack).lora_rank]
     if with_lora:
         raise ConfigError(f"{', '.join(with_lora)}: LoRA adapters (lora_rank > 0) cannot be sliced with their "
-                         f"projections; fold them in first with mindvl.export.prune.merge_lora(cfg, model)")
+                         f"projections; fold them in first with mindvl.train.prune.merge_lora(cfg, model)")
     plans = plan_pruning(cfg.model, scores, keep_heads, keep_mlp)
     pruned_cfg = copy.deepcopy(cfg)
     state = {name: param.asnumpy() for name, param in model.parameters_and_names()}
@@ -196,7 +196,7 @@ def prune_model(cfg: Config, model: nn.Cell, scores: Dict[str, StackImportance],
     pretrained = pruned_cfg.model.pretrained
     pretrained.vision = pretrained.text = pretrained.audio = pretrained.cache = ""
     pruned_cfg.validate()
-    pruned = create_model(pruned_cfg.model, pruned_cfg.preprocess)
+    pruned = build_cells(pruned_cfg.model, pruned_cfg.preprocess)
     assign_state(pruned, state, "the pruned weights")
     pruned.set_train(False)
     return pruned_cfg, pruned
@@ -214,7 +214,7 @@ def prune_and_finetune(run_or_checkpoint: str, out_dir: str, keep_heads: float, 
                        log: Callable[[str], None] = print) -> Dict[str, object]:
     """Load a trained run, score its heads and channels, prune them, fine-tune the pruned model `steps` steps
     with the real trainer (lr = lr_scale x the run's, warmup steps // 10) into `out_dir`, a normal run folder
-    that `load_trained(out_dir)` reads. Returns the record also written to out_dir/prune.json: settings,
+    that `mindvl.models.load_model(out_dir)` reads. Returns the record also written to out_dir/prune.json: settings,
     parameters before (LoRA merged, adapters not counted) and after, per stack the kept heads and channels
     per layer, the fine-tune's result. `log` gets one line per phase; `progress`: the trainer's bar."""
     if steps < 1:
@@ -222,13 +222,13 @@ def prune_and_finetune(run_or_checkpoint: str, out_dir: str, keep_heads: float, 
     if lr_scale <= 0:
         raise ConfigError(f"lr_scale: expected a factor > 0 of the run's learning rate, got {lr_scale}")
     out_dir = Path(out_dir)
-    if (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").iterdir()):
-        raise ConfigError(f"{out_dir}: already holds checkpoints, which load_trained would mix with the pruned "
+    if (out_dir / CHECKPOINTS).is_dir() and any((out_dir / CHECKPOINTS).iterdir()):
+        raise ConfigError(f"{out_dir}: already holds checkpoints, which loading would mix with the pruned "
                          f"run's; pick a new or empty out_dir")
-    cfg, model = load_trained(str(run_or_checkpoint))
+    cfg, model, _ = load_model(str(run_or_checkpoint))
     merged = [f"model.{stack}" for stack in STACKS if getattr(cfg.model, stack).lora_rank]
     cfg, model = merge_lora(cfg, model)
-    before = parameter_count(model)
+    before = count_cell_parameters(model)
     log(f"prune: loaded {run_or_checkpoint} ({before:,} parameters"
         f"{'; LoRA merged into ' + ', '.join(merged) if merged else ''})")
     start = time.perf_counter()
@@ -238,7 +238,7 @@ def prune_and_finetune(run_or_checkpoint: str, out_dir: str, keep_heads: float, 
         f"{importance_seconds} s")
     plans = plan_pruning(cfg.model, scores, keep_heads, keep_mlp)
     pruned_cfg, pruned = prune_model(cfg, model, scores, keep_heads, keep_mlp)
-    after = parameter_count(pruned)
+    after = count_cell_parameters(pruned)
     shapes = ", ".join(f"{stack} {getattr(cfg.model, stack).heads}->{getattr(pruned_cfg.model, stack).heads} heads "
                        f"{mlp_hidden(getattr(cfg.model, stack))}->{mlp_hidden(getattr(pruned_cfg.model, stack))} "
                        f"channels" for stack in STACKS)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from mindvl.cli import main
-from mindvl.lite.calibrate import (CALIBRATION_FILE, CalibrationError, accuracy_curve, calibrate, edge_logits,
-                                   fit_temperature, load_calibration, nll, split_examples, threshold_for_accuracy,
-                                   threshold_for_cloud_rate)
+from mindvl.export.calibrate import (accuracy_curve, calibrate, edge_logits, fit_temperature, nll, split_examples,
+                                     threshold_for_accuracy, threshold_for_cloud_rate)
+from mindvl.lite.calibration import CALIBRATION_FILE, CalibrationError, load_calibration
 from mindvl.lite.cascade import Cascade
 from mindvl.lite.device import DevicePipeline, softmax
 
@@ -35,7 +35,7 @@ def fitted(pipeline, package, root):
 
 
 def test_validation_questions_are_the_held_out_training_images(package, root, vqa_package):
-    from mindvl.data.loader import split_rows
+    from mindvl.data.splits import split_rows
 
     examples = split_examples(package, root, "validation")
     assert len(examples) == len(split_rows(vqa_package[0], "validation")) > 0

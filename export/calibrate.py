@@ -13,10 +13,9 @@
    to the cloud; the threshold sits halfway between two neighbouring confidences), or the lowest cloud rate
    whose overall accuracy reaches the target accuracy.
 The result is a JSON file (`calibration.json` beside the package's manifest, like evaluation.json, or
-anywhere) that `Cascade.from_calibration` reads; it records the package's vqa graph hash so it is never
+anywhere; lite/calibration.py) that `Cascade.from_calibration` reads; it records the package's vqa graph hash so it is never
 applied to another model.
 """
-import dataclasses
 import datetime
 import json
 import math
@@ -25,22 +24,21 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from mindvl.lite.model import LiteError
+from mindvl.config import config_from_dict
+from mindvl.data.examples import QueryExample, query_examples, wav_bytes
+from mindvl.data.root import load_meta
+from mindvl.data.splits import split_rows
+from mindvl.data.records import SPEECH_TABLE, read_split, read_table
+from mindvl.lite.calibration import (MODALITIES, Calibration, CalibrationError, PathLike, example_item,
+                                     package_identity)
+from mindvl.lite.device import DevicePipeline, softmax
+from mindvl.model_package import read_manifest
+from mindvl.preprocess import InputError
+from mindvl.serving.client import Client
 
-CALIBRATION_FILE = "calibration.json"
-FORMAT = "mindvl-calibration"
-FORMAT_VERSION = 1
 TEMPERATURE_BOUNDS = (0.05, 20.0)
-MODALITIES = ("typed", "spoken", "both")  # how each question is asked: text, WAV, or both at once
 SPLITS = ("validation", "test", "train")
 CLOUD_BATCH = 16  # questions per request when the curve asks a real cloud
-
-PathLike = Union[str, Path]
-
-
-class CalibrationError(LiteError):
-    """Calibration data or settings that cannot give a calibration, or a calibration file that cannot be
-    used; the message says what to change."""
 
 
 # ----------------------------------------------------------------------------- temperature
@@ -146,80 +144,6 @@ def _check_fraction(what: str, value: Any) -> float:
     return float(value)
 
 
-# ----------------------------------------------------------------------------- the calibration file
-
-def package_identity(manifest: dict) -> Dict[str, Any]:
-    """What a calibration belongs to: the package's name, version and vqa graph file hash."""
-    vqa = manifest["graphs"]["vqa"]["file"]
-    return {"name": manifest["name"], "version": manifest["version"], "vqa_sha256": manifest["files"][vqa]["sha256"]}
-
-
-@dataclasses.dataclass
-class Calibration:
-    """A fitted cascade setting and the evidence for it (see the module docstring)."""
-    temperature: float
-    threshold: float
-    package: Dict[str, Any]
-    target: Dict[str, float] = dataclasses.field(default_factory=dict)
-    split: str = ""
-    modality: str = ""
-    examples: int = 0
-    skipped: List[str] = dataclasses.field(default_factory=list)
-    nll: Dict[str, float] = dataclasses.field(default_factory=dict)
-    cloud: Dict[str, Any] = dataclasses.field(default_factory=dict)
-    chosen: Dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
-    curve: List[Dict[str, Optional[float]]] = dataclasses.field(default_factory=list)
-    created: str = ""
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {"format": FORMAT, "format_version": FORMAT_VERSION, **dataclasses.asdict(self)}
-
-    def save(self, path: PathLike) -> Path:
-        path = Path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(self.to_dict(), indent=2))
-        except OSError as exc:
-            raise CalibrationError(f"{path}: cannot write the calibration ({exc}); choose another --out") from exc
-        return path
-
-    def check_package(self, manifest: dict, package: PathLike) -> None:
-        """CalibrationError unless this calibration was fitted for the package with `manifest`."""
-        have = package_identity(manifest)
-        if have["vqa_sha256"] != self.package.get("vqa_sha256"):
-            fitted = self.package
-            raise CalibrationError(f"the calibration was fitted for package {fitted.get('name')} v"
-                                   f"{fitted.get('version')} (vqa sha256 {str(fitted.get('vqa_sha256'))[:12]}), "
-                                   f"not {package} ({have['name']} v{have['version']}, vqa sha256 "
-                                   f"{have['vqa_sha256'][:12]}); run `mindvl lite calibrate {package}` for it")
-
-
-def load_calibration(path: PathLike) -> Calibration:
-    """A calibration file, or the calibration.json inside a package folder."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / CALIBRATION_FILE
-    if not path.is_file():
-        raise CalibrationError(f"{path}: no such calibration file; write one with `mindvl lite calibrate PKG "
-                               f"--data ROOT`")
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as exc:
-        raise CalibrationError(f"{path}: not valid JSON ({exc}); calibrate again") from exc
-    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("format_version") != FORMAT_VERSION:
-        raise CalibrationError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} file; calibrate again with this mindvl")
-    fields = {f.name for f in dataclasses.fields(Calibration)}
-    try:
-        calibration = Calibration(**{k: v for k, v in data.items() if k in fields})
-    except TypeError as exc:
-        raise CalibrationError(f"{path}: {exc}; calibrate again") from exc
-    if not (isinstance(calibration.temperature, (int, float)) and calibration.temperature > 0 and
-            isinstance(calibration.threshold, (int, float)) and calibration.threshold >= 0):
-        raise CalibrationError(f"{path}: temperature {calibration.temperature!r} / threshold "
-                               f"{calibration.threshold!r}: expected a temperature > 0 and a threshold >= 0")
-    return calibration
-
-
 # ----------------------------------------------------------------------------- labelled questions
 
 def split_examples(package: PathLike, root: PathLike, split: str = "validation", limit: int = 0) -> list:
@@ -227,11 +151,6 @@ def split_examples(package: PathLike, root: PathLike, split: str = "validation",
     test split with the test voice; "validation" / "train" the rows of the train table the package's training
     config held out / kept, with the first training voice's clip (validation questions are training
     questions, as the loader has it). limit: the first `limit` (0: all)."""
-    from mindvl.config import config_from_dict
-    from mindvl.data.examples import QueryExample, query_examples, wav_bytes
-    from mindvl.data.loader import load_meta, split_rows
-    from mindvl.data.records import SPEECH_TABLE, read_split, read_table
-
     if split not in SPLITS:
         raise CalibrationError(f"split {split!r}: expected one of {', '.join(SPLITS)}")
     if split == "test":
@@ -251,19 +170,9 @@ def split_examples(package: PathLike, root: PathLike, split: str = "validation",
                          meta["answers"][int(table[i]["answer_id"])]) for i in rows]
 
 
-def example_item(example, modality: str) -> Dict[str, Any]:
-    """A QueryExample as predict's inputs, the question typed, spoken or both."""
-    if modality not in MODALITIES:
-        raise CalibrationError(f"modality {modality!r}: expected one of {', '.join(MODALITIES)}")
-    return {"image": example.image, "question": "" if modality == "spoken" else example.question,
-            "audio": b"" if modality == "typed" else example.audio}
-
-
 def edge_logits(pipeline, examples: Sequence, modality: str):
     """(logits float32 (n, classes), label index per answered example, the skipped items' errors) of the
     device pipeline on `examples`; bad items are skipped and reported, never fatal."""
-    from mindvl.preprocess import InputError
-
     index = {label: i for i, label in enumerate(pipeline.labels)}
     unknown = sorted({e.answer for e in examples} - set(index))
     if unknown:
@@ -302,9 +211,6 @@ def calibrate(package: PathLike, root: PathLike, split: str = "validation", moda
     Client or an address) on every question, else `cloud_accuracy` (default 1.0). `pipeline`: a
     DevicePipeline of `package` to use (else one is built on `backend`). `examples`: labelled questions
     (QueryExample) to use instead of the split's (`split` then only names them). Nothing is written (`.save`)."""
-    from mindvl.export.package import read_manifest
-    from mindvl.lite.device import DevicePipeline, softmax
-
     if target_cloud_rate is not None and target_accuracy is not None:
         raise CalibrationError("give one target: --target-cloud-rate or --target-accuracy, not both")
     if cloud is not None and cloud_accuracy is not None:
@@ -335,8 +241,6 @@ def calibrate(package: PathLike, root: PathLike, split: str = "validation", moda
     edge_correct = (probabilities.argmax(axis=1) == labels).astype(np.float64)
 
     if cloud is not None:
-        from mindvl.serving.client import Client
-
         client = Client(cloud, servable, "predict", timeout=timeout_s) if isinstance(cloud, str) else cloud
         measured = cloud_correctness(client, kept, modality, edge_correct)
         cloud_correct = measured["correct"]

@@ -7,14 +7,15 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from mindvl.cells import AnswerNet, create_model
+from mindvl.cells import AnswerNet, build_cells
 from mindvl.cli import main
 from mindvl.config import PreprocessConfig
 from mindvl.data import create_dataset
-from mindvl.eval import load_trained
+from mindvl.models import load_model
 from mindvl.export.graphs import question_inputs
-from mindvl.export.package import parameter_count, read_manifest
-from mindvl.export.prune import (RECORD_FILE, STACKS, head_dim, importance, merge_lora, mlp_hidden,
+from mindvl.export.package import count_cell_parameters
+from mindvl.model_package import read_manifest
+from mindvl.train.prune import (RECORD_FILE, head_dim, importance, merge_lora, mlp_hidden,
                                  plan_pruning, prune_and_finetune, prune_model)
 
 ANSWER_INPUTS = [spec.name for spec in question_inputs(PreprocessConfig())]
@@ -24,7 +25,7 @@ ANSWER_INPUTS = [spec.name for spec in question_inputs(PreprocessConfig())]
 def scored(trained_run):
     """(cfg, model, importance over 2 training batches) of the trained run."""
     _, result = trained_run
-    cfg, model = load_trained(result.output_dir)
+    cfg, model, _ = load_model(result.output_dir)
     return cfg, model, importance(cfg, model, batches=2)
 
 
@@ -48,7 +49,7 @@ def test_keeping_every_head_and_channel_only_permutes_them_and_answers_the_same(
     for stack in STACKS:
         before, after = getattr(cfg.model, stack), getattr(pruned_cfg.model, stack)
         assert (after.heads, after.head_dim, mlp_hidden(after)) == (before.heads, head_dim(before), mlp_hidden(before))
-    assert parameter_count(pruned) == parameter_count(model)
+    assert count_cell_parameters(pruned) == count_cell_parameters(model)
     np.testing.assert_allclose(_answers(pruned, question_batch), _answers(model, question_batch), atol=1e-5)
 
 
@@ -71,7 +72,7 @@ def test_half_the_heads_and_channels_keeps_the_most_important_and_still_answers(
             original = dict(model.parameters_and_names())[prefix + "attn.q_proj.weight"].asnumpy()
             kept = dict(pruned.parameters_and_names())[prefix + "attn.q_proj.weight"].asnumpy()
             np.testing.assert_array_equal(kept, np.concatenate([original[h * size:(h + 1) * size] for h in heads]))
-    assert removed > 0 and parameter_count(pruned) == parameter_count(model) - removed
+    assert removed > 0 and count_cell_parameters(pruned) == count_cell_parameters(model) - removed
     probabilities = _answers(pruned, question_batch)
     assert probabilities.shape == (cfg.data.batch_size, cfg.model.num_answers)
     assert np.isfinite(probabilities).all()
@@ -84,7 +85,7 @@ def test_lora_must_be_merged_before_pruning_and_merging_folds_the_update(scored)
     lora_cfg.model.text.lora_rank = 2
     with pytest.raises(ValueError, match="model.text: LoRA"):
         prune_model(lora_cfg, model, scores, 0.5, 0.5)
-    lora_model = create_model(lora_cfg.model, lora_cfg.preprocess)
+    lora_model = build_cells(lora_cfg.model, lora_cfg.preprocess)
     q_proj = lora_model.text.encoder.blocks[0].attn.q_proj
     q_proj.lora_b.set_data(ms.Tensor(np.ones(q_proj.lora_b.shape, np.float32)))
     merged_cfg, merged = merge_lora(lora_cfg, lora_model)
@@ -103,12 +104,12 @@ def test_prune_and_finetune_writes_a_run_that_loads(trained_run, tmp_path):
     assert json.loads((out / RECORD_FILE).read_text()) == json.loads(json.dumps(record))
     assert record["parameters"]["after"] < record["parameters"]["before"]
     assert record["finetune"]["steps"] == 2 and Path(record["finetune"]["checkpoint"]).is_dir()
-    cfg, model = load_trained(str(out))
+    cfg, model, _ = load_model(str(out))
     for stack in STACKS:
         encoder = getattr(cfg.model, stack)
         assert (encoder.heads, encoder.head_dim) == (2, 8)  # trained_run: width 32, 4 heads of 8
         assert len(record["stacks"][stack]["kept_heads"][0]) == 2
-    assert parameter_count(model) == record["parameters"]["after"]
+    assert count_cell_parameters(model) == record["parameters"]["after"]
     with pytest.raises(ValueError, match="already holds checkpoints"):  # would mix with the pruned run's
         prune_and_finetune(result.output_dir, str(out), keep_heads=0.5, keep_mlp=0.5, steps=2)
     # `mindvl export prune` on a completed fine-tune packages it without pruning again

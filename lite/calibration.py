@@ -1,0 +1,105 @@
+"""The calibration a device applies in an edge-cloud cascade (`Cascade.from_calibration`): the temperature
+and threshold fitted by `mindvl lite calibrate` (mindvl/export/calibrate.py), read from its JSON file
+(`calibration.json` beside the package's manifest, or anywhere). It records the package's vqa graph hash,
+so it is never applied to another model.
+"""
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+from mindvl.lite.model import LiteError
+
+CALIBRATION_FILE = "calibration.json"
+FORMAT = "mindvl-calibration"
+FORMAT_VERSION = 1
+MODALITIES = ("typed", "spoken", "both")  # how each question is asked: text, WAV, or both at once
+
+PathLike = Union[str, Path]
+
+
+class CalibrationError(LiteError):
+    """Calibration data or settings that cannot give a calibration, or a calibration file that cannot be
+    used; the message says what to change."""
+
+
+def package_identity(manifest: dict) -> Dict[str, Any]:
+    """What a calibration belongs to: the package's name, version and vqa graph file hash."""
+    vqa = manifest["graphs"]["vqa"]["file"]
+    return {"name": manifest["name"], "version": manifest["version"], "vqa_sha256": manifest["files"][vqa]["sha256"]}
+
+
+@dataclasses.dataclass
+class Calibration:
+    """A fitted cascade setting and the evidence for it (see the module docstring)."""
+    temperature: float
+    threshold: float
+    package: Dict[str, Any]
+    target: Dict[str, float] = dataclasses.field(default_factory=dict)
+    split: str = ""
+    modality: str = ""
+    examples: int = 0
+    skipped: List[str] = dataclasses.field(default_factory=list)
+    nll: Dict[str, float] = dataclasses.field(default_factory=dict)
+    cloud: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    chosen: Dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
+    curve: List[Dict[str, Optional[float]]] = dataclasses.field(default_factory=list)
+    created: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, **dataclasses.asdict(self)}
+
+    def save(self, path: PathLike) -> Path:
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.to_dict(), indent=2))
+        except OSError as exc:
+            raise CalibrationError(f"{path}: cannot write the calibration ({exc}); choose another --out") from exc
+        return path
+
+    def check_package(self, manifest: dict, package: PathLike) -> None:
+        """CalibrationError unless this calibration was fitted for the package with `manifest`."""
+        have = package_identity(manifest)
+        if have["vqa_sha256"] != self.package.get("vqa_sha256"):
+            fitted = self.package
+            raise CalibrationError(f"the calibration was fitted for package {fitted.get('name')} v"
+                                   f"{fitted.get('version')} (vqa sha256 {str(fitted.get('vqa_sha256'))[:12]}), "
+                                   f"not {package} ({have['name']} v{have['version']}, vqa sha256 "
+                                   f"{have['vqa_sha256'][:12]}); run `mindvl lite calibrate {package}` for it")
+
+
+def load_calibration(path: PathLike) -> Calibration:
+    """A calibration file, or the calibration.json inside a package folder."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / CALIBRATION_FILE
+    if not path.is_file():
+        raise CalibrationError(f"{path}: no such calibration file; write one with `mindvl lite calibrate PKG "
+                               f"--data ROOT`")
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise CalibrationError(f"{path}: not valid JSON ({exc}); calibrate again") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("format_version") != FORMAT_VERSION:
+        raise CalibrationError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} file; calibrate again with this mindvl")
+    fields = {f.name for f in dataclasses.fields(Calibration)}
+    try:
+        calibration = Calibration(**{k: v for k, v in data.items() if k in fields})
+    except TypeError as exc:
+        raise CalibrationError(f"{path}: {exc}; calibrate again") from exc
+    if not (isinstance(calibration.temperature, (int, float)) and calibration.temperature > 0 and
+            isinstance(calibration.threshold, (int, float)) and calibration.threshold >= 0):
+        raise CalibrationError(f"{path}: temperature {calibration.temperature!r} / threshold "
+                               f"{calibration.threshold!r}: expected a temperature > 0 and a threshold >= 0")
+    return calibration
+
+
+# ----------------------------------------------------------------------------- labelled questions
+
+def example_item(example, modality: str) -> Dict[str, Any]:
+    """A QueryExample as predict's inputs, the question typed, spoken or both."""
+    if modality not in MODALITIES:
+        raise CalibrationError(f"modality {modality!r}: expected one of {', '.join(MODALITIES)}")
+    return {"image": example.image, "question": "" if modality == "spoken" else example.question,
+            "audio": b"" if modality == "typed" else example.audio}

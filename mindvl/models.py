@@ -1,0 +1,82 @@
+"""Making models: the one factory every caller uses to build a model from a recipe or load a trained one.
+
+    create_model(config)        the model a recipe describes, sized to its data set, seeded, holding its
+                                pretrained encoder weights (what training starts from)
+    load_model(path, ...)       a trained run's model with its weights, in eval mode, plus the config it
+                                belongs to and where the weights came from (what eval, export, averaging,
+                                distillation, pruning, the data build's alignment filter and serving tools use)
+
+Both build through `mindvl.cells.build_cells`; the sizes a recipe leaves at 0 come from the data set
+(`bind_config`), so a config always says exactly what was built. Training imports this module, never
+the other way round.
+"""
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import mindspore as ms
+
+from mindvl.cells import MultimodalModel, build_cells
+from mindvl.config import Config, ConfigError, config_from_dict, load_config
+from mindvl.data import load_meta, load_tokenizer
+from mindvl.files import sha256_file
+from mindvl.pretrained.bind import bind_pretrained, load_pretrained
+from mindvl.runs import CheckpointError, load_model_weights, read_run_config, resolve_checkpoint
+
+
+def bind_data(cfg: Config, vocab: int, answers: int) -> Config:
+    """Set model.text.vocab_size and model.num_answers from the data set (0 in a recipe means exactly
+    this); a recipe value that disagrees with the data is an error, not a silent resize."""
+    _bind(cfg, cfg.model.text, "vocab_size", "model.text.vocab_size", vocab, "tokens in its tokenizer")
+    _bind(cfg, cfg.model, "num_answers", "model.num_answers", answers, "answers")
+    return cfg
+
+
+def _bind(cfg: Config, section, name: str, key: str, value: int, what: str) -> None:
+    if getattr(section, name) not in (0, value):
+        raise ConfigError(f"{key}: {getattr(section, name)} does not match the data in {cfg.data.root} "
+                          f"({value} {what}); set it to 0 to follow the data")
+    setattr(section, name, value)
+
+
+def bind_config(cfg: Config) -> Config:
+    """Size `cfg` to its data set and its pretrained encoders (in place; idempotent)."""
+    tokenizer = load_tokenizer(cfg.data.root)
+    return bind_pretrained(bind_data(cfg, tokenizer.vocab_size, len(load_meta(cfg.data.root)["answers"])))
+
+
+def create_model(config) -> MultimodalModel:
+    """The model a recipe describes: sized to its data set (the config is updated in place), seeded with
+    train.seed (every data-parallel rank builds the same initial weights) and holding its pretrained
+    encoder weights. `config`: a Config, or anything holding one as `.config` (TrainingArguments)."""
+    cfg = config if isinstance(config, Config) else config.config
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(cfg.train.seed)
+    model = build_cells(bind_config(cfg).model, cfg.preprocess)
+    load_pretrained(model, cfg)
+    return model
+
+
+def load_model(path, config: Optional[str] = None, overrides: Sequence[str] = (),
+               data_root: Optional[str] = None) -> Tuple[Config, Any, Dict[str, Any]]:
+    """(config, model in eval mode, source record) for a run folder, a step_* folder or a model.safetensors.
+
+    Without `config` the run's own config.json is used; with it (a recipe name or YAML path, plus
+    KEY=VALUE overrides) the checkpoint must fit that model exactly, else CheckpointError names the
+    parameter that differs. `data_root` points the config at a data set elsewhere (a moved run). The
+    source record ({"checkpoint", "sha256", "step"}) is what a model package records as its origin."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    weights = resolve_checkpoint(Path(path))
+    cfg = load_config(config, overrides) if config else config_from_dict(read_run_config(weights))
+    if data_root:
+        cfg.data.root = data_root
+    if config:
+        bind_config(cfg)
+    model = build_cells(cfg.model, cfg.preprocess)
+    try:
+        state = load_model_weights(model, weights)
+    except CheckpointError as exc:
+        if config:
+            raise CheckpointError(f"--config {config} does not match the checkpoint: {exc}") from exc
+        raise
+    model.set_train(False)
+    return cfg, model, {"checkpoint": str(weights.resolve()), "sha256": sha256_file(weights), "step": state.get("step")}
