@@ -41,8 +41,8 @@ def measure(package: Path, onnx_dir: Path, threads: int, repeat: int, warmup: in
     import numpy as np
     import onnxruntime as ort
 
-    from mindvl.model_package import load_samples, read_manifest
     from mindvl.lite.model import Context, LiteModel
+    from mindvl.model_package import load_samples, read_manifest
 
     ms.device_context.cpu.op_tuning.threads_num(threads)
     manifest = read_manifest(package)

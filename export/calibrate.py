@@ -26,18 +26,16 @@ import numpy as np
 
 from mindvl.config import config_from_dict
 from mindvl.data.examples import QueryExample, query_examples, wav_bytes
-from mindvl.data.root import load_meta
-from mindvl.data.splits import split_rows
 from mindvl.data.records import SPEECH_TABLE, read_split, read_table
-from mindvl.lite.calibration import (MODALITIES, Calibration, CalibrationError, PathLike, example_item,
-                                     package_identity)
+from mindvl.data.root import load_meta
+from mindvl.data.splits import LOADER_SPLITS, split_rows
+from mindvl.lite.calibration import MODALITIES, Calibration, CalibrationError, PathLike, example_item, package_identity
 from mindvl.lite.device import DevicePipeline, softmax
 from mindvl.model_package import read_manifest
 from mindvl.preprocess import InputError
 from mindvl.serving.client import Client
 
 TEMPERATURE_BOUNDS = (0.05, 20.0)
-SPLITS = ("validation", "test", "train")
 CLOUD_BATCH = 16  # questions per request when the curve asks a real cloud
 
 
@@ -151,8 +149,8 @@ def split_examples(package: PathLike, root: PathLike, split: str = "validation",
     test split with the test voice; "validation" / "train" the rows of the train table the package's training
     config held out / kept, with the first training voice's clip (validation questions are training
     questions, as the loader has it). limit: the first `limit` (0: all)."""
-    if split not in SPLITS:
-        raise CalibrationError(f"split {split!r}: expected one of {', '.join(SPLITS)}")
+    if split not in LOADER_SPLITS:
+        raise CalibrationError(f"split {split!r}: expected one of {', '.join(LOADER_SPLITS)}")
     if split == "test":
         return query_examples(root, limit)
     cfg = config_from_dict(json.loads((Path(package) / "config.json").read_text()))

@@ -20,8 +20,7 @@ import numpy as np
 from mindvl.config import config_from_dict
 from mindvl.eval.retrieval import audio_to_text, image_to_caption
 from mindvl.eval.vqa import score_vqa
-from mindvl.model_package import PackageError
-from mindvl.model_package import as_tuple, load_graph, load_samples, read_manifest
+from mindvl.model_package import PackageError, as_tuple, load_graph, load_samples, read_manifest
 
 EVALUATION = "evaluation.json"
 LATENCY_BATCHES = (1, 32)

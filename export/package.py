@@ -24,6 +24,7 @@ from mindvl.files import sha256_file, swap_folder, work_folder
 from mindvl.model_package import FORMAT, FORMAT_VERSION, MANIFEST, TOLERANCE, PackageError, as_tuple
 from mindvl.preprocess import preprocess_dict
 from mindvl.version import __version__
+
 SAMPLE_MODALITIES = ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0))  # (use_text, use_audio) cycled over the samples
 SAMPLE_COLUMNS = {"text_ids": "question_ids", "text_mask": "question_mask"}  # graph input -> data column
 

@@ -5,10 +5,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
-from mindvl.model_package import PackageError
 from mindvl.export.evaluate import evaluate_package
 from mindvl.export.package import write_package
 from mindvl.export.verify import verify_package
+from mindvl.model_package import PackageError
 
 
 @dataclass

@@ -14,8 +14,7 @@ from typing import List, Optional
 import mindspore as ms
 import numpy as np
 
-from mindvl.model_package import PackageError
-from mindvl.model_package import as_tuple, check_files, load_graph, load_samples, read_manifest
+from mindvl.model_package import PackageError, as_tuple, check_files, load_graph, load_samples, read_manifest
 
 
 @dataclass

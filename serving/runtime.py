@@ -22,8 +22,7 @@ import numpy as np
 
 from mindvl.model_package import TOLERANCE, as_tuple, check_files, load_graph, load_samples, read_manifest
 from mindvl.serving.protocol import InstanceError, ProtocolError
-from mindvl.serving.register import Method, Placeholder, ServableDefinition, ServableError, Stage, \
-    load_servable_config
+from mindvl.serving.register import Method, Placeholder, ServableDefinition, ServableError, Stage, load_servable_config
 from mindvl.serving.servable import CONFIG_FILE, check_config, resolve
 
 # A graph with a dynamic batch dimension compiles once per batch size it meets (~0.2 s each for the tiny

@@ -29,8 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mindvl.config import ConfigError, build_dataclass
-from mindvl.model_package import PackageError
-from mindvl.model_package import read_key
+from mindvl.model_package import PackageError, read_key
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.batching import Batcher
 from mindvl.serving.catalog import Catalog, NotAvailable

@@ -66,8 +66,8 @@ def _export_quantize(args) -> None:
 
 def _export_prune(args) -> None:
     from mindvl.export.pipeline import package_and_check
-    from mindvl.train.prune import RECORD_FILE, prune_and_finetune
     from mindvl.models import load_model
+    from mindvl.train.prune import RECORD_FILE, prune_and_finetune
     run_dir = Path(args.run_dir or f"{args.out}.run")
     if (run_dir / RECORD_FILE).is_file():  # written once the fine-tune completed: package it again
         print(f"{run_dir}: pruned and fine-tuned already ({RECORD_FILE}); packaging it")

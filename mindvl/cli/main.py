@@ -30,9 +30,9 @@ def _user_errors() -> tuple:
     from mindvl.model_package import PackageError
     from mindvl.preprocess import InputError
     from mindvl.pretrained import ConversionError
+    from mindvl.runs import CheckpointError
     from mindvl.serving.client import ServingError
     from mindvl.serving.register import ServableError
-    from mindvl.runs import CheckpointError
     return ConfigError, InputError, CheckpointError, DataRootError, ConversionError, PackageError, ServingError, \
         ServableError, LiteError
 

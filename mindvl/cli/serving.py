@@ -35,6 +35,7 @@ def _serve_config(args):
 
 def _serve(args) -> None:
     import logging
+
     from mindvl.serving.server import serve
     config = _serve_config(args)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Union
 
-from mindvl.data.root import load_meta
 from mindvl.data.records import SPEECH_TABLE, read_split, read_table
+from mindvl.data.root import load_meta
 
 
 @dataclass(frozen=True)

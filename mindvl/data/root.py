@@ -1,6 +1,6 @@
-"""A data root on disk: what a complete one holds, and the partial folder a build works in until it is
-renamed into place (`.<root>.partial`, locked by the building process's pid, kept after an interruption so
-the next run with the same settings resumes it)."""
+"""A data root on disk: reading its meta.json and tokenizer, what a complete one holds, and the partial
+folder a build works in until it is renamed into place (`.<root>.partial`, locked by the building
+process's pid, kept after an interruption so the next run with the same settings resumes it)."""
 import json
 import os
 import shutil
@@ -13,11 +13,13 @@ from mindvl.data.report import BuildReport
 from mindvl.data.source import SPLITS
 from mindvl.files import pid_alive
 
+
 class DataRootError(FileNotFoundError):
     """The data root is missing or incomplete; the message says how to build it."""
 
 
 def require_file(root: Path, name: str) -> Path:
+    """root/name, or DataRootError saying how to build the root."""
     path = root / name
     if not path.is_file():
         raise DataRootError(f"data root {root}: {name} is missing; build the data set first with "

@@ -12,7 +12,7 @@ from mindvl.config import Config, ConfigError, PreprocessConfig
 from mindvl.data.order import HOLDOUT, mix
 from mindvl.data.root import DataRootError, load_meta, require_file
 
-SPLITS = ("train", "validation", "test")
+LOADER_SPLITS = ("train", "validation", "test")  # the source tables (data.source.SPLITS) and the hold-out
 
 
 def check_compatible(root: Path, meta: Dict, pre: PreprocessConfig) -> None:
@@ -40,8 +40,8 @@ def open_split(cfg: Config, split: str) -> Tuple[Path, List[str], int]:
     "validation" reads the train table (its rows: `split_rows`)."""
     from mindvl.data import records
 
-    if split not in SPLITS:
-        raise ValueError(f"split {split!r}: expected one of {list(SPLITS)}")
+    if split not in LOADER_SPLITS:
+        raise ValueError(f"split {split!r}: expected one of {list(LOADER_SPLITS)}")
     if split == "validation" and not cfg.data.validation_fraction > 0:
         raise ConfigError("split 'validation': data.validation_fraction is 0, so no training images are held out; "
                           "set data.validation_fraction (e.g. 0.1) to evaluate on a validation split")

@@ -9,8 +9,8 @@ from tqdm import tqdm
 
 from mindvl.config import Config
 from mindvl.data import create_dataset, load_meta, load_tokenizer
-from mindvl.data.splits import split_rows
 from mindvl.data.records import read_split
+from mindvl.data.splits import split_rows
 
 ANSWER_KINDS = {"yes": "yes/no", "no": "yes/no", "circle": "shape", "rectangle": "shape", "triangle": "shape"}
 

@@ -28,8 +28,8 @@ from mindvl.data.root import load_tokenizer
 from mindvl.data.stream import TrainStream
 from mindvl.models import load_model
 from mindvl.runs import CHECKPOINTS, assign_state
-from mindvl.train.losses import MultimodalLoss
 from mindvl.train.arguments import TrainingArguments
+from mindvl.train.losses import MultimodalLoss
 from mindvl.train.trainer import Trainer
 
 HEAD_ROWS = ("q_proj", "k_proj", "v_proj")  # projections whose output rows are grouped by head

@@ -23,15 +23,15 @@ from mindvl.cells.kernels import use_kernels
 from mindvl.config import Config, ConfigError
 from mindvl.data import load_tokenizer
 from mindvl.data.loader import split_inputs
-from mindvl.data.stream import TrainStream
 from mindvl.data.packing import PACKED_STREAMS, PackingLog
+from mindvl.data.stream import TrainStream
 from mindvl.models import bind_config, create_model
 from mindvl.pretrained.tokens import token_cache
 from mindvl.runs import (CHECKPOINTS, CONFIG_FILE, STATE_FILE, CheckpointError, load_model_weights, parameter_paths,
                          read_state)
 from mindvl.train.arguments import TrainingArguments
-from mindvl.train.checkpoint import (check_same_model, find_resumable, load_optimizer_state, mark_best,
-                                     save_checkpoint, verify_checkpoint)
+from mindvl.train.checkpoint import (check_same_model, find_resumable, load_optimizer_state, mark_best, save_checkpoint,
+                                     verify_checkpoint)
 from mindvl.train.distill import DistillationLoss, distillation_loss, load_teacher
 from mindvl.train.distributed import GatherWithGrad, RankMean, gradient_reducer, init_data_parallel
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss

@@ -9,11 +9,10 @@ from mindspore import nn, ops
 
 from mindvl.cli import main
 from mindvl.cells.portable import DecomposedLayerNorm
-from mindvl.model_package import PackageError
+from mindvl.model_package import PackageError, load_samples, read_manifest
 from mindvl.export.lite2_convert import AS_IS, RULES, convert_mindir, unconvertible
 from mindvl.mindir import mindir_ops, mindir_version
 from mindvl.export.package import write_package
-from mindvl.model_package import load_samples, read_manifest
 from mindvl.models import load_model
 from mindvl.export.verify import verify_package
 from mindvl.lite import runtime2

@@ -9,12 +9,10 @@ import pytest
 from mindvl.cli import main
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.eval.vqa import greedy_decode, vqa_nets
-from mindvl.model_package import PackageError
+from mindvl.model_package import PackageError, load_graph, load_samples, read_key, read_manifest
 from mindvl.export.evaluate import comparison_table, evaluate_package
-from mindvl.model_package import read_key
 from mindvl.export.graphs import graph_specs
 from mindvl.export.package import sample_graph_inputs, sample_inputs, write_package
-from mindvl.model_package import load_graph, load_samples, read_manifest
 from mindvl.models import load_model
 from mindvl.export.verify import verify_package
 from mindvl.runs import CheckpointError

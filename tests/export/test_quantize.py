@@ -15,8 +15,7 @@ from mindvl.cells import AnswerNet, Int8Linear
 from mindvl.cells.linear import Linear
 from mindvl.data import create_dataset
 from mindvl.models import load_model
-from mindvl.export.graphs import question_inputs
-from mindvl.export.graphs import export_graph
+from mindvl.export.graphs import export_graph, question_inputs
 from mindvl.export.quantize import quantize_int8
 
 ms.set_context(mode=ms.GRAPH_MODE)

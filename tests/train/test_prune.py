@@ -9,7 +9,7 @@ import pytest
 
 from mindvl.cells import AnswerNet, build_cells
 from mindvl.cli import main
-from mindvl.config import PreprocessConfig
+from mindvl.config import STACKS, PreprocessConfig
 from mindvl.data import create_dataset
 from mindvl.models import load_model
 from mindvl.export.graphs import question_inputs
