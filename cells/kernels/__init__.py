@@ -22,9 +22,15 @@ from mindspore import nn
 
 SOURCES = sorted(Path(__file__).resolve().parent.glob("*.cc"))
 HEADERS = sorted(Path(__file__).resolve().parent.glob("*.h"))
-FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-pthread", "-shared", "-fPIC", "-std=c++17")
+# -fno-trapping-math: without it g++ may not evaluate both sides of a float select (the clamps in fast_exp,
+# fast_erf's sign), so on AVX2, which has no masked vector instructions, every loop calling them stays scalar:
+# GELU 5x slower forward, softmax and the attention core ~1.5x (a -march=haswell build timed on an AVX-512
+# host; -march=native on AVX-512 vectorises with masks either way). The results do not change: no kernel
+# reads the floating-point exception flags.
+FLAGS = ("-O3", "-fno-trapping-math", "-fopenmp-simd", "-pthread", "-shared", "-fPIC", "-std=c++17")
+ARCH_ENV = "MINDVL_KERNEL_ARCH"  # the build's -march: "native" (default), or e.g. x86-64-v3 (AVX2 + FMA, no AVX-512)
 KINDS = ("standard", "fused")
-_library: dict = {}  # "path" -> the built library, or "failed" -> why not (asked once per process)
+_library: dict = {}  # arch -> {"path": the built library} or {"failed": why not} (asked once per process)
 
 
 def cache_dir() -> Path:
@@ -54,19 +60,23 @@ def _link_flags() -> Tuple[str, ...]:
     return f"-L{folder}", "-l:libdnnl.so.3", f"-Wl,-rpath,{folder}"
 
 
-def library() -> Optional[Path]:
-    """The compiled kernels (built on first use, ~5 s), or None after one warning saying why not."""
+def library(arch: Optional[str] = None) -> Optional[Path]:
+    """The compiled kernels (built on first use, ~5 s), or None after one warning saying why not. `arch`:
+    the -march target, default $MINDVL_KERNEL_ARCH or "native"; another one (x86-64-v3) builds the code an
+    AVX2 machine runs, so it can be checked and timed on an AVX-512 host."""
     from mindvl.native import BuildError, build_library
 
-    if "path" not in _library and "failed" not in _library:
+    arch = arch or os.environ.get(ARCH_ENV, "native")
+    built = _library.setdefault(arch, {})
+    if not built:
         try:
-            _library["path"] = build_library("kernels", SOURCES, cache_dir(), FLAGS, link=_link_flags(),
-                                             headers=HEADERS, identity=_cpu_identity())
+            built["path"] = build_library("kernels", SOURCES, cache_dir(), (FLAGS[0], f"-march={arch}", *FLAGS[1:]),
+                                          link=_link_flags(), headers=HEADERS, identity=_cpu_identity())
         except BuildError as exc:
-            _library["failed"] = str(exc)
+            built["failed"] = str(exc)
             warnings.warn(f"mindvl: fused CPU kernels unavailable ({exc}); using MindSpore's standard operators",
                           stacklevel=2)
-    return _library.get("path")
+    return built.get("path")
 
 
 def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn.Cell]]:

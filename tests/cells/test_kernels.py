@@ -1,7 +1,8 @@
 """Fused CPU kernels (cells/kernels): each against the standard cell it replaces, outputs and gradients,
 over odd shapes, every eps the recipes use and every mask layout; swapped into a model and out again for
 exports (no Custom op in the MindIR); a training run with them follows one without; no compiler ->
-standard operators + a warning; float16 inputs refused by name."""
+standard operators + a warning; float16 inputs refused by name. The kernel tests run on every build this
+CPU can execute: the native one and the AVX2 + FMA one (x86-64-v3), the code an AVX2-only machine runs."""
 import json
 
 import mindspore as ms
@@ -24,12 +25,33 @@ from mindvl.cells.norm import LayerNorm
 ATOL, PARAM_RTOL = 2e-5, 1e-4
 
 
-@pytest.fixture(scope="module")
-def path():
-    built = library()
+def _runs_avx2() -> bool:
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return {"avx2", "fma", "bmi2"} <= set(flags)
+
+
+BUILDS = ["native", pytest.param("x86-64-v3", marks=pytest.mark.skipif(not _runs_avx2(), reason="no AVX2 + FMA"))]
+
+
+def _built(arch: str):
+    built = library(arch)
     if built is None:
-        pytest.skip(f"no fused kernels here: {kernels._library.get('failed')}")
+        pytest.skip(f"no fused kernels here: {kernels._library[arch].get('failed')}")
     return built
+
+
+@pytest.fixture(scope="module", params=BUILDS)
+def path(request):
+    """The kernels of one build (each parity test runs on every build)."""
+    return _built(request.param)
+
+
+@pytest.fixture(scope="module")
+def native_path():
+    return _built("native")
 
 
 class Loss(nn.Cell):
@@ -165,7 +187,7 @@ def test_float16_inputs_are_refused_naming_the_kernel(path):
         FusedGELU(path)(ms.Tensor(np.ones((2, 3), np.float16)))
 
 
-def test_a_model_swaps_in_the_kernels_and_exports_standard_operators(path, tmp_path):
+def test_a_model_swaps_in_the_kernels_and_exports_standard_operators(native_path, tmp_path):
     from mindvl.cells import build_cells
     from mindvl.config import load_config
     from mindvl.mindir import mindir_ops
@@ -215,7 +237,7 @@ def test_without_a_compiler_the_standard_operators_stay_with_one_warning(monkeyp
     assert norm(ms.Tensor(np.ones((2, 8), np.float32))).shape == (2, 8)
 
 
-def test_training_with_the_kernels_follows_training_without(path, small_cfg, small_report, tmp_path):
+def test_training_with_the_kernels_follows_training_without(native_path, small_cfg, small_report, tmp_path):
     from conftest import SMALL_MODEL
 
     from mindvl.config import load_config
