@@ -505,15 +505,17 @@ class TrainConfig:
     # a parallel strategy: a file of parallel_configs/ by name (dp2) or a YAML path; "": data parallel over
     # however many ranks msrun started (mindvl.parallel)
     parallel: str = ""
-    # "fused": fused kernels per backend (cells/kernels): on the CPU mindvl's C++ kernels (LayerNorm, GELU,
-    # bias + GELU, attention core, scaled masked softmax), on Ascend flash attention; "standard":
-    # MindSpore's operators everywhere. Exported graphs always hold the standard ones.
-    kernels: str = "fused"
+    # "auto": each fused kernel where it times faster than the standard operator on this machine at the
+    # model's shapes (timed once, cached; `mindvl kernels` shows the decisions); "fused": fused kernels per
+    # backend (cells/kernels): on the CPU mindvl's C++ kernels (LayerNorm, a Linear's product and bias, GELU,
+    # bias + GELU, attention core, scaled masked softmax), on Ascend flash attention; "standard": MindSpore's
+    # operators everywhere. Exported graphs always hold the standard ones.
+    kernels: str = "auto"
 
     def validate(self) -> None:
         _positive(self, "train", ["epochs", "lr", "checkpoint_every", "log_every", "grad_accumulation"])
         _choice("train.loss_weighting", self.loss_weighting, ("fixed", "uncertainty"))
-        _choice("train.kernels", self.kernels, ("standard", "fused"))
+        _choice("train.kernels", self.kernels, ("auto", "standard", "fused"))
         for name in ("keep_checkpoints", "eval_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: expected >= 0, got {getattr(self, name)}")

@@ -1,9 +1,11 @@
 """The kernel layer: one switch, `train.kernels`, picks how normalisation, activations and attention run.
 
-"standard" keeps MindSpore's own operators everywhere. "fused" swaps in, per backend:
+"standard" keeps MindSpore's own operators everywhere. "auto" (the default) swaps in each fused operation
+that times faster than the standard one on this machine at the model's shapes (auto.py). "fused" swaps in,
+per backend:
   CPU     mindvl's C++ kernels (cells/kernels/*.cc, compiled on first use into a cache, called as AOT
-          custom operators with their backward kernels as bprop): LayerNorm, a Linear's bias (add and
-          gradient), GELU, bias + GELU, the attention core (scores, scale, mask, softmax, weighted sum)
+          custom operators with their backward kernels as bprop): LayerNorm, a Linear's product (sgemm per
+          worker) and bias (add and gradient), GELU, bias + GELU, the attention core (scores, scale, mask, softmax, weighted sum)
           and, where a core has attention dropout, the scaled masked softmax;
   Ascend  MindSpore's fused operators: flash attention (ops.FlashAttentionScore) for the attention core
           (LayerNorm and GELU are single fused kernels there already);
@@ -16,7 +18,7 @@ import os
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 from mindspore import nn
 
@@ -29,7 +31,7 @@ HEADERS = sorted(Path(__file__).resolve().parent.glob("*.h"))
 # reads the floating-point exception flags.
 FLAGS = ("-O3", "-fno-trapping-math", "-fopenmp-simd", "-pthread", "-shared", "-fPIC", "-std=c++17")
 ARCH_ENV = "MINDVL_KERNEL_ARCH"  # the build's -march: "native" (default), or e.g. x86-64-v3 (AVX2 + FMA, no AVX-512)
-KINDS = ("standard", "fused")
+KINDS = ("auto", "standard", "fused")
 _library: dict = {}  # arch -> {"path": the built library} or {"failed": why not} (asked once per process)
 
 
@@ -86,14 +88,17 @@ def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn
     from mindvl.cells.linear import Linear
     from mindvl.cells.norm import LayerNorm
 
-    from .cpu import FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedLayerNorm, FusedSoftmax
+    from .cpu import (FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedLayerNorm, FusedMatMul,
+                      FusedSoftmax)
 
     swaps = []
     for _, cell in model.cells_and_names():
         if isinstance(cell, LayerNorm):
             swaps.append((cell, "layer_norm", FusedLayerNorm(cell.eps, path)))
-        if isinstance(cell, Linear) and cell.has_bias:
-            swaps.append((cell, "bias_add", FusedBiasAdd(path)))
+        if isinstance(cell, Linear):
+            swaps.append((cell, "matmul", FusedMatMul(path)))
+            if cell.has_bias:
+                swaps.append((cell, "bias_add", FusedBiasAdd(path)))
         for name, child in cell.name_cells().items():
             if isinstance(child, AttentionCore) and child.dropout == 0:
                 swaps.append((cell, name, FusedAttentionCore(child.heads, child.head_dim, path)))
@@ -131,10 +136,15 @@ def _ascend_replacements(model: nn.Cell, compute: str) -> List[Tuple[nn.Cell, st
     return swaps
 
 
-def use_kernels(model: nn.Cell, kind: str, device: Optional[str] = None, compute: str = "float32") -> int:
+def use_kernels(model: nn.Cell, kind: str, device: Optional[str] = None, compute: str = "float32",
+                probe: Optional[Callable[[], object]] = None, log: Optional[Callable[[str], None]] = None) -> int:
     """Swap the `kind` implementation for `device` (default: MindSpore's device_target) into `model`'s
     cells -> how many were swapped (0 for "standard", for a GPU, or when the CPU kernels cannot be built
-    here). `compute`: train.precision.compute (flash attention runs in float16 or bfloat16 only)."""
+    here). `compute`: train.precision.compute (flash attention runs in float16 or bfloat16 only).
+
+    "auto" on the CPU keeps the fused operations that time faster than the standard ones at the shapes
+    `probe()` (one forward pass of `model` on a real batch) calls them with (cells/kernels/auto.py), and
+    says so in one line to `log`; on Ascend it is "fused" (flash attention, validated statically here)."""
     import mindspore as ms
 
     if kind not in KINDS:
@@ -149,6 +159,14 @@ def use_kernels(model: nn.Cell, kind: str, device: Optional[str] = None, compute
         if path is None:
             return 0
         swaps = _cpu_replacements(model, path)
+        if kind == "auto":
+            if probe is None:
+                raise ValueError("train.kernels: 'auto' times each operation at the shapes it runs at and needs a "
+                                 "probe (a forward pass of the model on a real batch); pass probe= or choose "
+                                 "'fused' or 'standard'")
+            from .auto import choose
+
+            swaps = choose(swaps, probe, path, cache_dir(), log)
     for parent, attribute, fused in swaps:
         setattr(parent, attribute, fused)
     return len(swaps)

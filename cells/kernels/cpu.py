@@ -80,6 +80,27 @@ class FusedBiasAdd(nn.Cell):
         return ops.Add()
 
 
+class FusedMatMul(nn.Cell):
+    """x (M, K) @ weight (N, K)^T, a Linear's product, and its gradients, each direction one sgemm call per
+    worker of the kernels' pool on its share of the rows; replaces a Linear's matmul (MindSpore's MatMul
+    keeps both cores busy on some calls only)."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        backward = _custom(path, "MindvlMatMulBackward", lambda x, w, dy: (x, w), outputs=2)
+
+        def bprop(x, weight, out, dout):
+            return backward(x, weight, dout)
+
+        self.forward = _custom(path, "MindvlMatMul", lambda x, w: [x[0], w[0]], bprop=bprop)
+
+    def construct(self, x, weight):
+        return self.forward(x, weight)
+
+    def standard(self):
+        return ops.MatMul(transpose_b=True)
+
+
 class FusedGELU(nn.Cell):
     """Exact GELU in one pass (cells.activation.GELU is five MindSpore kernels forward)."""
 
@@ -186,4 +207,4 @@ class FusedAttentionCore(nn.Cell):
         return AttentionCore(self.heads, self.head_dim)
 
 
-CPU_CELLS = (FusedLayerNorm, FusedBiasAdd, FusedGELU, FusedBiasGELU, FusedSoftmax, FusedAttentionCore)
+CPU_CELLS = (FusedLayerNorm, FusedBiasAdd, FusedMatMul, FusedGELU, FusedBiasGELU, FusedSoftmax, FusedAttentionCore)

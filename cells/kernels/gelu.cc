@@ -50,7 +50,8 @@ MINDVL_KERNEL(MindvlBiasGeluForward) {
   const float *bias = static_cast<const float *>(params[1]);
   float *y = static_cast<float *>(params[2]);
   const mindvl::Rows r = mindvl::rows_of(ndims[0], shapes[0]);
-  mindvl::bias_rows(x, bias, y, r.rows, r.cols, gelu);
+  // a lambda, not the function: a function pointer would be called per element and keep the loop scalar
+  mindvl::bias_rows(x, bias, y, r.rows, r.cols, [](float v) { return gelu(v); });
   return 0;
 }
 

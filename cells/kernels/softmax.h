@@ -34,6 +34,7 @@ struct BroadcastMask {
 // p <- softmax(p) over n entries, the maximum subtracted first
 inline void softmax_in_place(float *p, int64_t n) {
   float peak = p[0];
+#pragma omp simd reduction(max : peak)  // without it the loop stays scalar (a float max is not associative)
   for (int64_t k = 1; k < n; ++k) peak = std::max(peak, p[k]);
   float total = 0.0f;
 #pragma omp simd reduction(+ : total)

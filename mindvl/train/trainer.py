@@ -22,7 +22,7 @@ from mindvl.cells import TokenInputModel
 from mindvl.cells.kernels import use_kernels
 from mindvl.config import Config, ConfigError
 from mindvl.data import load_tokenizer
-from mindvl.data.loader import split_inputs
+from mindvl.data.loader import MODEL_COLUMNS, split_inputs
 from mindvl.data.packing import PACKED_STREAMS, PackingLog
 from mindvl.data.stream import TrainStream
 from mindvl.models import bind_config, create_model
@@ -67,7 +67,8 @@ class Trainer:
                               "data.validation_fraction (e.g. 0.05) or train.eval_every=0")
         # checked and loaded before any data work: a teacher that does not fit the recipe fails fast
         teacher = load_teacher(cfg) if train_cfg.distill.teacher else None
-        use_kernels(model, train_cfg.kernels, compute=train_cfg.precision.compute)
+        use_kernels(model, train_cfg.kernels, compute=train_cfg.precision.compute,
+                    probe=lambda: first_batch_forward(cfg, model), log=self._write)
         freeze_modules(model, train_cfg)
         self.recomputed = apply_recompute(model, train_cfg)
         self.tokens = token_cache(cfg, model)  # frozen encoders' cached states, or None: they run every step
@@ -335,6 +336,19 @@ class Trainer:
         if self.progress:
             tqdm.write(f"warning: {message}")
         logger.warning(message)
+
+
+def first_batch_forward(cfg: Config, model: nn.Cell) -> None:
+    """`model` on the first training micro-batch, as MultimodalLoss calls it: the shapes train.kernels
+    "auto" times its operations at. The batch comes from a stream of its own, so the run's data position is
+    untouched."""
+    stream = TrainStream(cfg)
+    batches = iter(stream)
+    try:
+        columns = dict(zip(stream.columns, next(batches)[1]))
+    finally:
+        batches.close()
+    model(columns["answer_tokens"][:, :-1], *(columns[name] for name in MODEL_COLUMNS))
 
 
 def train(cfg: Config, progress: bool = True, resume: Optional[str] = None) -> TrainResult:

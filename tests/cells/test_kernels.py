@@ -15,7 +15,7 @@ from mindvl.cells.activation import GELU, BiasActivation, ScaledMaskedSoftmax
 from mindvl.cells.attention import MASK_VALUE, AttentionCore
 from mindvl.cells.kernels import library, standard_kernels, use_kernels
 from mindvl.cells.kernels.cpu import (FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedLayerNorm,
-                                      FusedSoftmax)
+                                      FusedMatMul, FusedSoftmax)
 from mindvl.cells.linear import Linear
 from mindvl.cells.norm import LayerNorm
 
@@ -117,6 +117,14 @@ def test_bias_add_matches_add_and_its_bias_gradient_the_column_sums(path, shape)
     assert_matches_standard(ms.ops.Add(), FusedBiasAdd(path), [x, bias], wrt=(0, 1), rtol=PARAM_RTOL)
 
 
+@pytest.mark.parametrize("m, k, n", [(4, 16, 8), (7, 5, 3), (33, 257, 1027), (1, 1, 1), (2, 300, 1)])
+def test_matmul_matches_mindspore_and_its_gradients_for_input_and_weight(path, m, k, n):
+    rng = np.random.default_rng(m + k + n)
+    x, weight = rng.normal(size=(m, k)).astype(np.float32), rng.normal(size=(n, k)).astype(np.float32)
+    assert_matches_standard(ms.ops.MatMul(transpose_b=True), FusedMatMul(path), [x, weight], wrt=(0, 1),
+                            rtol=PARAM_RTOL)
+
+
 @pytest.mark.parametrize("shape", [(4, 16), (3, 7, 5), (2, 33, 1027), (1, 1, 1)])
 def test_gelu_matches_the_erf_formulation(path, shape):
     x = (np.random.default_rng(sum(shape)).normal(size=shape) * 4).astype(np.float32)
@@ -172,7 +180,7 @@ def test_a_core_with_attention_dropout_keeps_it_and_fuses_only_the_softmax(path)
     from mindvl.cells.attention import MultiHeadAttention
 
     attention = MultiHeadAttention(8, 2, dropout=0.1)
-    assert use_kernels(attention, "fused") == 1 + 4  # the softmax and the projections' biases
+    assert use_kernels(attention, "fused") == 1 + 4 + 4  # the softmax, the projections' products and biases
     assert isinstance(attention.core, AttentionCore) and isinstance(attention.core.softmax, FusedSoftmax)
 
 
@@ -203,11 +211,13 @@ def test_a_model_swaps_in_the_kernels_and_exports_standard_operators(native_path
     counts = {kind: sum(isinstance(c, kind) for _, c in model.cells_and_names())
               for kind in (LayerNorm, BiasActivation, GELU, AttentionCore)}
     biased = sum(isinstance(c, Linear) and c.has_bias for _, c in model.cells_and_names())
+    linears = sum(isinstance(c, Linear) for _, c in model.cells_and_names())
     swapped = use_kernels(model, "fused")
-    assert swapped == counts[LayerNorm] + biased + counts[GELU] + counts[AttentionCore]  # every GELU: in MLPs or not
+    assert swapped == counts[LayerNorm] + linears + biased + counts[GELU] + counts[AttentionCore]  # every GELU too
     fused = {kind: sum(isinstance(c, kind) for _, c in model.cells_and_names())
-             for kind in (FusedLayerNorm, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedAttentionCore, FusedSoftmax)}
-    assert fused[FusedBiasAdd] == biased
+             for kind in (FusedLayerNorm, FusedBiasAdd, FusedMatMul, FusedBiasGELU, FusedGELU, FusedAttentionCore,
+                          FusedSoftmax)}
+    assert fused[FusedBiasAdd] == biased and fused[FusedMatMul] == linears
     assert fused[FusedBiasGELU] == counts[BiasActivation] and fused[FusedGELU] == counts[GELU] - counts[BiasActivation]
     assert fused[FusedLayerNorm] == counts[LayerNorm] and fused[FusedAttentionCore] == counts[AttentionCore] > 0
     assert fused[FusedSoftmax] == 0  # the cores without dropout are fused whole
@@ -244,7 +254,7 @@ def test_training_with_the_kernels_follows_training_without(native_path, small_c
     from mindvl.train import train
 
     losses = {}
-    for kind in ("standard", "fused"):
+    for kind in ("standard", "fused", "auto"):
         cfg = load_config("tiny", [f"data.root={small_cfg.data.root}", "data.batch_size=8", "data.num_workers=1",
                                    "train.max_steps=4", "train.warmup_steps=1", "train.log_every=1",
                                    "train.checkpoint_every=4", f"train.kernels={kind}",
@@ -252,5 +262,6 @@ def test_training_with_the_kernels_follows_training_without(native_path, small_c
         train(cfg, progress=False)
         losses[kind] = [json.loads(line)["loss"] for line in (tmp_path / kind / "metrics.jsonl").read_text().splitlines()
                         if "loss" in json.loads(line)]
-    assert len(losses["fused"]) == len(losses["standard"]) == 4
+    assert len(losses["fused"]) == len(losses["standard"]) == len(losses["auto"]) == 4
     np.testing.assert_allclose(losses["fused"], losses["standard"], rtol=1e-4)
+    np.testing.assert_allclose(losses["auto"], losses["standard"], rtol=1e-4)
