@@ -46,10 +46,13 @@ def small_report(small_cfg):
     return build_dataset(small_cfg, progress=False)
 
 
-# A model small enough to compile and train in seconds; same architecture as the tiny recipe.
+# A model small enough to compile and train in seconds; same architecture as the tiny recipe. Its runs keep
+# the fused kernels: train.kernels auto (the default) would time the operations of every new shape the suite
+# trains at (~16 s each on a fresh machine); tests/cells/test_kernels_auto.py, the kernels' training test and
+# the msrun test run auto itself.
 SMALL_MODEL = ["model.vision.width=32", "model.text.width=32", "model.audio.width=32", "model.fusion.width=32",
                "model.vision.layers=1", "model.text.layers=1", "model.audio.layers=1", "model.fusion.layers=1",
-               "model.embed_dim=16"]
+               "model.embed_dim=16", "train.kernels=fused"]
 
 
 @pytest.fixture(scope="session")

@@ -137,14 +137,16 @@ def _ascend_replacements(model: nn.Cell, compute: str) -> List[Tuple[nn.Cell, st
 
 
 def use_kernels(model: nn.Cell, kind: str, device: Optional[str] = None, compute: str = "float32",
-                probe: Optional[Callable[[], object]] = None, log: Optional[Callable[[str], None]] = None) -> int:
+                probe: Optional[Callable[[], object]] = None, log: Optional[Callable[[str], None]] = None,
+                agree: Optional[Callable] = None) -> int:
     """Swap the `kind` implementation for `device` (default: MindSpore's device_target) into `model`'s
     cells -> how many were swapped (0 for "standard", for a GPU, or when the CPU kernels cannot be built
     here). `compute`: train.precision.compute (flash attention runs in float16 or bfloat16 only).
 
     "auto" on the CPU keeps the fused operations that time faster than the standard ones at the shapes
     `probe()` (one forward pass of `model` on a real batch) calls them with (cells/kernels/auto.py), and
-    says so in one line to `log`; on Ascend it is "fused" (flash attention, validated statically here)."""
+    says so in one line to `log`; `agree` makes data-parallel ranks decide alike (auto.choose). On Ascend
+    it is "fused" (flash attention, validated statically here)."""
     import mindspore as ms
 
     if kind not in KINDS:
@@ -166,7 +168,7 @@ def use_kernels(model: nn.Cell, kind: str, device: Optional[str] = None, compute
                                  "'fused' or 'standard'")
             from .auto import choose
 
-            swaps = choose(swaps, probe, path, cache_dir(), log)
+            swaps = choose(swaps, probe, path, cache_dir(), log, agree)
     for parent, attribute, fused in swaps:
         setattr(parent, attribute, fused)
     return len(swaps)

@@ -160,9 +160,14 @@ def read_choices(folder: Path) -> Dict:
 
 
 def choose(swaps: Sequence[tuple], probe: Callable[[], object], library: Path, folder: Path,
-           log: Optional[Callable[[str], None]] = None) -> List[tuple]:
+           log: Optional[Callable[[str], None]] = None,
+           agree: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> List[tuple]:
     """The swaps of `swaps` whose fused operation timed faster than the standard one at its shapes
-    (measured, or read from `folder`/choices.json), after one log line that says what was chosen."""
+    (measured, or read from `folder`/choices.json), after one log line that says what was chosen.
+
+    `agree`: under data parallelism, the per-operation (fused ms, standard ms) summed over the ranks. Every
+    rank must compile the same graph (its collectives line up by position), while each times its own first
+    batch on a busy machine; deciding on the sums gives every rank the same choices."""
     log = log or logger.info
     calls = record_shapes(swaps, probe)
     signatures = [signature(fused, shapes) if shapes else None for (_, _, fused), shapes in zip(swaps, calls)]
@@ -178,23 +183,27 @@ def choose(swaps: Sequence[tuple], probe: Callable[[], object], library: Path, f
         measured += 1
     if measured:
         atomic_write(folder / CHOICES_FILE, lambda tmp: tmp.write_text(json.dumps(cache, indent=1)), durable=False)
-    chosen = [swap for swap, name in zip(swaps, signatures) if name is not None and known[name]["choice"] == "fused"]
-    log(summary(swaps, signatures, known, measured, time.perf_counter() - start, folder / CHOICES_FILE))
-    return chosen
+    # (fused ms, standard ms) per operation; (0, 0) for one the probe did not reach, which stays standard
+    times = np.array([(known[name]["fused_ms"], known[name]["standard_ms"]) if name else (0.0, 0.0)
+                      for name in signatures], np.float64).reshape(-1, 2)
+    if agree is not None:
+        times = np.asarray(agree(times), np.float64)
+    faster = (times[:, 1] > 0) & (times[:, 0] < times[:, 1])
+    log(summary(swaps, times, faster, measured, time.perf_counter() - start, folder / CHOICES_FILE))
+    return [swap for swap, fused in zip(swaps, faster) if fused]
 
 
-def summary(swaps, signatures, known: Dict, measured: int, seconds: float, path: Path) -> str:
+def summary(swaps, times: np.ndarray, faster: np.ndarray, measured: int, seconds: float, path: Path) -> str:
     """One line: how many operations run fused, of which kinds, and where the decisions come from."""
     kinds: Dict[str, List[int]] = {}
-    for (_, _, fused), name in zip(swaps, signatures):
-        if name is not None:
+    for (_, _, fused), (_, standard_ms), chosen in zip(swaps, times, faster):
+        if standard_ms > 0:
             counts = kinds.setdefault(type(fused).__name__.removeprefix("Fused"), [0, 0])
-            counts[known[name]["choice"] == "fused"] += 1
-    fused = sum(counts[1] for counts in kinds.values())
+            counts[int(chosen)] += 1
     parts = ", ".join(f"{kind} {counts[1]}/{sum(counts)}" for kind, counts in kinds.items())
     source = (f"{measured} signature(s) timed in {seconds:.1f} s" if measured else "all decisions cached")
-    return (f"train.kernels auto: {fused} of {sum(map(sum, kinds.values()))} operations fused ({parts}); "
-            f"{source}; {path} (mindvl kernels shows them)")
+    return (f"train.kernels auto: {int(faster.sum())} of {sum(map(sum, kinds.values()))} operations fused "
+            f"({parts}); {source}; {path} (mindvl kernels shows them)")
 
 
 def table(folder: Path, builds: Sequence[str]) -> List[str]:

@@ -17,6 +17,7 @@ import os
 from typing import Tuple
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
 # Set by msrun (mindspore/parallel/cluster/process_entity/_api.py) in every process it starts: MS_ROLE is
@@ -50,6 +51,21 @@ def world_group() -> str:
     from mindspore.communication import GlobalComm
 
     return GlobalComm.WORLD_COMM_GROUP
+
+
+class _SumOverRanks(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, world_group())
+
+    def construct(self, x):
+        return self.all_reduce(x)
+
+
+def sum_over_ranks(values: np.ndarray) -> np.ndarray:
+    """`values` summed element-wise over every rank (each rank passes an array of the same shape), e.g. the
+    kernel timings every rank must decide on alike (train.kernels auto)."""
+    return _SumOverRanks()(ms.Tensor(np.asarray(values, np.float32))).asnumpy()
 
 
 class GatherWithGrad(nn.Cell):

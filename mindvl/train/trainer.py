@@ -33,7 +33,7 @@ from mindvl.train.arguments import TrainingArguments
 from mindvl.train.checkpoint import (check_same_model, find_resumable, load_optimizer_state, mark_best, save_checkpoint,
                                      verify_checkpoint)
 from mindvl.train.distill import DistillationLoss, distillation_loss, load_teacher
-from mindvl.train.distributed import GatherWithGrad, RankMean, gradient_reducer, init_data_parallel
+from mindvl.train.distributed import GatherWithGrad, RankMean, gradient_reducer, init_data_parallel, sum_over_ranks
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss
 from mindvl.train.metrics_log import MetricsLog
 from mindvl.train.optim import apply_recompute, create_optimizer, freeze_modules, group_indices
@@ -68,7 +68,8 @@ class Trainer:
         # checked and loaded before any data work: a teacher that does not fit the recipe fails fast
         teacher = load_teacher(cfg) if train_cfg.distill.teacher else None
         use_kernels(model, train_cfg.kernels, compute=train_cfg.precision.compute,
-                    probe=lambda: first_batch_forward(cfg, model), log=self._write)
+                    probe=lambda: first_batch_forward(cfg, model), log=self._write,
+                    agree=sum_over_ranks if self.world > 1 else None)
         freeze_modules(model, train_cfg)
         self.recomputed = apply_recompute(model, train_cfg)
         self.tokens = token_cache(cfg, model)  # frozen encoders' cached states, or None: they run every step

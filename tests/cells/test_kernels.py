@@ -257,8 +257,8 @@ def test_training_with_the_kernels_follows_training_without(native_path, small_c
     for kind in ("standard", "fused", "auto"):
         cfg = load_config("tiny", [f"data.root={small_cfg.data.root}", "data.batch_size=8", "data.num_workers=1",
                                    "train.max_steps=4", "train.warmup_steps=1", "train.log_every=1",
-                                   "train.checkpoint_every=4", f"train.kernels={kind}",
-                                   f"train.output_dir={tmp_path / kind}", *SMALL_MODEL])
+                                   "train.checkpoint_every=4", f"train.output_dir={tmp_path / kind}", *SMALL_MODEL,
+                                   f"train.kernels={kind}"])
         train(cfg, progress=False)
         losses[kind] = [json.loads(line)["loss"] for line in (tmp_path / kind / "metrics.jsonl").read_text().splitlines()
                         if "loss" in json.loads(line)]

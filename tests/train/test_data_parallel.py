@@ -23,12 +23,18 @@ MEDIAN_TOLERANCE = 1e-7
 @pytest.mark.slow
 def test_two_msrun_workers_end_with_the_weights_of_one_process_with_the_whole_batch(small_cfg, small_report,
                                                                                    tmp_path):
+    from mindvl.cells.kernels import library
     from mindvl.config import load_config
     from mindvl.train import train
 
     overrides = [f"data.root={small_cfg.data.root}", "data.batch_size=8", "data.num_workers=1", "train.max_steps=4",
                  "train.warmup_steps=1", "train.lr=3e-3", "train.checkpoint_every=4", "train.log_every=2",
-                 *SMALL_MODEL]
+                 *SMALL_MODEL, "train.kernels=auto"]
+    # a cache without decisions: both ranks time their own first batches at once on the shared cores, and must
+    # still compile the same graph (auto decides on the timings summed over the ranks)
+    kernel_cache = tmp_path / "kernel_cache"
+    kernel_cache.mkdir()
+    shutil.copy2(library(), kernel_cache)
     single = train(load_config("tiny", [*overrides, f"train.output_dir={tmp_path / 'single'}"]), progress=False)
 
     msrun, mindvl = shutil.which("msrun"), shutil.which("mindvl")
@@ -38,9 +44,10 @@ def test_two_msrun_workers_end_with_the_weights_of_one_process_with_the_whole_ba
     command = [msrun, "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
                f"--log_dir={tmp_path / 'logs'}", "--join=True", mindvl, "train", *sets]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=400,
-                          env={**os.environ, "GLOG_v": "3"})
+                          env={**os.environ, "GLOG_v": "3", "MINDVL_KERNEL_CACHE": str(kernel_cache)})
     logs = "\n".join(p.read_text()[-3000:] for p in (tmp_path / "logs").glob("*.log"))
     assert done.returncode == 0, logs
+    assert "signature(s) timed" in logs and (kernel_cache / "choices.json").is_file()
 
     result = json.loads((tmp_path / "ranks" / "train_result.json").read_text())
     assert json.loads((tmp_path / "ranks" / "config.json").read_text())["train"]["parallel"] == "dp2"
