@@ -12,9 +12,10 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 
 inline float gelu(float x) { return 0.5f * x * (1.0f + mindvl::fast_erf(x * kInvSqrt2)); }
 
-// d gelu / dx = Phi(x) + x phi(x)
+// d gelu / dx = Phi(x) + x phi(x); erf(x / sqrt 2) and the density phi share e^(-x^2 / 2)
 inline float gelu_slope(float x) {
-  return 0.5f * (1.0f + mindvl::fast_erf(x * kInvSqrt2)) + x * kInvSqrt2Pi * mindvl::fast_exp(-0.5f * x * x);
+  const float e = mindvl::fast_exp(-0.5f * x * x);
+  return 0.5f * (1.0f + mindvl::erf_with(x * kInvSqrt2, e)) + x * kInvSqrt2Pi * e;
 }
 
 }  // namespace
