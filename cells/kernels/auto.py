@@ -9,8 +9,8 @@ standard operators; "auto" never keeps a kernel that timed slower.
 How: `record_shapes` runs the caller's probe (one forward pass of the model on a real batch) in PyNative
 mode with a recorder in place of every swappable operation, which notes the shapes each one is called
 with. Operations of one signature (kind, settings, input shapes) are timed once: a graph-mode cell of the
-operation alone, value and gradients, fused and standard, `REPEATS` calls each after the compile and
-`WARMUP` calls, the median compared. Decisions are cached in `choices.json` next to the compiled kernels,
+operation alone, value and gradients, fused and standard, each compiled and warmed up (`WARMUP` calls),
+then `REPEATS` calls of each in turns, the medians compared. Decisions are cached in `choices.json` next to the compiled kernels,
 keyed by the build (its file name hashes the sources, the flags and this CPU's model and flags), the
 kernel threads and the signature: a new build, CPU, thread count or shape is timed again, anything else
 is read back. The timing harness is `time_signature`, which a test replaces with a deliberately slowed
@@ -118,8 +118,9 @@ class _ForwardBackward(nn.Cell):
         return self.grad_fn(*inputs)
 
 
-def _median_ms(operation, calls: Sequence[Shapes]) -> float:
-    """Median ms of forward + backward over all of `calls` (trailing absent inputs dropped)."""
+def _timed_calls(operation, calls: Sequence[Shapes]) -> Callable[[], float]:
+    """A function running forward + backward over all of `calls` once (trailing absent inputs dropped) ->
+    its seconds."""
     rng = np.random.default_rng(0)
     nets = []
     for call in calls:
@@ -128,19 +129,29 @@ def _median_ms(operation, calls: Sequence[Shapes]) -> float:
             shapes.pop()
         tensors = [Tensor(rng.standard_normal(shape).astype(np.float32)) for shape in shapes]
         nets.append((_ForwardBackward(operation, len(tensors)), tensors))
-    times = []
-    for repeat in range(1 + WARMUP + REPEATS):
+
+    def run() -> float:
         start = time.perf_counter()
         for net, tensors in nets:
             net(*tensors)[0].asnumpy()
-        if repeat > WARMUP:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        return time.perf_counter() - start
+
+    return run
 
 
 def time_signature(fused: nn.Cell, calls: Sequence[Shapes]) -> Tuple[float, float]:
-    """(fused ms, standard ms), forward + backward at `calls`."""
-    return _median_ms(fused, calls), _median_ms(fused.standard(), calls)
+    """(fused ms, standard ms): medians of forward + backward at `calls`, the two timed in turns (a machine
+    that speeds up or slows down while they run shifts both alike)."""
+    runs = (_timed_calls(fused, calls), _timed_calls(fused.standard(), calls))
+    for run in runs:  # compile, then warm up
+        for _ in range(1 + WARMUP):
+            run()
+    times: Tuple[List[float], List[float]] = ([], [])
+    for _ in range(REPEATS):
+        for run, timed in zip(runs, times):
+            timed.append(run())
+    fused_s, standard_s = (statistics.median(timed) for timed in times)
+    return fused_s * 1e3, standard_s * 1e3
 
 
 def build_key(library: Path) -> str:
