@@ -10,11 +10,11 @@ How: `record_shapes` runs the caller's probe (one forward pass of the model on a
 mode with a recorder in place of every swappable operation, which notes the shapes each one is called
 with. Operations of one signature (kind, settings, input shapes) are timed once: a graph-mode cell of the
 operation alone, value and gradients, fused and standard, each compiled and warmed up (`WARMUP` calls),
-then `REPEATS` calls of each in turns, the medians compared. Decisions are cached in `choices.json` next to the compiled kernels,
-keyed by the build (its file name hashes the sources, the flags and this CPU's model and flags), the
-kernel threads and the signature: a new build, CPU, thread count or shape is timed again, anything else
-is read back. The timing harness is `time_signature`, which a test replaces with a deliberately slowed
-kernel (tests/cells/test_kernels_auto.py).
+then `REPEATS` calls of each in turns, the medians compared. Decisions are cached in `choices.json` next
+to the compiled kernels, keyed by the build (its file name hashes the sources, the flags and this CPU's
+model and flags), the kernel threads and the signature: a new build, CPU, thread count or shape is timed
+again, anything else is read back. tests/cells/test_kernels_auto.py slows a kernel (or the standard
+operator) on purpose to show the faster one is kept.
 """
 import json
 import logging
