@@ -5,8 +5,8 @@ that times faster than the standard one on this machine at the model's shapes (a
 per backend:
   CPU     mindvl's C++ kernels (cells/kernels/*.cc, compiled on first use into a cache, called as AOT
           custom operators with their backward kernels as bprop): LayerNorm, a Linear's product (sgemm per
-          worker) and bias (add and gradient), GELU, bias + GELU, the attention core (scores, scale, mask, softmax, weighted sum)
-          and, where a core has attention dropout, the scaled masked softmax;
+          worker) and bias (add and gradient), GELU, bias + GELU, the attention core (scores, scale, mask,
+          softmax, weighted sum) and, where a core has attention dropout, the scaled masked softmax;
   Ascend  MindSpore's fused operators: flash attention (ops.FlashAttentionScore) for the attention core
           (LayerNorm and GELU are single fused kernels there already);
 and keeps the standard operators elsewhere. A machine without a working C++ compiler keeps the standard
@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Tuple
 
 from mindspore import nn
+
+from .machine import cpu_identity
 
 SOURCES = sorted(Path(__file__).resolve().parent.glob("*.cc"))
 HEADERS = sorted(Path(__file__).resolve().parent.glob("*.h"))
@@ -38,16 +40,6 @@ _library: dict = {}  # arch -> {"path": the built library} or {"failed": why not
 def cache_dir() -> Path:
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mindvl" / "kernels"
     return Path(os.environ.get("MINDVL_KERNEL_CACHE", default))
-
-
-def _cpu_identity() -> str:
-    """-march=native code runs on this CPU model only: its name and flags go into the build's hash."""
-    try:
-        info = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return "unknown"
-    return ";".join(sorted({line.split(":", 1)[1].strip() for line in info
-                            if line.startswith(("model name", "flags"))}))
 
 
 def _link_flags() -> Tuple[str, ...]:
@@ -73,7 +65,7 @@ def library(arch: Optional[str] = None) -> Optional[Path]:
     if not built:
         try:
             built["path"] = build_library("kernels", SOURCES, cache_dir(), (FLAGS[0], f"-march={arch}", *FLAGS[1:]),
-                                          link=_link_flags(), headers=HEADERS, identity=_cpu_identity())
+                                          link=_link_flags(), headers=HEADERS, identity=cpu_identity())
         except BuildError as exc:
             built["failed"] = str(exc)
             warnings.warn(f"mindvl: fused CPU kernels unavailable ({exc}); using MindSpore's standard operators",

@@ -14,8 +14,9 @@ ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", 
              "avx512_fp16", "amx_tile", "amx_bf16")
 
 
+@lru_cache(maxsize=None)
 def _cpuinfo() -> Dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+    """The first processor's fields of /proc/cpuinfo ({} where there is none), read once."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -30,6 +31,12 @@ def _cpuinfo() -> Dict[str, str]:
 
 def cpu_model() -> str:
     return _cpuinfo().get("model name", "unknown CPU")
+
+
+def cpu_identity() -> str:
+    """-march=native code runs on this CPU model only: its name and flags go into the kernels' build hash."""
+    info = _cpuinfo()
+    return f"{info.get('model name', 'unknown')};{info.get('flags', '')}"
 
 
 def isa_flags() -> List[str]:
