@@ -42,6 +42,9 @@ setup(
         "easy-vqa==1.0",
         "espeakng-loader>=0.2.4,<0.3",
         "onnx==1.17.0",  # reads the DINOv2 weights (mindvl convert dinov2); 1.17 is the last for numpy 1.x
+        "gguf==0.19.0",  # reads and dequantizes GGUF LLM weights (mindvl convert llm); works with numpy 1.26
+        # its GGUF tokenizer builder (mindvl convert llm --gguf; no PyTorch needed): an internal module, so pinned
+        "transformers==5.24.0",
         "aiohttp>=3.9,<4",  # the REST endpoint (mindvl serve)
         "grpcio>=1.60,<2",  # the gRPC endpoint, MindSpore Serving's MSService/Predict
         "prometheus_client>=0.17,<1",  # /metrics of mindvl serve

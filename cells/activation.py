@@ -8,7 +8,7 @@ import math
 
 from mindspore import nn, ops
 
-ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 
 
 class GELU(nn.Cell):
@@ -44,6 +44,18 @@ class ReLU(nn.Cell):
 
     def construct(self, x):
         return self.relu(x)
+
+
+class SiLU(nn.Cell):
+    """x * sigmoid(x) (Llama's and Qwen2's gated MLP)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sigmoid = ops.Sigmoid()
+        self.mul = ops.Mul()
+
+    def construct(self, x):
+        return self.mul(x, self.sigmoid(x))
 
 
 class BiasActivation(nn.Cell):
@@ -86,11 +98,13 @@ class ScaledMaskedSoftmax(nn.Cell):
 
 
 def create_activation(name: str) -> nn.Cell:
-    """Return a new activation Cell for `name` ("gelu" exact erf, "gelu_tanh", "relu")."""
+    """Return a new activation Cell for `name` ("gelu" exact erf, "gelu_tanh", "relu", "silu")."""
     if name == "gelu":
         return GELU()
     if name == "gelu_tanh":
         return GELUTanh()
     if name == "relu":
         return ReLU()
+    if name == "silu":
+        return SiLU()
     raise ValueError(f"activation: expected one of {list(ACTIVATIONS)}, got {name!r}")

@@ -12,40 +12,60 @@ from mindspore import nn, ops
 from .activation import ScaledMaskedSoftmax
 from .linear import dense
 from .masks import MASK_VALUE  # re-exported: callers build masks with this constant
+from .norm import RMSNorm
+from .rotary import RotateHalf
 
 __all__ = ["AttentionCore", "MultiHeadAttention", "MASK_VALUE"]
 
 
 class AttentionCore(nn.Cell):
-    """softmax(Q K^T / sqrt(head_dim) + mask) V over `heads` heads, from and to (batch, seq, heads * head_dim)
+    """softmax(scale * Q K^T + mask) V over `heads` heads, from and to (batch, seq, heads * head_dim)
     projections: the part a fused kernel (cells/kernels: AOT on CPU, flash attention on Ascend) replaces
-    whole. The head split and merge are transposes here; fused kernels read the heads in place."""
+    whole. The head split and merge are transposes here; fused kernels read the heads in place.
 
-    def __init__(self, heads: int, head_dim: int, dropout: float = 0.0):
+    kv_heads < heads is grouped-query attention: keys and values (batch, kv_seq, kv_heads * head_dim) serve
+    heads // kv_heads query heads each (head h reads kv head h // group, as Hugging Face's repeat_kv), computed
+    as one batched product per kv head over its group's query rows, without copying the keys. The keys may be
+    longer than the queries (a decode step against its cache). scale 0: head_dim ** -0.5."""
+
+    def __init__(self, heads: int, head_dim: int, dropout: float = 0.0, kv_heads: int = 0, scale: float = 0.0):
         super().__init__()
         self.heads = heads
         self.head_dim = head_dim
+        self.kv_heads = kv_heads or heads
+        self.group = heads // self.kv_heads
         self.dropout = dropout
         self.reshape = ops.Reshape()
         self.transpose = ops.Transpose()
+        self.tile = ops.Tile()
         self.qk_matmul = ops.BatchMatMul(transpose_b=True)
         self.av_matmul = ops.BatchMatMul()
-        self.softmax = ScaledMaskedSoftmax(1.0 / math.sqrt(head_dim))
+        self.softmax = ScaledMaskedSoftmax(scale or 1.0 / math.sqrt(head_dim))
         self.attn_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
 
-    def _split_heads(self, x, batch, seq):
-        x = self.reshape(x, (batch, seq, self.heads, self.head_dim))  # (batch, seq, heads, head_dim)
+    def _split_heads(self, x, batch, seq, heads):
+        x = self.reshape(x, (batch, seq, heads, self.head_dim))  # (batch, seq, heads, head_dim)
         return self.transpose(x, (0, 2, 1, 3))  # (batch, heads, seq, head_dim)
 
     def construct(self, q, k, v, mask=None):
-        batch, seq = q.shape[0], q.shape[1]
-        q, k, v = self._split_heads(q, batch, seq), self._split_heads(k, batch, seq), self._split_heads(v, batch, seq)
-        probs = self.attn_dropout(self.softmax(self.qk_matmul(q, k), mask))  # (batch, heads, seq, seq)
-        out = self.av_matmul(probs, v)  # (batch, heads, seq, head_dim)
-        return self.reshape(self.transpose(out, (0, 2, 1, 3)), (batch, seq, self.heads * self.head_dim))
+        batch, seq, kv_seq = q.shape[0], q.shape[1], k.shape[1]
+        k, v = self._split_heads(k, batch, kv_seq, self.kv_heads), self._split_heads(v, batch, kv_seq, self.kv_heads)
+        if self.group == 1:
+            q = self._split_heads(q, batch, seq, self.heads)
+        else:  # (batch, kv_heads, group * seq, head_dim): each kv head's query rows, group-major
+            q = self.transpose(self.reshape(q, (batch, seq, self.kv_heads, self.group, self.head_dim)), (0, 2, 3, 1, 4))
+            q = self.reshape(q, (batch, self.kv_heads, self.group * seq, self.head_dim))
+            if mask is not None and mask.shape[2] > 1:
+                mask = self.tile(mask, (1, 1, self.group, 1))
+        probs = self.attn_dropout(self.softmax(self.qk_matmul(q, k), mask))
+        out = self.av_matmul(probs, v)
+        if self.group == 1:  # (batch, heads, seq, head_dim)
+            return self.reshape(self.transpose(out, (0, 2, 1, 3)), (batch, seq, self.heads * self.head_dim))
+        out = self.reshape(out, (batch, self.kv_heads, self.group, seq, self.head_dim))
+        return self.reshape(self.transpose(out, (0, 3, 1, 2, 4)), (batch, seq, self.heads * self.head_dim))
 
     def extend_repr(self):
-        return f"heads={self.heads}, head_dim={self.head_dim}"
+        return f"heads={self.heads}, head_dim={self.head_dim}, kv_heads={self.kv_heads}"
 
 
 class MultiHeadAttention(nn.Cell):
@@ -58,28 +78,79 @@ class MultiHeadAttention(nn.Cell):
     head_dim 0 takes width // heads (width must divide); > 0 sets it, so the attention's inner width
     heads * head_dim may differ from width: a model whose heads were pruned (mindvl.train.prune) keeps
     its head size with fewer heads. q/k/v project width -> heads * head_dim, out_proj projects back.
+
+    Decoder options: kv_heads (grouped-query attention: k and v project to kv_heads * head_dim), qk_norm
+    (RMSNorm over each head's dimensions of q and k, Gemma 3), `bias` on q/k/v and `out_bias` on the output
+    projection, `scale` (0: head_dim ** -0.5), and `rotary` = (cos, sin) from cells.rotary at call time.
+    `construct_cached` is one decode step against a key/value cache.
     """
 
     def __init__(self, width: int, heads: int, dropout: float = 0.0, lora_rank: int = 0, lora_alpha: float = 16.0,
-                 head_dim: int = 0):
+                 head_dim: int = 0, kv_heads: int = 0, qk_norm: bool = False, norm_eps: float = 1e-6,
+                 bias: bool = True, out_bias: bool = True, scale: float = 0.0):
         super().__init__()
         if head_dim < 0:
             raise ValueError(f"attention head_dim: expected 0 (width // heads) or a positive size, got {head_dim}")
         if not head_dim and width % heads:
             raise ValueError(f"attention width {width} is not divisible by heads={heads}")
+        if kv_heads and heads % kv_heads:
+            raise ValueError(f"attention kv_heads={kv_heads} does not divide heads={heads}")
         self.width = width
         self.heads = heads
         self.head_dim = head_dim or width // heads
+        self.kv_heads = kv_heads or heads
         self.inner_width = heads * self.head_dim
-        inner = self.inner_width
-        self.q_proj = dense(width, inner, lora_rank=lora_rank, lora_alpha=lora_alpha)  # LoRA on q and v, as
-        self.k_proj = dense(width, inner)
-        self.v_proj = dense(width, inner, lora_rank=lora_rank, lora_alpha=lora_alpha)  # the LoRA paper does
-        self.out_proj = dense(inner, width)
-        self.core = AttentionCore(heads, self.head_dim, dropout)
+        inner, kv_inner = self.inner_width, self.kv_heads * self.head_dim
+        self.q_proj = dense(width, inner, bias, lora_rank=lora_rank, lora_alpha=lora_alpha)  # LoRA on q and v, as
+        self.k_proj = dense(width, kv_inner, bias)
+        self.v_proj = dense(width, kv_inner, bias, lora_rank=lora_rank, lora_alpha=lora_alpha)  # the LoRA paper does
+        self.out_proj = dense(inner, width, out_bias)
+        self.qk_norm = qk_norm
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, norm_eps)
+        self.rotate = RotateHalf(self.head_dim)
+        self.reshape = ops.Reshape()
+        self.mul = ops.Mul()
+        self.add = ops.Add()
+        self.sub = ops.Sub()
+        self.core = AttentionCore(heads, self.head_dim, dropout, self.kv_heads, scale)
 
-    def construct(self, x, mask=None):
-        return self.out_proj(self.core(self.q_proj(x), self.k_proj(x), self.v_proj(x), mask))
+    def _heads(self, x, heads, norm, rotary):
+        """(batch, seq, heads * head_dim) through the per-head norm and the rotation, same shape back."""
+        if not self.qk_norm and rotary is None:
+            return x
+        batch, seq = x.shape[0], x.shape[1]
+        x = self.reshape(x, (batch, seq, heads, self.head_dim))
+        if self.qk_norm:
+            x = norm(x)
+        if rotary is not None:
+            x = self.rotate(x, rotary[0], rotary[1])
+        return self.reshape(x, (batch, seq, heads * self.head_dim))
+
+    def project(self, x, rotary=None):
+        """(q, k, v) of x, the per-head norms and the rotation applied to q and k."""
+        q = self._heads(self.q_proj(x), self.heads, self.q_norm if self.qk_norm else None, rotary)
+        k = self._heads(self.k_proj(x), self.kv_heads, self.k_norm if self.qk_norm else None, rotary)
+        return q, k, self.v_proj(x)
+
+    def construct(self, x, mask=None, rotary=None):
+        q, k, v = self.project(x, rotary)
+        return self.out_proj(self.core(q, k, v, mask))
+
+    def construct_keys(self, x, mask=None, rotary=None):
+        """`construct` that also returns its keys and values (batch, seq, kv_heads * head_dim): a prefill."""
+        q, k, v = self.project(x, rotary)
+        return self.out_proj(self.core(q, k, v, mask)), k, v
+
+    def construct_cached(self, x, mask, rotary, cache_k, cache_v, slot):
+        """One step: x (batch, 1, width) written into the caches (batch, cache_len, kv_heads * head_dim) at the
+        one-hot `slot` (1, cache_len, 1), then attended against the whole cache under `mask` (batch, 1, 1,
+        cache_len). Returns (output, cache_k, cache_v) with the step's key and value in place."""
+        q, k, v = self.project(x, rotary)
+        cache_k = self.add(cache_k, self.mul(slot, self.sub(k, cache_k)))
+        cache_v = self.add(cache_v, self.mul(slot, self.sub(v, cache_v)))
+        return self.out_proj(self.core(q, cache_k, cache_v, mask)), cache_k, cache_v
 
     def extend_repr(self):
-        return f"width={self.width}, heads={self.heads}, head_dim={self.head_dim}"
+        return f"width={self.width}, heads={self.heads}, head_dim={self.head_dim}, kv_heads={self.kv_heads}"

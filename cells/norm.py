@@ -1,4 +1,4 @@
-"""Layer normalisation over the last axis, behind one factory so it can be swapped (RMSNorm, fused kernels).
+"""Normalisation over the last axis (LayerNorm, RMSNorm), behind one factory so it can be swapped (fused kernels).
 
 Parameters are named `weight` and `bias` (the PyTorch/Hugging Face names), matching `nn.Dense`, so
 every checkpoint key in mindvl ends in `.weight` or `.bias` and pretrained weights map one to one.
@@ -31,7 +31,37 @@ def standard_layer_norm(eps: float) -> ops.LayerNorm:
     return ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps)
 
 
-def create_norm(width: int, eps: float = 1e-6) -> nn.Cell:
-    """The normalisation every block and encoder uses; change it here to change it everywhere."""
-    return LayerNorm(width, eps)
+class RMSNorm(nn.Cell):
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis (Llama, Qwen2, Gemma), no bias and no mean
+    subtraction. The weight is applied as stored: Gemma's "1 + weight" is folded in at conversion."""
+
+    def __init__(self, width: int, eps: float = 1e-6):
+        super().__init__()
+        self.width = width
+        self.eps = eps
+        self.weight = Parameter(Tensor(np.ones(width, np.float32)), name="weight")
+        self.square = ops.Square()
+        self.mean = ops.ReduceMean(keep_dims=True)
+        self.rsqrt = ops.Rsqrt()
+        self.mul = ops.Mul()
+        self.add = ops.Add()
+
+    def construct(self, x):
+        scale = self.rsqrt(self.add(self.mean(self.square(x), -1), self.eps))
+        return self.mul(self.mul(x, scale), self.weight)
+
+    def extend_repr(self):
+        return f"width={self.width}, eps={self.eps}"
+
+
+NORMS = ("layer", "rms")
+
+
+def create_norm(width: int, eps: float = 1e-6, kind: str = "layer") -> nn.Cell:
+    """The normalisation every block, encoder and decoder uses; change it here to change it everywhere."""
+    if kind == "layer":
+        return LayerNorm(width, eps)
+    if kind == "rms":
+        return RMSNorm(width, eps)
+    raise ValueError(f"norm: expected one of {list(NORMS)}, got {kind!r}")
 

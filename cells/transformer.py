@@ -9,7 +9,7 @@ import numpy as np
 
 from mindspore import Parameter, Tensor, nn, ops
 
-from .activation import BiasActivation
+from .activation import BiasActivation, create_activation
 from .attention import MultiHeadAttention
 from .linear import dense
 from .norm import create_norm
@@ -18,16 +18,30 @@ from .norm import create_norm
 class MLP(nn.Cell):
     """(…, width) -> fc1 (hidden) -> activation -> fc2 -> (…, width); blocks pass
     hidden = round(width * mlp_ratio), so a pruned FFN of m channels is mlp_ratio = m / width.
-    fc1's bias is added by the activation cell (BiasActivation), where a fused kernel can take it."""
+    fc1's bias is added by the activation cell (BiasActivation), where a fused kernel can take it.
 
-    def __init__(self, width: int, hidden: int, activation: str = "gelu", dropout: float = 0.0):
+    gated (Llama, Qwen2, Gemma): fc2(act(gate(x)) * fc1(x)), fc1 the "up" and fc2 the "down" projection;
+    `bias` False drops every bias (the decoders have none)."""
+
+    def __init__(self, width: int, hidden: int, activation: str = "gelu", dropout: float = 0.0,
+                 gated: bool = False, bias: bool = True):
         super().__init__()
-        self.fc1 = dense(width, hidden)
-        self.act = BiasActivation(activation)
-        self.fc2 = dense(hidden, width)
+        self.gated = gated
+        self.fc1 = dense(width, hidden, bias)
+        if gated:
+            self.gate = dense(width, hidden, bias)
+            self.act = create_activation(activation)
+            self.mul = ops.Mul()
+        else:
+            if not bias:
+                raise ValueError("MLP: a plain (not gated) MLP keeps fc1's bias (its activation cell adds it)")
+            self.act = BiasActivation(activation)
+        self.fc2 = dense(hidden, width, bias)
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
 
     def construct(self, x):
+        if self.gated:
+            return self.fc2(self.dropout(self.mul(self.act(self.gate(x)), self.fc1(x))))
         return self.fc2(self.dropout(self.act(self.fc1.project(x), self.fc1.bias)))
 
 
@@ -48,17 +62,30 @@ class TransformerBlock(nn.Cell):
 
     Children (and so checkpoint keys): norm1, attn, norm2, mlp, and ls1/ls2 (`.gamma`) when
     layer_scale > 0. head_dim 0: width // heads (see MultiHeadAttention).
+
+    Decoder options (a DecoderConfig's): `norm` "rms", grouped-query `kv_heads`, `qk_norm`, `gated_mlp`,
+    biases off, the attention `scale`, and `sandwich_norm` (Gemma 2/3: post_attn_norm and post_mlp_norm
+    on each branch's output before its residual add). `rotary` (cos, sin) rotates q and k at call time;
+    `construct_keys` and `construct_cached` are the prefill and the decode step of generation.
     """
 
     def __init__(self, width: int, heads: int, mlp_ratio: float = 4.0, pre_norm: bool = True,
                  activation: str = "gelu", layer_scale: float = 0.0, norm_eps: float = 1e-6,
-                 dropout: float = 0.0, lora_rank: int = 0, lora_alpha: float = 16.0, head_dim: int = 0):
+                 dropout: float = 0.0, lora_rank: int = 0, lora_alpha: float = 16.0, head_dim: int = 0,
+                 norm: str = "layer", kv_heads: int = 0, qk_norm: bool = False, gated_mlp: bool = False,
+                 sandwich_norm: bool = False, attention_bias: bool = True, output_bias: bool = True,
+                 mlp_bias: bool = True, attention_scale: float = 0.0):
         super().__init__()
         self.pre_norm = pre_norm
-        self.norm1 = create_norm(width, norm_eps)
-        self.attn = MultiHeadAttention(width, heads, dropout, lora_rank, lora_alpha, head_dim)
-        self.norm2 = create_norm(width, norm_eps)
-        self.mlp = MLP(width, int(round(width * mlp_ratio)), activation, dropout)
+        self.sandwich_norm = sandwich_norm
+        self.norm1 = create_norm(width, norm_eps, norm)
+        self.attn = MultiHeadAttention(width, heads, dropout, lora_rank, lora_alpha, head_dim, kv_heads, qk_norm,
+                                       norm_eps, attention_bias, output_bias, attention_scale)
+        self.norm2 = create_norm(width, norm_eps, norm)
+        self.mlp = MLP(width, int(round(width * mlp_ratio)), activation, dropout, gated_mlp, mlp_bias)
+        if sandwich_norm:
+            self.post_attn_norm = create_norm(width, norm_eps, norm)
+            self.post_mlp_norm = create_norm(width, norm_eps, norm)
         if layer_scale > 0:
             self.ls1 = LayerScale(width, layer_scale)
             self.ls2 = LayerScale(width, layer_scale)
@@ -68,14 +95,32 @@ class TransformerBlock(nn.Cell):
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
         self.add = ops.Add()
 
-    def construct(self, x, mask=None):
+    def _attention_residual(self, x, attended):
+        if self.sandwich_norm:
+            attended = self.post_attn_norm(attended)
+        return self.add(x, self.ls1(self.dropout(attended)))
+
+    def _mlp_residual(self, x):
+        out = self.mlp(self.norm2(x))
+        if self.sandwich_norm:
+            out = self.post_mlp_norm(out)
+        return self.add(x, self.ls2(self.dropout(out)))
+
+    def construct(self, x, mask=None, rotary=None):
         if self.pre_norm:
-            x = self.add(x, self.ls1(self.dropout(self.attn(self.norm1(x), mask))))
-            x = self.add(x, self.ls2(self.dropout(self.mlp(self.norm2(x)))))
-        else:
-            x = self.norm1(self.add(x, self.ls1(self.dropout(self.attn(x, mask)))))
-            x = self.norm2(self.add(x, self.ls2(self.dropout(self.mlp(x)))))
-        return x
+            return self._mlp_residual(self._attention_residual(x, self.attn(self.norm1(x), mask, rotary)))
+        x = self.norm1(self.add(x, self.ls1(self.dropout(self.attn(x, mask, rotary)))))
+        return self.norm2(self.add(x, self.ls2(self.dropout(self.mlp(x)))))
+
+    def construct_keys(self, x, mask, rotary):
+        """A pre-norm block's `construct` that also returns the attention's keys and values (a prefill)."""
+        attended, k, v = self.attn.construct_keys(self.norm1(x), mask, rotary)
+        return self._mlp_residual(self._attention_residual(x, attended)), k, v
+
+    def construct_cached(self, x, mask, rotary, cache_k, cache_v, slot):
+        """A pre-norm block's decode step against its caches (MultiHeadAttention.construct_cached)."""
+        attended, cache_k, cache_v = self.attn.construct_cached(self.norm1(x), mask, rotary, cache_k, cache_v, slot)
+        return self._mlp_residual(self._attention_residual(x, attended)), cache_k, cache_v
 
 
 class TransformerStack(nn.Cell):

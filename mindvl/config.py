@@ -84,6 +84,52 @@ class EncoderConfig:
 
 
 @dataclass
+class DecoderConfig(EncoderConfig):
+    """A causal language model: the same block family as the encoders, with the options decoder-only LLMs
+    use. Gemma 3, Llama and Qwen2 are settings of this (mindvl.pretrained.llm writes them explicitly into a
+    converted folder's config.json); nothing about a family is hard-coded in the cells."""
+
+    activation: str = "silu"
+    vocab_size: int = 0
+    kv_heads: int = 0  # 0: heads (multi-head attention); fewer: grouped-query attention (heads % kv_heads == 0)
+    norm: str = "rms"  # rms (weight only, applied as stored) or layer
+    qk_norm: bool = False  # RMSNorm over head_dim on queries and keys before the rotation (Gemma 3)
+    gated_mlp: bool = True  # down(act(gate(x)) * up(x)) instead of fc2(act(fc1(x)))
+    sandwich_norm: bool = False  # norms also after attention and after the MLP, before the residual add
+    attention_bias: bool = False  # biases on q/k/v (Qwen2)
+    output_bias: bool = False  # bias on the attention's output projection
+    mlp_bias: bool = False
+    attention_scale: float = 0.0  # 0: head_dim ** -0.5 (Gemma 3: query_pre_attn_scalar ** -0.5)
+    rope_theta: float = 10000.0  # rotary base of the global layers
+    local_rope_theta: float = 0.0  # rotary base of the sliding-window layers; 0: rope_theta
+    sliding_window: int = 0  # tokens a "local" layer's query sees, itself included
+    layer_types: List[str] = field(default_factory=list)  # per layer, "global" or "local"; empty: all global
+    embed_scale: float = 1.0  # token embeddings are multiplied by it (Gemma: sqrt(width))
+    tie_embeddings: bool = True  # the LM head is the embedding matrix
+    max_positions: int = 8192  # the longest sequence (prompt + generated) the model was trained for
+
+    def validate(self, path: str) -> None:
+        _positive(self, path, ["width", "layers", "heads", "mlp_ratio", "vocab_size", "max_positions"])
+        if not self.head_dim and self.width % self.heads:
+            raise ConfigError(f"{path}.width: {self.width} is not divisible by {path}.heads={self.heads}; "
+                              f"make it divisible or set {path}.head_dim")
+        kv_heads = self.kv_heads or self.heads
+        if kv_heads < 0 or self.heads % kv_heads:
+            raise ConfigError(f"{path}.kv_heads: {self.kv_heads} does not divide heads={self.heads}")
+        _choice(f"{path}.activation", self.activation, ("gelu", "gelu_tanh", "relu", "silu"))
+        _choice(f"{path}.norm", self.norm, ("rms", "layer"))
+        if self.layer_types and len(self.layer_types) != self.layers:
+            raise ConfigError(f"{path}.layer_types: {len(self.layer_types)} entries for {self.layers} layers")
+        for index, kind in enumerate(self.layer_types):
+            _choice(f"{path}.layer_types[{index}]", kind, ("global", "local"))
+        if "local" in self.layer_types and self.sliding_window <= 0:
+            raise ConfigError(f"{path}.sliding_window: local layers need a window > 0, got {self.sliding_window}")
+
+    def layer_is_local(self, index: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[index] == "local"
+
+
+@dataclass
 class VisionConfig(EncoderConfig):
     patch_size: int = 8
 

@@ -241,3 +241,28 @@ def live_server(deployed):
     config = ServeConfig(servable_dir=str(deployed), port=0, grpc_port=0, poll_s=0, max_batch_size=8)
     with BackgroundServer(config) as server:
         yield server
+
+
+# ----------------------------------------------------------------------------- pretrained LLM decoders
+
+REFERENCES = Path(__file__).parent / "references"
+TINY_LLM_FAMILIES = ("llama", "qwen2", "gemma3_text")
+
+
+@pytest.fixture(scope="session")
+def tiny_llms(tmp_path_factory):
+    """{family: converted folder} of the committed tiny random-weight Llama, Qwen2 and Gemma 3 models
+    (tests/references/tiny_<family>, Hugging Face layout)."""
+    from mindvl.pretrained.llm import convert_hf
+
+    out = tmp_path_factory.mktemp("tiny_llms")
+    return {family: convert_hf(REFERENCES / f"tiny_{family}", out / family, log=lambda *_: None)
+            for family in TINY_LLM_FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def gemma3_folder(tmp_path_factory):
+    """The registry's Gemma 3 270M GGUF (weights.txt) converted once (~35 s, 1.1 GB on disk)."""
+    from mindvl.pretrained.llm import convert_gguf
+
+    return convert_gguf(None, tmp_path_factory.mktemp("gemma3") / "gemma3", log=lambda *_: None)

