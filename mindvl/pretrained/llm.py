@@ -364,7 +364,23 @@ def read_llm_config(path: Union[str, Path]) -> Tuple[Dict, DecoderConfig]:
     return config, cfg
 
 
-def load_llm_weights(path: Union[str, Path]) -> Dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
+def load_llm_weights(path: Union[str, Path], cell) -> None:
+    """Set every parameter of `cell` (a CausalLM of the folder's config) from model.safetensors, one tensor at
+    a time (reading the whole file first would hold the weights twice: +2 GB at Gemma 3 270M's peak). LoRA
+    adapters the cell was built with (DecoderConfig.lora_rank) are not in the file and keep their init."""
+    from mindspore import Tensor
+    from safetensors import safe_open
 
-    return load_file(str(Path(path) / WEIGHTS_FILE))
+    from mindvl.cells.linear import Linear
+
+    file = Path(path) / WEIGHTS_FILE
+    params = {name: param for name, param in cell.parameters_and_names()
+              if not name.rsplit(".", 1)[-1].startswith(Linear.LORA_PREFIX)}
+    with safe_open(str(file), framework="np") as weights:
+        names = set(weights.keys())
+        missing, unexpected = sorted(set(params) - names), sorted(names - set(params))
+        if missing or unexpected:
+            raise ConversionError(f"{file}: does not match the decoder its config.json describes (missing "
+                                  f"{missing[:3]}, unexpected {unexpected[:3]}); convert it again")
+        for name, param in params.items():
+            param.set_data(Tensor(weights.get_tensor(name)))

@@ -1,0 +1,82 @@
+"""The real Gemma 3 270M (the registry's GGUF, weights.txt) converted and run against transformers' outputs
+on the same weights (tests/references/gemma3.npz, made by ref_gemma3.py): tokenizer ids, logits at every
+position within 1e-4, 32 greedy tokens, the sliding window past 512 tokens, a batch, and the CLI's peak
+memory. ~3 minutes."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from conftest import REFERENCES  # tests/conftest.py
+
+pytestmark = pytest.mark.slow
+PEAK_RSS_LIMIT_GB = 4.0  # measured: 2.7 GB for `mindvl generate` (float32 weights 1.07 GB, read once)
+
+
+@pytest.fixture(scope="module")
+def references():
+    return np.load(REFERENCES / "gemma3.npz")
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma3_folder):
+    from mindvl.generation import from_pretrained
+
+    return from_pretrained(gemma3_folder, cache_len=1024)
+
+
+def test_tokenizer_ids_equal_the_reference(gemma3_folder, references):
+    tokenizer = Tokenizer.from_file(str(gemma3_folder / "tokenizer.json"))
+    for index, text in enumerate(references["tokenizer_strings"]):
+        assert tokenizer.encode(str(text)).ids == references[f"tokenizer_ids_{index}"].tolist(), text
+        plain = tokenizer.encode(str(text), add_special_tokens=False).ids
+        assert plain == references[f"tokenizer_plain_ids_{index}"].tolist(), text
+        assert tokenizer.decode(plain, skip_special_tokens=False) == str(text)
+
+
+def test_logits_and_greedy_tokens_match_transformers(gemma, references):
+    vocab = references["sampled_vocab"]
+    for index in range(3):
+        prompt = str(references["prompts"][index])
+        ids = gemma.encode(prompt)
+        assert ids == references[f"prompt_ids_{index}"].tolist()
+        logits = gemma.logits(ids)  # (seq, 262144)
+        np.testing.assert_allclose(logits[-1], references[f"last_logits_{index}"], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(logits[:, vocab], references[f"sampled_logits_{index}"], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(np.take_along_axis(logits, references[f"top8_ids_{index}"], axis=1),
+                                   references[f"top8_logits_{index}"], atol=1e-4, rtol=0)
+        assert gemma.generate(prompt, max_new_tokens=32).tokens == references[f"greedy_{index}"].tolist()
+
+
+def test_sliding_window_past_512_tokens(gemma, references):
+    prompt = str(references["prompts"][3])
+    assert len(gemma.encode(prompt)) > 512
+    assert gemma.generate(prompt, max_new_tokens=8).tokens == references["greedy_3"].tolist()
+
+
+def test_batch_equals_alone(gemma, references):
+    prompts = [str(p) for p in references["prompts"][:3]]
+    together = gemma.generate(prompts, max_new_tokens=16)
+    assert [g.tokens for g in together] == [references[f"greedy_{i}"].tolist()[:16] for i in range(3)]
+    assert len(gemma.decode_graph.compile_cache) <= 2  # batch 1 and batch 3
+
+
+# the CLI in a process of its own, which reports its own peak resident memory when it is done (VmHWM, the
+# high-water mark of its own address space: ru_maxrss would count the forked pytest process before exec)
+CLI_WITH_PEAK = ("import re, sys\nfrom mindvl.cli.main import main\ncode = main(sys.argv[1:])\n"
+                 "peak = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
+                 "print(f'peak_rss_kb={peak}', file=sys.stderr)\nsys.exit(code)")
+
+
+def test_cli_generates_within_its_memory(gemma3_folder, references):
+    done = subprocess.run([sys.executable, "-c", CLI_WITH_PEAK, "generate", "--model", str(gemma3_folder),
+                           str(references["prompts"][0]), "--max-new-tokens", "8"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak_gb = int(done.stderr.rsplit("peak_rss_kb=", 1)[1].split()[0]) / 2 ** 20
+    print(f"mindvl generate (Gemma 3 270M, float32): peak RSS {peak_gb:.2f} GB")
+    assert peak_gb < PEAK_RSS_LIMIT_GB
+    assert done.stdout.startswith(str(references["prompts"][0]) + " the capital of the country")
+    assert "[length]" in done.stderr
