@@ -76,6 +76,89 @@ def _embedding(embedding: nn.Cell, dp: int, mp: int, vocab_emb_dp: bool) -> None
     embedding.gather.shard((table, (dp, 1)))
 
 
+def _rms_norm(norm: nn.Cell, split: tuple) -> None:
+    """An RMSNorm on inputs split as `split` (the last axis, which it reduces, whole)."""
+    reduced = split[:-1] + (1,)
+    norm.square.shard((split,))
+    norm.mean.shard((split,))
+    norm.add.shard((reduced, ()))
+    norm.rsqrt.shard((reduced,))
+    norm.mul.shard((split, reduced))
+
+
+def _decoder_norm(norm: nn.Cell, split: tuple) -> None:
+    if hasattr(norm, "layer_norm"):
+        norm.layer_norm.shard((split, (1,), (1,)))
+    else:
+        _rms_norm(norm, split)
+
+
+def _decoder_block(block: nn.Cell, dp: int, mp: int) -> None:
+    """A decoder block (cells.decoder.decoder_block): Megatron splits over the query heads and the kv heads
+    (validate_decoder_split checks both divide), the per-head norms and the rotation on the head-split
+    (batch, seq, heads, head_dim) layout, the gated MLP's gate and up column-split, its product and the
+    activation on the split hidden width, down row-split."""
+    attn = block.attn
+    for projection in (attn.q_proj, attn.k_proj, attn.v_proj):
+        _linear(projection, dp, mp, "column")
+    _linear(attn.out_proj, dp, mp, "row")
+    per_head = (dp, 1, mp, 1)  # (batch, seq, heads, head_dim)
+    if attn.qk_norm:
+        _rms_norm(attn.q_norm, per_head)
+        _rms_norm(attn.k_norm, per_head)
+    rotate = attn.rotate
+    rotate.split.shard((per_head,))
+    rotate.neg.shard((per_head,))
+    rotate.concat.shard((per_head, per_head))
+    rotate.mul.shard((per_head, (dp, 1, 1, 1)))
+    rotate.add.shard((per_head, per_head))
+    heads = (dp, mp, 1, 1)  # (batch, kv heads (or heads), rows, head_dim)
+    core = attn.core
+    core.qk_matmul.shard((heads, heads))
+    core.av_matmul.shard((heads, heads))
+    core.softmax.mul.shard((heads, ()))
+    core.softmax.add.shard((heads, (dp, 1, 1, 1)))
+    core.softmax.softmax.shard((heads,))
+    mlp = block.mlp
+    for projection in (mlp.gate, mlp.fc1):
+        _linear(projection, dp, mp, "column")
+    _linear(mlp.fc2, dp, mp, "row")
+    hidden = (dp, 1, mp)
+    mlp.mul.shard((hidden, hidden))
+    for primitive in vars(mlp.act).values():
+        if isinstance(primitive, ops.Primitive):
+            primitive.shard((hidden,) * (2 if isinstance(primitive, ops.Mul) else 1))
+    for name in ("norm1", "norm2", "post_attn_norm", "post_mlp_norm"):
+        if hasattr(block, name):
+            _decoder_norm(getattr(block, name), (dp, 1, 1))
+    block.add.shard(((dp, 1, 1), (dp, 1, 1)))
+
+
+def validate_decoder_split(cfg, mp: int, vocab_emb_dp: bool = True) -> None:
+    """A DecoderConfig's sizes against a model-parallel split of `mp`; the error names the setting."""
+    kv_heads = cfg.kv_heads or cfg.heads
+    checks = [("heads", cfg.heads), ("kv_heads", kv_heads), ("FFN width", int(round(cfg.width * cfg.mlp_ratio)))]
+    if not vocab_emb_dp:
+        checks.append(("vocab_size", cfg.vocab_size))
+    for name, size in checks:
+        if size % mp:
+            raise ConfigError(f"decoder {name} {size} is not divisible by model_parallel={mp}"
+                              + ("; grouped-query attention splits over kv heads: use a model_parallel that "
+                                 "divides them (or 1)" if name == "kv_heads" else ""))
+
+
+def apply_decoder_strategy(lm: nn.Cell, dp: int, mp: int, vocab_emb_dp: bool = True) -> None:
+    """Shards on a CausalLM (cells/decoder.py) for (dp, mp): every block (_decoder_block), the final norm, the
+    token embedding replicated over mp (vocab_emb_dp) or row-split over the vocabulary, and the LM head
+    column-split over the vocabulary (each mp rank computes its slice of the logits)."""
+    validate_decoder_split(lm.cfg, mp, vocab_emb_dp)
+    for block in lm.blocks:
+        _decoder_block(block, dp, mp)
+    _decoder_norm(lm.norm, (dp, 1, 1))
+    lm.gather.shard(((1, 1) if vocab_emb_dp else (mp, 1), (dp, 1)))
+    lm.head_matmul.shard(((dp, 1), (mp, 1)))
+
+
 def encoder_blocks(model: nn.Cell) -> Dict[str, nn.Cell]:
     """{"vision.0": block, ...} in pipeline order (strategy.pipeline_blocks)."""
     blocks = {}
@@ -148,6 +231,13 @@ def context_settings(strategy: ParallelStrategy) -> dict:
     return settings
 
 
+def primitive_strategies(model: nn.Cell) -> Dict[str, tuple]:
+    """{cell path.attribute: in_strategy} of every sharded primitive of `model`."""
+    return {f"{path}.{attribute}" if path else attribute: value.attrs["in_strategy"]
+            for path, cell in model.cells_and_names() for attribute, value in vars(cell).items()
+            if isinstance(value, ops.Primitive) and "in_strategy" in value.attrs}
+
+
 def dump_strategy(cfg: Config, strategy: ParallelStrategy) -> Dict[str, object]:
     """Build the model of `cfg` (shapes only) on this machine, apply `strategy` -> {"context": set_auto_parallel_context
     arguments, "stages": {block: stage}, "primitives": {cell path.attribute: in_strategy}} (what the
@@ -159,9 +249,7 @@ def dump_strategy(cfg: Config, strategy: ParallelStrategy) -> Dict[str, object]:
     validate_strategy(strategy, cfg)
     model = build_cells(cfg.model, cfg.preprocess)  # random weights: a strategy needs shapes, not values
     stages = apply_strategy(model, cfg, strategy)
-    primitives = {f"{path}.{attribute}" if path else attribute: [list(part) for part in value.attrs["in_strategy"]]
-                  for path, cell in model.cells_and_names() for attribute, value in vars(cell).items()
-                  if isinstance(value, ops.Primitive) and "in_strategy" in value.attrs}
+    primitives = {name: [list(part) for part in split] for name, split in primitive_strategies(model).items()}
     return {"strategy": strategy.name, "devices": strategy.devices, "context": context_settings(strategy),
             "stages": stages if strategy.pipeline_stage > 1 else {}, "primitives": primitives}
 

@@ -169,3 +169,25 @@ def test_the_losses_are_split_over_the_rows(cfg):
     assert loss.contrastive.log_softmax.log_softmax.attrs["in_strategy"] == ((2, 1),)
     assert loss.answer_loss.ce.sparse_softmax_cross_entropy.attrs["in_strategy"] == ((2, 1), (2,))
     assert loss.lm_loss.ce.softmax_cross_entropy.attrs["in_strategy"] == ((2, 1), (2, 1))
+
+
+def test_decoder_strategy_splits_heads_kv_heads_and_the_vocabulary():
+    from mindvl.cells.decoder import CausalLM
+    from mindvl.config import DecoderConfig
+    from mindvl.parallel.apply import apply_decoder_strategy, primitive_strategies
+
+    cfg = DecoderConfig(width=64, layers=2, heads=8, kv_heads=2, mlp_ratio=2.0, vocab_size=96, qk_norm=True,
+                        sandwich_norm=True, layer_types=["local", "global"], sliding_window=4)
+    lm = CausalLM(cfg, cache_len=8)
+    apply_decoder_strategy(lm, dp=2, mp=2, vocab_emb_dp=False)
+    strategies = primitive_strategies(lm)
+    assert strategies["blocks.0.attn.k_proj.matmul"] == ((2, 1), (2, 1))  # kv heads column-split
+    assert strategies["blocks.0.attn.out_proj.matmul"] == ((2, 2), (1, 2))  # row-split, partial sums reduced
+    assert strategies["blocks.1.mlp.gate.matmul"] == ((2, 1), (2, 1))
+    assert strategies["blocks.1.mlp.fc2.matmul"] == ((2, 2), (1, 2))
+    assert strategies["blocks.0.attn.q_norm.square"] == ((2, 1, 2, 1),)  # per head, on the split heads
+    assert strategies["blocks.0.attn.core.qk_matmul"] == ((2, 2, 1, 1), (2, 2, 1, 1))
+    assert strategies["blocks.1.post_mlp_norm.mul"] == ((2, 1, 1), (2, 1, 1))
+    assert strategies["gather"] == ((2, 1), (2, 1)) and strategies["head_matmul"] == ((2, 1), (2, 1))
+    with pytest.raises(ConfigError, match=r"kv_heads 2 is not divisible by model_parallel=4; grouped-query"):
+        apply_decoder_strategy(CausalLM(cfg, cache_len=8), dp=1, mp=4)

@@ -1,0 +1,261 @@
+"""Text generation speed on this CPU: mindvl against transformers and llama.cpp, same weights, same threads.
+
+    python benchmarks/generate.py [--model DIR] [--prompt-tokens 128] [--new-tokens 64] [--threads 2]
+                                  [--peers mindvl,mindir,transformers,llama.cpp] [--json FILE]
+
+Gemma 3 270M from the registry's GGUF (weights.txt), greedy, one prompt of --prompt-tokens tokens, each
+peer in a process of its own (its own peak memory, its own threads), one after the other:
+  mindvl        mindvl.generation.LanguageModel in graph mode, float32 (the folder `mindvl convert llm`
+                writes; converted here when --model is not given);
+  mindir        the same prefill and decode graphs exported to MindIR and loaded back (mindspore.load +
+                nn.GraphCell), the graphs a deployment runs;
+  transformers  Gemma3ForCausalLM (PyTorch eager, float32) from the same GGUF, model.generate;
+  llama.cpp     llama-cpp-python on the original Q4_K_M GGUF (`pip install llama-cpp-python`, which builds
+                llama.cpp from source): the CPU inference reference, on 4-5 bit weights.
+Figures: prefill tokens/s (prompt tokens / time to the first new token), decode tokens/s (new tokens after the
+first / their time), the first call's time (graph compilation for mindvl), peak resident memory (VmHWM).
+The decode floor: a decode step reads every weight once (the tied LM head reads the whole embedding), so
+tokens/s cannot beat memory bandwidth / weight bytes; bandwidth is measured here (numpy and torch reading
+a 1 GiB array). Goal for mindvl: decode >= 2x transformers eager in float32, within 1.5x of the floor.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PEERS = ("mindvl", "mindir", "transformers", "llama.cpp")
+TEXT = ("MindSpore compiles the whole network into one graph before it runs, so the framework can fuse "
+        "operators, plan memory and schedule kernels ahead of time. ")
+
+
+def peak_rss_gb() -> float:
+    return int(re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) / 2 ** 20
+
+
+def prompt_ids(tokenizer_file: Path, count: int) -> list:
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(str(tokenizer_file)).encode(TEXT * 64).ids
+    return ids[:count]
+
+
+# ----------------------------------------------------------------------------- peers (each in a child process)
+
+def run_mindvl(args, ids: list, mindir: bool) -> dict:
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor, nn
+
+    from mindvl.generation import from_pretrained
+
+    ms.device_context.cpu.op_tuning.threads_num(args.threads)
+    start = time.perf_counter()
+    model = from_pretrained(args.model, cache_len=len(ids) + args.new_tokens + 64)
+    load_s = time.perf_counter() - start
+    bucket = model._bucket(len(ids), args.new_tokens)
+    prefill, decode = model.prefill_graph, model.decode_graph
+    tokens = np.full((1, bucket), model.pad_id, np.int32)
+    tokens[0, bucket - len(ids):] = ids
+    valid = tokens * 0 == 0
+    valid[0, :bucket - len(ids)] = False
+    slot_valid = np.zeros((1, model.cache_len), bool)
+    slot_valid[:, :bucket] = valid
+    inputs = [Tensor(tokens), Tensor(valid)]
+    step_inputs = lambda t, p, s, caches: [Tensor(np.array([[t]], np.int32)), Tensor(np.array([[p]], np.int32)),  # noqa: E731
+                                           Tensor(np.array([s], np.int32)), Tensor(slot_valid), *caches]
+    export_s = 0.0
+    if mindir:  # the graphs exported and loaded back
+        folder = Path(tempfile.mkdtemp(prefix="mindvl_mindir_"))
+        start = time.perf_counter()
+        _, cache_k, cache_v = prefill(*inputs)
+        ms.export(prefill, *inputs, file_name=str(folder / "prefill"), file_format="MINDIR")
+        ms.export(decode, *step_inputs(0, 0, bucket, (cache_k, cache_v)), file_name=str(folder / "decode"),
+                  file_format="MINDIR")
+        prefill = nn.GraphCell(ms.load(str(folder / "prefill.mindir")))
+        decode = nn.GraphCell(ms.load(str(folder / "decode.mindir")))
+        export_s = time.perf_counter() - start
+    timings = {}
+    for attempt in ("first", "timed"):
+        start = time.perf_counter()
+        logits, cache_k, cache_v = prefill(*inputs)
+        token = int(logits.asnumpy().argmax())
+        first_token = time.perf_counter()
+        generated = [token]
+        slot_valid[:, bucket:] = False
+        for step in range(args.new_tokens - 1):
+            slot_valid[:, bucket + step] = True
+            logits, cache_k, cache_v = decode(*step_inputs(token, len(ids) + step, bucket + step, (cache_k, cache_v)))
+            token = int(logits.asnumpy().argmax())
+            generated.append(token)
+        timings[attempt] = (first_token - start, time.perf_counter() - first_token, generated)
+    prefill_s, decode_s, generated = timings["timed"]
+    return {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": (args.new_tokens - 1) / decode_s,
+            "first_call_s": sum(timings["first"][:2]), "load_s": load_s, "export_s": export_s,
+            "tokens": generated, "peak_rss_gb": peak_rss_gb()}
+
+
+def run_transformers(args, ids: list) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    gguf = Path(args.gguf)
+    start = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    load_s = time.perf_counter() - start
+    prompt = torch.tensor([ids])
+    timings = {}
+    with torch.no_grad():
+        for attempt in ("first", "timed"):
+            start = time.perf_counter()
+            out = model(prompt, use_cache=True)
+            token = int(out.logits[0, -1].argmax())
+            first_token = time.perf_counter()
+            past, generated = out.past_key_values, [token]
+            for _ in range(args.new_tokens - 1):
+                out = model(torch.tensor([[token]]), past_key_values=past, use_cache=True)
+                past, token = out.past_key_values, int(out.logits[0, -1].argmax())
+                generated.append(token)
+            timings[attempt] = (first_token - start, time.perf_counter() - first_token, generated)
+    prefill_s, decode_s, generated = timings["timed"]
+    return {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": (args.new_tokens - 1) / decode_s,
+            "first_call_s": sum(timings["first"][:2]), "load_s": load_s, "tokens": generated,
+            "peak_rss_gb": peak_rss_gb()}
+
+
+def run_llama_cpp(args, ids: list) -> dict:
+    from llama_cpp import Llama
+
+    start = time.perf_counter()
+    model = Llama(model_path=args.gguf, n_threads=args.threads, n_threads_batch=args.threads,
+                  n_ctx=len(ids) + args.new_tokens + 8, n_batch=len(ids), verbose=False)
+    load_s = time.perf_counter() - start
+    timings = {}
+    for attempt in ("first", "timed"):
+        model.reset()
+        start = time.perf_counter()
+        model.eval(ids)
+        token = int(model.scores[model.n_tokens - 1].argmax())
+        first_token = time.perf_counter()
+        generated = [token]
+        for _ in range(args.new_tokens - 1):
+            model.eval([token])
+            token = int(model.scores[model.n_tokens - 1].argmax())
+            generated.append(token)
+        timings[attempt] = (first_token - start, time.perf_counter() - first_token, generated)
+    prefill_s, decode_s, generated = timings["timed"]
+    return {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": (args.new_tokens - 1) / decode_s,
+            "first_call_s": sum(timings["first"][:2]), "load_s": load_s, "tokens": generated,
+            "peak_rss_gb": peak_rss_gb()}
+
+
+def run_peer(args) -> None:
+    ids = prompt_ids(Path(args.model) / "tokenizer.json", args.prompt_tokens)
+    if args.peer in ("mindvl", "mindir"):
+        row = run_mindvl(args, ids, args.peer == "mindir")
+    elif args.peer == "transformers":
+        row = run_transformers(args, ids)
+    else:
+        row = run_llama_cpp(args, ids)
+    print("RESULT " + json.dumps(row))
+
+
+# ----------------------------------------------------------------------------- the machine
+
+def bandwidth_gb_s(threads: int) -> dict:
+    """Read bandwidth: the best of 5 sums over a 1 GiB float32 array (numpy: one thread; torch: `threads`)."""
+    import numpy as np
+
+    array = np.ones(2 ** 28, np.float32)
+    figures = {}
+
+    def best(call):
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return array.nbytes / min(times) / 1e9
+
+    figures["numpy"] = best(array.sum)
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+        tensor = torch.from_numpy(array)
+        figures["torch"] = best(tensor.sum)
+    except ImportError:
+        pass
+    return figures
+
+
+def weight_bytes(model: Path) -> int:
+    """Bytes a float32 decode step reads: every parameter once, the tied embedding twice (one row gathered,
+    the whole matrix as the LM head) counted once, as a gather of one row is negligible."""
+    config = json.loads((model / "config.json").read_text())
+    return int(config["parameters"]) * 4
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="a folder of `mindvl convert llm` (default: convert the registry's Gemma 3)")
+    parser.add_argument("--gguf", help="the GGUF the peers read (default: the registry's Gemma 3 270M)")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--peers", default=",".join(PEERS))
+    parser.add_argument("--json", help="also write every figure to this file")
+    parser.add_argument("--peer", help=argparse.SUPPRESS)  # a child process running one peer
+    args = parser.parse_args(argv)
+    if args.peer:
+        return run_peer(args)
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from mindvl.cells.kernels.machine import describe
+    from mindvl.pretrained.llm import convert_gguf, installed_gguf
+
+    print(f"machine: {describe(os.environ.get('MINDVL_KERNEL_ARCH', 'native'))}; {args.threads} threads per peer")
+    args.gguf = args.gguf or str(installed_gguf())
+    if not args.model:
+        args.model = str(Path.home() / ".cache" / "mindvl" / "llm" / "gemma3-270m")
+        if not (Path(args.model) / "config.json").is_file():
+            convert_gguf(args.gguf, args.model)
+    rows = {}
+    for peer in args.peers.split(","):
+        command = [sys.executable, __file__, "--peer", peer, "--model", args.model, "--gguf", args.gguf,
+                   "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
+                   "--threads", str(args.threads)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        result = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        if done.returncode or not result:
+            print(f"{peer}: failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+            continue
+        rows[peer] = json.loads(result[-1][len("RESULT "):])
+        print(f"{peer}: done", flush=True)
+    bandwidth = bandwidth_gb_s(args.threads)
+    floor = max(bandwidth.values()) * 1e9 / weight_bytes(Path(args.model))
+    print(f"\nGemma 3 270M, prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens (greedy)")
+    print(f"memory read bandwidth: {', '.join(f'{k} {v:.1f} GB/s' for k, v in bandwidth.items())}; float32 weights "
+          f"{weight_bytes(Path(args.model)) / 1e9:.2f} GB per decode step: floor {floor:.1f} tokens/s")
+    print(f"{'peer':<13} {'prefill tok/s':>13} {'decode tok/s':>12} {'vs transformers':>15} {'of floor':>8} "
+          f"{'first call s':>12} {'peak RSS GB':>11}  same tokens as mindvl")
+    reference = rows.get("transformers", {}).get("decode_tok_s")
+    for peer, row in rows.items():
+        ratio = f"{row['decode_tok_s'] / reference:.2f}x" if reference else "-"
+        of_floor = f"{row['decode_tok_s'] / floor:.0%}" if peer != "llama.cpp" else "(4-5 bit)"
+        same = "yes" if row["tokens"] == rows.get("mindvl", row)["tokens"] else \
+            f"first {next(i for i, (a, b) in enumerate(zip(row['tokens'], rows['mindvl']['tokens'])) if a != b)}"
+        print(f"{peer:<13} {row['prefill_tok_s']:>13.1f} {row['decode_tok_s']:>12.2f} {ratio:>15} {of_floor:>8} "
+              f"{row['first_call_s']:>12.1f} {row['peak_rss_gb']:>11.2f}  {same}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"bandwidth_gb_s": bandwidth, "floor_tok_s": floor, "rows": rows},
+                                              indent=2))
+
+
+if __name__ == "__main__":
+    main()
