@@ -10,8 +10,11 @@ peer in a process of its own (its own peak memory, its own threads), one after t
   mindir        the same prefill and decode graphs exported to MindIR and loaded back (mindspore.load +
                 nn.GraphCell), the graphs a deployment runs;
   transformers  Gemma3ForCausalLM (PyTorch eager, float32) from the same GGUF, model.generate;
-  llama.cpp     llama-cpp-python on the original Q4_K_M GGUF (`pip install llama-cpp-python`, which builds
-                llama.cpp from source): the CPU inference reference, on 4-5 bit weights.
+  llama.cpp     llama-cpp-python on the original Q4_K_M GGUF, the CPU inference reference on 4-5 bit
+                weights. It builds llama.cpp from source; on this project's Xeon a -march=native build
+                (GGML_NATIVE, with AMX) crashed in its first decode (SIGSEGV), so build it without AMX:
+                CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
+                -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install llama-cpp-python==0.3.36
 Figures: prefill tokens/s (prompt tokens / time to the first new token), decode tokens/s (new tokens after the
 first / their time), the first call's time (graph compilation for mindvl), peak resident memory (VmHWM).
 The decode floor: a decode step reads every weight once (the tied LM head reads the whole embedding), so
@@ -46,6 +49,13 @@ def prompt_ids(tokenizer_file: Path, count: int) -> list:
 
 # ----------------------------------------------------------------------------- peers (each in a child process)
 
+def split_outputs(outputs, layers: int) -> tuple:
+    """(logits, keys, values) from a graph's outputs, nested (a Cell) or flat (a loaded MindIR)."""
+    if len(outputs) == 3:
+        return outputs
+    return outputs[0], tuple(outputs[1:1 + layers]), tuple(outputs[1 + layers:])
+
+
 def run_mindvl(args, ids: list, mindir: bool) -> dict:
     import mindspore as ms
     import numpy as np
@@ -58,7 +68,7 @@ def run_mindvl(args, ids: list, mindir: bool) -> dict:
     model = from_pretrained(args.model, cache_len=len(ids) + args.new_tokens + 64)
     load_s = time.perf_counter() - start
     bucket = model._bucket(len(ids), args.new_tokens)
-    prefill, decode = model.prefill_graph, model.decode_graph
+    prefill, decode, layers = model.prefill_graph, model.decode_graph, model.cfg.layers
     tokens = np.full((1, bucket), model.pad_id, np.int32)
     tokens[0, bucket - len(ids):] = ids
     valid = tokens * 0 == 0
@@ -67,12 +77,12 @@ def run_mindvl(args, ids: list, mindir: bool) -> dict:
     slot_valid[:, :bucket] = valid
     inputs = [Tensor(tokens), Tensor(valid)]
     step_inputs = lambda t, p, s, caches: [Tensor(np.array([[t]], np.int32)), Tensor(np.array([[p]], np.int32)),  # noqa: E731
-                                           Tensor(np.array([s], np.int32)), Tensor(slot_valid), *caches]
+                                           Tensor(np.array([s], np.int32)), Tensor(slot_valid), *caches[0], *caches[1]]
     export_s = 0.0
     if mindir:  # the graphs exported and loaded back
         folder = Path(tempfile.mkdtemp(prefix="mindvl_mindir_"))
         start = time.perf_counter()
-        _, cache_k, cache_v = prefill(*inputs)
+        _, cache_k, cache_v = split_outputs(prefill(*inputs), layers)
         ms.export(prefill, *inputs, file_name=str(folder / "prefill"), file_format="MINDIR")
         ms.export(decode, *step_inputs(0, 0, bucket, (cache_k, cache_v)), file_name=str(folder / "decode"),
                   file_format="MINDIR")
@@ -82,14 +92,15 @@ def run_mindvl(args, ids: list, mindir: bool) -> dict:
     timings = {}
     for attempt in ("first", "timed"):
         start = time.perf_counter()
-        logits, cache_k, cache_v = prefill(*inputs)
+        logits, cache_k, cache_v = split_outputs(prefill(*inputs), layers)
         token = int(logits.asnumpy().argmax())
         first_token = time.perf_counter()
         generated = [token]
         slot_valid[:, bucket:] = False
         for step in range(args.new_tokens - 1):
             slot_valid[:, bucket + step] = True
-            logits, cache_k, cache_v = decode(*step_inputs(token, len(ids) + step, bucket + step, (cache_k, cache_v)))
+            logits, cache_k, cache_v = split_outputs(
+                decode(*step_inputs(token, len(ids) + step, bucket + step, (cache_k, cache_v))), layers)
             token = int(logits.asnumpy().argmax())
             generated.append(token)
         timings[attempt] = (first_token - start, time.perf_counter() - first_token, generated)
@@ -133,7 +144,7 @@ def run_llama_cpp(args, ids: list) -> dict:
 
     start = time.perf_counter()
     model = Llama(model_path=args.gguf, n_threads=args.threads, n_threads_batch=args.threads,
-                  n_ctx=len(ids) + args.new_tokens + 8, n_batch=len(ids), verbose=False)
+                  n_ctx=len(ids) + args.new_tokens + 8, n_batch=len(ids), logits_all=True, verbose=False)
     load_s = time.perf_counter() - start
     timings = {}
     for attempt in ("first", "timed"):

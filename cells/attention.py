@@ -111,9 +111,7 @@ class MultiHeadAttention(nn.Cell):
             self.k_norm = RMSNorm(self.head_dim, norm_eps)
         self.rotate = RotateHalf(self.head_dim)
         self.reshape = ops.Reshape()
-        self.mul = ops.Mul()
-        self.add = ops.Add()
-        self.sub = ops.Sub()
+        self.select = ops.Select()  # a decode step's key and value into its cache slot
         self.core = AttentionCore(heads, self.head_dim, dropout, self.kv_heads, scale)
 
     def _heads(self, x, heads, norm, rotary):
@@ -144,12 +142,12 @@ class MultiHeadAttention(nn.Cell):
         return self.out_proj(self.core(q, k, v, mask)), k, v
 
     def construct_cached(self, x, mask, rotary, cache_k, cache_v, slot):
-        """One step: x (batch, 1, width) written into the caches (batch, cache_len, kv_heads * head_dim) at the
-        one-hot `slot` (1, cache_len, 1), then attended against the whole cache under `mask` (batch, 1, 1,
+        """One step: x (batch, 1, width) written into the caches (batch, cache_len, kv_heads * head_dim) where
+        `slot` (1, cache_len, 1) bool is true, then attended against the whole cache under `mask` (batch, 1, 1,
         cache_len). Returns (output, cache_k, cache_v) with the step's key and value in place."""
         q, k, v = self.project(x, rotary)
-        cache_k = self.add(cache_k, self.mul(slot, self.sub(k, cache_k)))
-        cache_v = self.add(cache_v, self.mul(slot, self.sub(v, cache_v)))
+        cache_k = self.select(slot, k, cache_k)
+        cache_v = self.select(slot, v, cache_v)
         return self.out_proj(self.core(q, cache_k, cache_v, mask)), cache_k, cache_v
 
     def extend_repr(self):

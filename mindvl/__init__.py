@@ -2,9 +2,24 @@
 from mindvl.version import __version__  # noqa: F401  (mindvl.__version__)
 
 
-def from_pretrained(path, image_size=None):
-    """A converted pretrained encoder (a folder written by `mindvl convert`) as a ready cell with its
-    weights; see mindvl.pretrained.from_pretrained. Imported lazily: `import mindvl` stays light."""
+def from_pretrained(path, image_size=None, cache_len=1024):
+    """A converted folder as a ready model: a pretrained LLM (`mindvl convert llm`) as a
+    mindvl.generation.LanguageModel (`cache_len`: prompt + new tokens at most), a converted encoder
+    (`mindvl convert minilm|dinov2|whisper-base`) as a cell with its weights (`image_size`: vision only; see
+    mindvl.pretrained.from_pretrained). Imported lazily: `import mindvl` stays light."""
+    import json
+    from pathlib import Path
+
+    from mindvl.pretrained.llm import CONFIG_FILE, FORMAT
+
+    try:
+        is_llm = json.loads((Path(path) / CONFIG_FILE).read_text()).get("format") == FORMAT
+    except (OSError, ValueError):
+        is_llm = False  # the encoder loader reports what is wrong with the folder
+    if is_llm:
+        from mindvl.generation import from_pretrained as load_llm
+
+        return load_llm(path, cache_len=cache_len)
     from mindvl.pretrained import from_pretrained as load
 
     return load(path, image_size=image_size)

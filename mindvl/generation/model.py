@@ -198,7 +198,7 @@ class LanguageModel:
             slot_valid[:, slot] = True
             logits, cache_k, cache_v = self.decode_graph(
                 Tensor(chosen[:, None]), Tensor(positions[:, None]), Tensor(np.array([slot], np.int32)),
-                Tensor(slot_valid), cache_k, cache_v)
+                Tensor(slot_valid), *cache_k, *cache_v)
             positions += 1
 
     def generate(self, prompts: Union[str, Sequence[str]], **settings) -> Union[Generation, List[Generation]]:

@@ -91,3 +91,11 @@ def test_cli_prints_the_answer(tiny_llms, capsys):
     out, err = capsys.readouterr()
     expected = from_pretrained(tiny_llms["llama"], cache_len=64).generate("the cat", max_new_tokens=5)
     assert out == "the cat" + expected.text + "\n" and f"[{expected.finish}]" in err
+
+
+def test_mindvl_from_pretrained_opens_an_llm_folder(tiny_llms):
+    import mindvl
+    from mindvl.generation import LanguageModel
+
+    model = mindvl.from_pretrained(tiny_llms["qwen2"], cache_len=48)
+    assert isinstance(model, LanguageModel) and model.cache_len == 48
