@@ -49,6 +49,22 @@ def prompt_ids(tokenizer_file: Path, count: int) -> list:
 
 # ----------------------------------------------------------------------------- peers (each in a child process)
 
+def timed_generation(prompt_tokens: int, new_tokens: int, prefill, step) -> dict:
+    """Greedy generation twice (the first call compiles or warms up, the second is timed): `prefill()` runs
+    the prompt and returns the first new token, `step(token, index)` the next one."""
+    timings = {}
+    for attempt in ("first", "timed"):
+        start = time.perf_counter()
+        generated = [prefill()]
+        first_token = time.perf_counter()
+        for index in range(new_tokens - 1):
+            generated.append(step(generated[-1], index))
+        timings[attempt] = (first_token - start, time.perf_counter() - first_token, generated)
+    prefill_s, decode_s, generated = timings["timed"]
+    return {"prefill_tok_s": prompt_tokens / prefill_s, "decode_tok_s": (new_tokens - 1) / decode_s,
+            "first_call_s": sum(timings["first"][:2]), "tokens": generated, "peak_rss_gb": peak_rss_gb()}
+
+
 def split_outputs(outputs, layers: int) -> tuple:
     """(logits, keys, values) from a graph's outputs, nested (a Cell) or flat (a loaded MindIR)."""
     if len(outputs) == 3:
@@ -89,25 +105,21 @@ def run_mindvl(args, ids: list, mindir: bool) -> dict:
         prefill = nn.GraphCell(ms.load(str(folder / "prefill.mindir")))
         decode = nn.GraphCell(ms.load(str(folder / "decode.mindir")))
         export_s = time.perf_counter() - start
-    timings = {}
-    for attempt in ("first", "timed"):
-        start = time.perf_counter()
-        logits, cache_k, cache_v = split_outputs(prefill(*inputs), layers)
-        token = int(logits.asnumpy().argmax())
-        first_token = time.perf_counter()
-        generated = [token]
+    state = {}
+
+    def run_prefill():
+        logits, state["k"], state["v"] = split_outputs(prefill(*inputs), layers)
         slot_valid[:, bucket:] = False
-        for step in range(args.new_tokens - 1):
-            slot_valid[:, bucket + step] = True
-            logits, cache_k, cache_v = split_outputs(
-                decode(*step_inputs(token, len(ids) + step, bucket + step, (cache_k, cache_v))), layers)
-            token = int(logits.asnumpy().argmax())
-            generated.append(token)
-        timings[attempt] = (first_token - start, time.perf_counter() - first_token, generated)
-    prefill_s, decode_s, generated = timings["timed"]
-    return {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": (args.new_tokens - 1) / decode_s,
-            "first_call_s": sum(timings["first"][:2]), "load_s": load_s, "export_s": export_s,
-            "tokens": generated, "peak_rss_gb": peak_rss_gb()}
+        return int(logits.asnumpy().argmax())
+
+    def run_step(token, index):
+        slot_valid[:, bucket + index] = True
+        logits, state["k"], state["v"] = split_outputs(
+            decode(*step_inputs(token, len(ids) + index, bucket + index, (state["k"], state["v"]))), layers)
+        return int(logits.asnumpy().argmax())
+
+    return {**timed_generation(len(ids), args.new_tokens, run_prefill, run_step), "load_s": load_s,
+            "export_s": export_s}
 
 
 def run_transformers(args, ids: list) -> dict:
@@ -120,23 +132,20 @@ def run_transformers(args, ids: list) -> dict:
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
     load_s = time.perf_counter() - start
     prompt = torch.tensor([ids])
-    timings = {}
+    state = {}
+
+    def run_prefill():
+        out = model(prompt, use_cache=True)
+        state["past"] = out.past_key_values
+        return int(out.logits[0, -1].argmax())
+
+    def run_step(token, index):
+        out = model(torch.tensor([[token]]), past_key_values=state["past"], use_cache=True)
+        state["past"] = out.past_key_values
+        return int(out.logits[0, -1].argmax())
+
     with torch.no_grad():
-        for attempt in ("first", "timed"):
-            start = time.perf_counter()
-            out = model(prompt, use_cache=True)
-            token = int(out.logits[0, -1].argmax())
-            first_token = time.perf_counter()
-            past, generated = out.past_key_values, [token]
-            for _ in range(args.new_tokens - 1):
-                out = model(torch.tensor([[token]]), past_key_values=past, use_cache=True)
-                past, token = out.past_key_values, int(out.logits[0, -1].argmax())
-                generated.append(token)
-            timings[attempt] = (first_token - start, time.perf_counter() - first_token, generated)
-    prefill_s, decode_s, generated = timings["timed"]
-    return {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": (args.new_tokens - 1) / decode_s,
-            "first_call_s": sum(timings["first"][:2]), "load_s": load_s, "tokens": generated,
-            "peak_rss_gb": peak_rss_gb()}
+        return {**timed_generation(len(ids), args.new_tokens, run_prefill, run_step), "load_s": load_s}
 
 
 def run_llama_cpp(args, ids: list) -> dict:
@@ -146,23 +155,17 @@ def run_llama_cpp(args, ids: list) -> dict:
     model = Llama(model_path=args.gguf, n_threads=args.threads, n_threads_batch=args.threads,
                   n_ctx=len(ids) + args.new_tokens + 8, n_batch=len(ids), logits_all=True, verbose=False)
     load_s = time.perf_counter() - start
-    timings = {}
-    for attempt in ("first", "timed"):
+
+    def run_prefill():
         model.reset()
-        start = time.perf_counter()
         model.eval(ids)
-        token = int(model.scores[model.n_tokens - 1].argmax())
-        first_token = time.perf_counter()
-        generated = [token]
-        for _ in range(args.new_tokens - 1):
-            model.eval([token])
-            token = int(model.scores[model.n_tokens - 1].argmax())
-            generated.append(token)
-        timings[attempt] = (first_token - start, time.perf_counter() - first_token, generated)
-    prefill_s, decode_s, generated = timings["timed"]
-    return {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": (args.new_tokens - 1) / decode_s,
-            "first_call_s": sum(timings["first"][:2]), "load_s": load_s, "tokens": generated,
-            "peak_rss_gb": peak_rss_gb()}
+        return int(model.scores[model.n_tokens - 1].argmax())
+
+    def run_step(token, index):
+        model.eval([token])
+        return int(model.scores[model.n_tokens - 1].argmax())
+
+    return {**timed_generation(len(ids), args.new_tokens, run_prefill, run_step), "load_s": load_s}
 
 
 def run_peer(args) -> None:

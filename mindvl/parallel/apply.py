@@ -47,8 +47,13 @@ def _attention(attn: nn.Cell, dp: int, mp: int) -> None:
     for projection in (attn.q_proj, attn.k_proj, attn.v_proj):
         _linear(projection, dp, mp, "column")
     _linear(attn.out_proj, dp, mp, "row")
-    heads = (dp, mp, 1, 1)  # (batch, heads, seq, head_dim)
-    core = attn.core
+    _core(attn.core, dp, mp)
+
+
+def _core(core: nn.Cell, dp: int, mp: int) -> None:
+    """An AttentionCore split over (batch, heads): its products and softmax on (batch, heads, rows, head_dim)
+    (with grouped queries the heads axis is the kv heads', each holding its group's query rows)."""
+    heads = (dp, mp, 1, 1)
     core.qk_matmul.shard((heads, heads))
     core.av_matmul.shard((heads, heads))
     core.softmax.mul.shard((heads, ()))
@@ -112,13 +117,7 @@ def _decoder_block(block: nn.Cell, dp: int, mp: int) -> None:
     rotate.concat.shard((per_head, per_head))
     rotate.mul.shard((per_head, (dp, 1, 1, 1)))
     rotate.add.shard((per_head, per_head))
-    heads = (dp, mp, 1, 1)  # (batch, kv heads (or heads), rows, head_dim)
-    core = attn.core
-    core.qk_matmul.shard((heads, heads))
-    core.av_matmul.shard((heads, heads))
-    core.softmax.mul.shard((heads, ()))
-    core.softmax.add.shard((heads, (dp, 1, 1, 1)))
-    core.softmax.softmax.shard((heads,))
+    _core(attn.core, dp, mp)
     mlp = block.mlp
     for projection in (mlp.gate, mlp.fc1):
         _linear(projection, dp, mp, "column")

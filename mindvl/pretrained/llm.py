@@ -31,7 +31,7 @@ from mindvl.config import ConfigError, DecoderConfig, build_dataclass
 from mindvl.files import sha256_file, swap_folder, work_folder
 from mindvl.version import __version__
 
-from .store import ConversionError, TensorSource, package_file, verify_files
+from .store import ConversionError, TensorSource, package_file, read_json, verify_files
 
 FORMAT = "mindvl-llm/1"
 CONFIG_FILE = "config.json"
@@ -347,11 +347,7 @@ def read_llm_config(path: Union[str, Path]) -> Tuple[Dict, DecoderConfig]:
     """(config.json, its DecoderConfig) of a converted LLM folder, every file's checksum verified."""
     path = Path(path)
     config_file = path / CONFIG_FILE
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConversionError(f"{config_file}: not a converted LLM folder ({exc}); create one with "
-                              f"`mindvl convert llm --gguf FILE --out DIR`") from exc
+    config = read_json(config_file, "a converted LLM folder", "`mindvl convert llm --gguf FILE --out DIR`")
     if config.get("format") != FORMAT:
         raise ConversionError(f"{config_file}: format {config.get('format')!r} is not a mindvl LLM folder "
                               f"({FORMAT}); convert it with `mindvl convert llm`")

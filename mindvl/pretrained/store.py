@@ -128,16 +128,20 @@ def read_config(path: Union[str, Path]) -> Dict:
     """config.json of a converted folder, with every file's checksum verified."""
     path = Path(path)
     config_file = path / CONFIG_FILE
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConversionError(f"{config_file}: not a converted encoder ({exc}); create one with "
-                              f"`mindvl convert`") from exc
+    config = read_json(config_file, "a converted encoder", "`mindvl convert`")
     if config.get("format") != FORMAT or config.get("kind") not in KINDS:
         raise ConversionError(f"{config_file}: format {config.get('format')!r} / kind {config.get('kind')!r} "
                               f"is not a mindvl converted encoder ({FORMAT}); convert it again")
     verify_files(path, config["files"])
     return config
+
+
+def read_json(config_file: Path, what: str, create: str) -> Dict:
+    """A converted folder's config.json, or a ConversionError saying it is not `what` and how to `create` one."""
+    try:
+        return json.loads(Path(config_file).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConversionError(f"{config_file}: not {what} ({exc}); create one with {create}") from exc
 
 
 def verify_files(path: Path, files: Dict[str, str]) -> None:

@@ -1,6 +1,5 @@
 """Generation on a tiny converted decoder: one decode graph for every step, a batch of prompts of
 different lengths gives each prompt's own tokens, sampling is reproducible, stops and streaming."""
-import numpy as np
 import pytest
 
 from mindvl.cli import main
