@@ -178,18 +178,3 @@ class Decode(nn.Cell):
 
     def construct(self, token, position, slot, slot_valid, *caches):
         return self.lm.decode(token, position, slot, slot_valid, caches[:self.layers], caches[self.layers:])
-
-
-def parameter_count(cfg) -> int:
-    """Parameters of a CausalLM of `cfg` without building it."""
-    head_dim = cfg.head_dim or cfg.width // cfg.heads
-    kv = (cfg.kv_heads or cfg.heads) * head_dim
-    inner = cfg.heads * head_dim
-    hidden = int(round(cfg.width * cfg.mlp_ratio))
-    norms = (4 if cfg.sandwich_norm else 2) * cfg.width + (2 * head_dim if cfg.qk_norm else 0)
-    attention = cfg.width * (inner + 2 * kv) + inner * cfg.width
-    attention += (inner + 2 * kv if cfg.attention_bias else 0) + (cfg.width if cfg.output_bias else 0)
-    mlp = (3 if cfg.gated_mlp else 2) * cfg.width * hidden
-    mlp += ((2 if cfg.gated_mlp else 1) * hidden + cfg.width) if cfg.mlp_bias else 0
-    embeddings = cfg.vocab_size * cfg.width * (1 if cfg.tie_embeddings else 2)
-    return int(cfg.layers * (norms + attention + mlp) + cfg.width + embeddings)

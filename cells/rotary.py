@@ -41,7 +41,6 @@ class RotateHalf(nn.Cell):
 
     def __init__(self, head_dim: int):
         super().__init__()
-        self.half = head_dim // 2
         self.split = ops.Split(axis=-1, output_num=2)
         self.concat = ops.Concat(axis=-1)
         self.neg = ops.Neg()

@@ -103,10 +103,15 @@ def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn
     return swaps
 
 
+def _default_scale(core) -> bool:
+    """The core scales its scores by head_dim ** -0.5, the scale the fused and flash kernels apply."""
+    return abs(core.softmax.scale * core.head_dim ** 0.5 - 1) < 1e-6
+
+
 def _fusable_core(core) -> bool:
     """The fused attention kernels compute multi-head attention (no groups) at head_dim ** -0.5 without
     dropout; other cores keep the standard product and a fused softmax."""
-    return core.dropout == 0 and core.group == 1 and abs(core.softmax.scale * core.head_dim ** 0.5 - 1) < 1e-6
+    return core.dropout == 0 and core.group == 1 and _default_scale(core)
 
 
 def _ascend_replacements(model: nn.Cell, compute: str) -> List[Tuple[nn.Cell, str, nn.Cell]]:
@@ -126,7 +131,7 @@ def _ascend_replacements(model: nn.Cell, compute: str) -> List[Tuple[nn.Cell, st
                 problems.append("attention dropout (flash attention would need a drop mask)")
             if child.group > 1:
                 problems.append("grouped-query attention")
-            if abs(child.softmax.scale * child.head_dim ** 0.5 - 1) > 1e-6:
+            if not _default_scale(child):
                 problems.append("a scale other than head_dim ** -0.5")
             if problems:
                 kept.setdefault("; ".join(problems), []).append(f"{prefix}.{name}" if prefix else name)

@@ -59,7 +59,8 @@ def next_tokens(logits: np.ndarray, settings: SamplingConfig, rng: np.random.Gen
         return logits.argmax(axis=-1).astype(np.int32)
     logits = logits / settings.temperature
     if settings.top_k:
-        kth = np.sort(logits, axis=-1)[:, -min(settings.top_k, logits.shape[-1])][:, None]
+        k = min(settings.top_k, logits.shape[-1])
+        kth = np.partition(logits, -k, axis=-1)[:, -k][:, None]  # the k-th largest, without a full sort
         logits = np.where(logits < kth, -np.inf, logits)
     probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)

