@@ -1,4 +1,4 @@
-"""The scaling table of the README (issue 9): for the tiny recipe, pretrained-s and fusion-12b at 8, 64 and 1024
+"""The scaling table of the README (issue 9): for the tiny recipe, pretrained-s, fusion-12b and llm-8b at 8, 64 and 1024
 Ascend 910B devices, the fastest strategy `mindvl plan --search` finds under the memory cap, its per-rank memory,
 predicted step time, scaling efficiency against 8 devices, and the best pure data-parallel strategy's
 throughput (the "hybrid vs DP" ratio). Weak scaling: the global batch grows with the devices (PER_DEVICE
@@ -14,7 +14,7 @@ from mindvl.config import load_config
 from mindvl.parallel.hardware import Hardware
 from mindvl.parallel.planner import search
 
-RECIPES = {"tiny": 8, "pretrained-s": 8, "fusion-12b": 2}  # recipe: samples per device
+RECIPES = {"tiny": 8, "pretrained-s": 8, "fusion-12b": 2, "llm-8b": 2}  # recipe: samples (llm-8b: packed rows) per device
 DEVICES = (8, 64, 1024)
 GB = 1e9
 

@@ -14,7 +14,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
@@ -175,6 +175,11 @@ class ModelConfig:
     text: TextConfig = field(default_factory=TextConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)
     fusion: EncoderConfig = field(default_factory=EncoderConfig)
+    # layers 0: no decoder, the fusion Transformer answers with a class and a word. layers > 0: a causal
+    # language model takes the fusion Transformer's place (strategies' and modules' "fusion" address it)
+    # and the question's text enters it as tokens, so no text encoder runs. Planned by `mindvl plan`;
+    # building and training it come with the generative recipe.
+    decoder: DecoderConfig = field(default_factory=lambda: DecoderConfig(layers=0))
     pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
     embed_dim: int = 64  # contrastive embedding width
     num_answers: int = 13  # easy-VQA's; 0: the data set's answer count (meta.json), e.g. for --from-folder data
@@ -186,11 +191,28 @@ class ModelConfig:
         self.text.validate("model.text")
         self.audio.validate("model.audio")
         self.fusion.validate("model.fusion")
+        if self.decoder.layers < 0:
+            raise ConfigError(f"model.decoder.layers: expected 0 (no decoder) or more, got {self.decoder.layers}")
+        if self.generative:
+            self.decoder.validate("model.decoder")
         _positive(self, "model", ["embed_dim"])
         if self.num_answers < 0:
             raise ConfigError(f"model.num_answers: expected >= 0 (0 follows the data), got {self.num_answers}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout: expected 0 <= dropout < 1, got {self.dropout}")
+
+    @property
+    def generative(self) -> bool:
+        return self.decoder.layers > 0
+
+    def stacks(self) -> Tuple[str, ...]:
+        """The Transformer stacks the model runs, in pipeline order (STACKS without the text encoder when
+        a decoder reads the text)."""
+        return tuple(name for name in STACKS if not (self.generative and name == "text"))
+
+    def stack(self, name: str) -> EncoderConfig:
+        """The settings of stack `name`: model.<name>, or model.decoder in the fusion Transformer's place."""
+        return self.decoder if name == "fusion" and self.generative else getattr(self, name)
 
 
 @dataclass

@@ -49,6 +49,10 @@ def create_model(config) -> MultimodalModel:
     train.seed (every data-parallel rank builds the same initial weights) and holding its pretrained
     encoder weights. `config`: a Config, or anything holding one as `.config` (TrainingArguments)."""
     cfg = config if isinstance(config, Config) else config.config
+    if cfg.model.generative:
+        raise ConfigError("model.decoder: a recipe with a decoder (model.decoder.layers > 0) can be planned "
+                          "(`mindvl plan`) but not built or trained yet; remove model.decoder to train the "
+                          "classifier, or generate with a converted LLM (`mindvl generate --model DIR`)")
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(cfg.train.seed)
     model = build_cells(bind_config(cfg).model, cfg.preprocess)

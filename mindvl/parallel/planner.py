@@ -1,7 +1,10 @@
 """Per-rank memory, communication and step time of a parallel strategy, computed from the config alone.
 
 Nothing is built: parameter counts come from the cells' shapes (cells/*.py), and must equal the built
-model's exactly (tests/parallel/test_planner.py). The model, per micro-batch of b samples on a rank whose
+model's exactly (tests/parallel/test_planner.py). A recipe with a decoder (model.decoder.layers > 0) is
+planned as the generative model: vision and audio encoders, projectors and the decoder in the fusion
+module's place, over data.packing.length tokens per sample, with its LM head as the heads module (its
+weights and logits split over the vocabulary like apply_decoder_strategy's). The model, per micro-batch of b samples on a rank whose
 module runs with (dp_m, mp_m) inside its pipeline stage (s tokens, w width, i = heads x head_dim,
 h = FFN width, a heads, c bytes of the compute dtype):
 
@@ -12,7 +15,8 @@ h = FFN width, a heads, c bytes of the compute dtype):
   optimizer      AdamWeightDecay: two float32 moments per trainable parameter (8 B), divided by the shard
                  size (dp, or optimizer_weight_shard_size) with enable_parallel_optimizer.
   activations    kept for backward per block and sample (each op's saved inputs in cells/transformer.py):
-                 s (4w + 4i/mp + 2h/mp [+ 2w LayerScale]) c + (a/mp) s^2 c_softmax.
+                 s (4w + 4i/mp + 2h/mp [+ 2w LayerScale]) c + (a/mp) s^2 c_softmax; a decoder block keeps
+                 s (4w [+ 2w sandwich norms] + (2i + 2 kv)/mp + 4h/mp gated) c + the same score term.
                  select_recompute drops the s^2 term; recompute keeps only the block input s w c plus one
                  block's full set while it is recomputed. Times b and the in-flight micro-batches of 1F1B:
                  stage k of pp holds min(m, pp - k). Frozen encoders keep none; cached ones do not run.
@@ -111,7 +115,8 @@ def _linear(n_in: int, n_out: int, bias: bool = True) -> int:
 
 @dataclass
 class StackShape:
-    """One Transformer stack as the planner sees it (cells/transformer.py)."""
+    """One Transformer stack as the planner sees it (cells/transformer.py). The defaults are an encoder's
+    block; a decoder's (cells/decoder.py) sets the grouped-query, gated, bias-free and RMSNorm options."""
     name: str
     width: int
     inner: int  # heads x head_dim
@@ -123,19 +128,35 @@ class StackShape:
     pre_norm: bool
     layer_scale: bool
     lora_rank: int
+    kv_inner: int = 0  # kv_heads x head_dim of grouped-query attention; 0: inner
+    gated: bool = False  # gate and up projections (down(act(gate(x)) * up(x)))
+    qkv_bias: bool = True
+    out_bias: bool = True  # the attention's output projection
+    mlp_bias: bool = True  # fc1 (gate and up) and fc2
+    norm_params: int = 0  # parameters of one norm; 0: a LayerNorm's 2 x width
+    norms: int = 2  # per block (sandwich norms: 4)
+    qk_norm_params: int = 0  # the per-head query and key norms
+
+    @property
+    def kv(self) -> int:
+        return self.kv_inner or self.inner
 
     def block_params(self) -> Tuple[int, int, int]:
         """(split over mp, replicated, LoRA) parameters of one block."""
-        w, i, h = self.width, self.inner, self.hidden
-        split = 3 * (w * i + i) + i * w + (w * h + h) + h * w  # q,k,v (+bias), out and fc2 weights, fc1 (+bias)
-        replicated = 2 * w + 2 * w + w + w + (2 * w if self.layer_scale else 0)  # 2 norms, out/fc2 bias, ls
-        lora = 2 * self.lora_rank * (w + i) if self.lora_rank else 0  # on q and v
+        w, i, h, kv = self.width, self.inner, self.hidden, self.kv
+        ins = 2 if self.gated else 1
+        split = w * i + 2 * w * kv + i * w + ins * w * h + h * w  # q, k, v, out; fc1 (gate, up), fc2 (down)
+        split += (i + 2 * kv if self.qkv_bias else 0) + (ins * h if self.mlp_bias else 0)
+        replicated = self.norms * (self.norm_params or 2 * w) + self.qk_norm_params
+        replicated += (w if self.out_bias else 0) + (w if self.mlp_bias else 0) + (2 * w if self.layer_scale else 0)
+        lora = self.lora_rank * ((w + i) + (w + kv)) if self.lora_rank else 0  # on q and v
         return split, replicated, lora
 
     def block_forward_flops(self) -> float:
         """Forward FLOPs of one block for one sample."""
         s, w, i, h = self.tokens, self.width, self.inner, self.hidden
-        return self.sequences * (2 * s * (3 * w * i + i * w + 2 * w * h) + 4 * s * s * i)
+        ins = 2 if self.gated else 1
+        return self.sequences * (2 * s * (w * i + 2 * w * self.kv + i * w + (ins + 1) * w * h) + 4 * s * s * i)
 
     def block_score_flops(self) -> float:
         return self.sequences * 2 * self.tokens * self.tokens * self.inner
@@ -145,13 +166,36 @@ class StackShape:
         s, w, i, h, a = self.tokens, self.width, self.inner, self.hidden, self.heads
         if recompute.recompute:
             return self.sequences * s * w * compute
-        kept = s * (4 * w + (2 * w if self.layer_scale else 0) + (4 * i + 2 * h) / mp) * compute
+        extra = (2 * w if self.layer_scale else 0) + (self.norms - 2) * w
+        attention = 2 * i + 2 * self.kv  # q, k, v and the weighted sum
+        mlp = 4 * h if self.gated else 2 * h  # gate, up, act(gate), their product; fc1 and act(fc1)
+        kept = s * (4 * w + extra + (attention + mlp) / mp) * compute
         if not recompute.select_recompute:
             kept += a / mp * s * s * softmax
         return self.sequences * kept
 
     def full_block_activation_bytes(self, mp: int, compute: int, softmax: int) -> float:
         return self.block_activation_bytes(mp, compute, softmax, RecomputeConfig())
+
+
+def decoder_stack(dec, tokens: int) -> StackShape:
+    """The StackShape of a decoder (cells/decoder.py decoder_block) over `tokens` tokens per sample."""
+    head_dim = dec.head_dim or dec.width // dec.heads
+    norm = dec.width if dec.norm == "rms" else 2 * dec.width
+    return StackShape("fusion", dec.width, dec.heads * head_dim, int(round(dec.width * dec.mlp_ratio)), dec.heads,
+                      dec.layers, tokens, 1, True, False, dec.lora_rank,
+                      kv_inner=(dec.kv_heads or dec.heads) * head_dim, gated=dec.gated_mlp,
+                      qkv_bias=dec.attention_bias, out_bias=dec.output_bias, mlp_bias=dec.mlp_bias,
+                      norm_params=norm, norms=4 if dec.sandwich_norm else 2,
+                      qk_norm_params=2 * head_dim if dec.qk_norm else 0)
+
+
+def decoder_parameters(dec) -> int:
+    """Parameters of a CausalLM(dec): blocks, the embedding, the final norm and an untied head."""
+    stack = decoder_stack(dec, 1)
+    norm = dec.width if dec.norm == "rms" else 2 * dec.width
+    head = 0 if dec.tie_embeddings else dec.vocab_size * dec.width
+    return dec.layers * sum(stack.block_params()) + dec.vocab_size * dec.width + norm + head
 
 
 @dataclass
@@ -165,6 +209,7 @@ class ModuleShape:
     trainable: bool  # its (non-LoRA) weights get gradients
     runs: bool  # False: a frozen encoder whose outputs are cached, never run in training
     output_bytes_per_sample: float = 0.0  # states handed downstream (pipeline boundaries)
+    vocabulary_split: bool = False  # its outputs (an LM head's logits) split over mp with vocab_emb_dp false
 
     @property
     def block_params(self) -> int:
@@ -235,6 +280,10 @@ def model_shapes(cfg: Config) -> Dict[str, ModuleShape]:
         table_params=vocab * fw,
         other_forward_flops=2 * (v_tokens * vw + t_tokens * tw + a_tokens * aw) * fw,
         trainable=not frozen["fusion"], runs=True, output_bytes_per_sample=fusion_tokens * fw * compute)
+    if m.generative:
+        shapes.update(_generative_shapes(cfg, frozen, compute, v_tokens * vw, a_tokens * aw))
+        del shapes["text"]  # the question's text enters the decoder as tokens
+        return shapes
     answers = m.num_answers
     heads_params = (vw + tw + aw) * m.embed_dim + 2 + (2 * fw + _linear(fw, answers)) + (2 * fw + _linear(fw, vocab))
     shapes["heads"] = ModuleShape(
@@ -243,6 +292,30 @@ def model_shapes(cfg: Config) -> Dict[str, ModuleShape]:
         trainable=not frozen["heads"], runs=True,
         output_bytes_per_sample=answer * vocab * 4 * 2)  # LM logits and their softmax (float32 loss)
     return shapes
+
+
+def _generative_shapes(cfg: Config, frozen: Dict[str, bool], compute: int, vision_states: int,
+                       audio_states: int) -> Dict[str, ModuleShape]:
+    """The decoder in the fusion module's place and its LM head, for a sample of data.packing.length
+    tokens (one packed row, every position labelled: an upper bound on the head's cost). The fusion
+    module also holds the projectors, LLaVA's two-layer MLP from each encoder's width into the decoder's
+    (the vision and audio encoders' widths: vision_states / audio_states are their tokens x width)."""
+    m, dec = cfg.model, cfg.model.decoder
+    tokens, dw = cfg.data.packing.length, dec.width
+    norm = dw if dec.norm == "rms" else 2 * dw
+    projectors = _linear(m.vision.width, dw) + _linear(m.audio.width, dw) + 2 * _linear(dw, dw)
+    projected_tokens = vision_states / m.vision.width + audio_states / m.audio.width
+    return {
+        "fusion": ModuleShape(
+            "fusion", decoder_stack(dec, tokens), other_params=projectors + norm,
+            table_params=dec.vocab_size * dw,
+            other_forward_flops=2 * (vision_states + audio_states) * dw + 2 * projected_tokens * dw * dw,
+            trainable=not frozen["fusion"], runs=True, output_bytes_per_sample=tokens * dw * compute),
+        "heads": ModuleShape(
+            "heads", None, other_params=0 if dec.tie_embeddings else dec.vocab_size * dw, table_params=0,
+            other_forward_flops=2 * tokens * dw * dec.vocab_size, trainable=not frozen["heads"], runs=True,
+            output_bytes_per_sample=tokens * dec.vocab_size * 4 * 2, vocabulary_split=True),
+    }
 
 
 def count_config_parameters(cfg: Config) -> int:
@@ -260,7 +333,7 @@ def block_costs(shapes: Dict[str, ModuleShape], recompute: RecomputeConfig = Rec
     """Training FLOPs per sample of each pipeline block (pipeline_blocks order); a module's embeddings go
     with its first block, the heads with the last fusion block."""
     costs = []
-    for name in STACKS:
+    for name in (n for n in STACKS if n in shapes):
         module = shapes[name]
         factor = _training_factor(module, recompute)
         for index in range(module.stack.layers):
@@ -388,8 +461,9 @@ def plan(cfg: Config, strategy: ParallelStrategy, hardware: Hardware = Hardware(
     blocks = pipeline_blocks(cfg)
     costs = block_costs(shapes, s.recompute_config)
     ranges = stage_ranges(s, costs)
+    stacks = cfg.model.stacks()
     owner = []  # (module, index within the module) per block
-    for name in STACKS:
+    for name in stacks:
         owner.extend((name, i) for i in range(shapes[name].stack.layers))
     batch = cfg.data.batch_size
     shard = 1
@@ -421,8 +495,11 @@ def plan(cfg: Config, strategy: ParallelStrategy, hardware: Hardware = Hardware(
                 extra += module.other_params + module.table_params / (1 if s.vocab_emb_dp else mp_m)
                 extra_trainable += extra if module.trainable else 0.0
             if index == stack.layers - 1 and name == "fusion":
-                extra += shapes["heads"].params
-                extra_trainable += shapes["heads"].params if shapes["heads"].trainable else 0.0
+                heads = shapes["heads"]
+                head = heads.params / (s.module("heads").model_parallel
+                                       if heads.vocabulary_split and not s.vocab_emb_dp else 1)
+                extra += head
+                extra_trainable += head if heads.trainable else 0.0
             params += block + extra
             trainable += (block if module.trainable else lora) + extra_trainable
             flops += costs[b] * samples / mp_m
@@ -434,8 +511,10 @@ def plan(cfg: Config, strategy: ParallelStrategy, hardware: Hardware = Hardware(
                 act_no_rc += full
                 peak_block = max(peak_block, full if s.recompute_config.recompute else 0.0)
                 if index == stack.layers - 1 and name == "fusion":
-                    act += shapes["heads"].output_bytes_per_sample * samples
-                    act_no_rc += shapes["heads"].output_bytes_per_sample * samples
+                    heads = shapes["heads"]
+                    split = s.module("heads").model_parallel if heads.vocabulary_split and not s.vocab_emb_dp else 1
+                    act += heads.output_bytes_per_sample * samples / split
+                    act_no_rc += heads.output_bytes_per_sample * samples / split
             if mp_m > 1 and module.runs:
                 passes = (2 if module.needs_backward else 0) + (2 if s.recompute_config.recompute else 1)
                 tp_bytes += 2 * passes * samples * stack.sequences * stack.tokens * stack.width * compute
@@ -445,7 +524,7 @@ def plan(cfg: Config, strategy: ParallelStrategy, hardware: Hardware = Hardware(
         boundary = 0.0
         if k < pp - 1:
             name, _ = owner[last]
-            done = STACKS[:STACKS.index(name)] if name != "fusion" else ()
+            done = stacks[:stacks.index(name)] if name != "fusion" else ()
             boundary = sum(shapes[n].output_bytes_per_sample for n in done if n != "fusion")
             boundary += shapes[name].output_bytes_per_sample
             boundary *= batch / (m * s.data_parallel)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Union
 
-from mindvl.config import MODULES, STACKS, Config, ConfigError, build_dataclass, read_yaml
+from mindvl.config import MODULES, Config, ConfigError, build_dataclass, read_yaml
 
 STRATEGY_DIR = Path(__file__).resolve().parent.parent.parent / "parallel_configs"  # a source checkout
 PACKAGED_DIR = Path(__file__).resolve().parent.parent / "parallel_configs"  # an installed mindvl (setup.py)
@@ -171,9 +171,8 @@ def check_strategy(strategy: ParallelStrategy, devices: Optional[int] = None) ->
 # ----------------------------------------------------------------------------- against a model
 
 def pipeline_blocks(cfg: Config) -> List[str]:
-    """The blocks a pipeline cuts, in order: each encoder's layers, then the fusion layers."""
-    return [f"{module}.{i}" for module in STACKS
-            for i in range(getattr(cfg.model, module).layers)]
+    """The blocks a pipeline cuts, in order: each encoder's layers, then the fusion (or decoder) layers."""
+    return [f"{module}.{i}" for module in cfg.model.stacks() for i in range(cfg.model.stack(module).layers)]
 
 
 def validate_strategy(strategy: ParallelStrategy, cfg: Config, devices: Optional[int] = None) -> None:
@@ -181,17 +180,20 @@ def validate_strategy(strategy: ParallelStrategy, cfg: Config, devices: Optional
     global batch (cfg.data.batch_size) on `devices` (default: the strategy's own count)."""
     check_strategy(strategy, devices)
     s, model = strategy, cfg.model
-    for name in STACKS:
+    for name in model.stacks():
         mp = s.module(name).model_parallel
-        encoder = getattr(model, name)
+        encoder = model.stack(name)
+        section = "decoder" if encoder is model.decoder else name
         sizes = {"width": encoder.width, "heads": encoder.heads,
                  "FFN width": round(encoder.width * encoder.mlp_ratio)}
-        if name == "text" and encoder.vocab_size and not s.vocab_emb_dp:
+        if section == "decoder":
+            sizes["kv_heads"] = encoder.kv_heads or encoder.heads
+        if name in ("text", "fusion") and getattr(encoder, "vocab_size", 0) and not s.vocab_emb_dp:
             sizes["vocab_size"] = encoder.vocab_size
         for what, size in sizes.items():
             if size % mp:
                 key = f"modules.{name}.model_parallel" if getattr(s.modules, name).model_parallel else "model_parallel"
-                raise ConfigError(f"{key}: model.{name} {what} {size} is not divisible by model_parallel={mp}; "
+                raise ConfigError(f"{key}: model.{section} {what} {size} is not divisible by model_parallel={mp}; "
                                   f"use a divisor of {size} for {name} (modules.{name}.model_parallel) or resize "
                                   f"the model")
     heads_mp = s.module("heads").model_parallel

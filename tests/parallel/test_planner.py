@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mindvl.config import load_config
+from mindvl.config import ConfigError, load_config
 from mindvl.parallel.planner import (ADAM_STATES, PARAM_BYTES, PUBLISHED_ENCODERS, bubble_fraction,
                                      count_config_parameters, count_config_trainable_parameters, plan, search)
 from mindvl.parallel.strategy import ParallelStrategy, RecomputeConfig, validate_strategy
@@ -188,3 +188,74 @@ def test_activation_memory_tracks_a_cpu_measurement():
         ratios.append(json.loads(done.stdout.strip().splitlines()[-1])["ratio"])
     assert all(3.0 < ratio < 6.0 for ratio in ratios), ratios
     assert max(ratios) / min(ratios) < 1.15, ratios
+
+
+# ----------------------------------------------------------------------------- decoders
+
+DECODER_LAYOUTS = {  # the options each family sets (mindvl.pretrained.llm writes them on conversion)
+    "llama": dict(width=48, layers=2, heads=4, kv_heads=2, mlp_ratio=2.5, vocab_size=97, tie_embeddings=False),
+    "qwen2": dict(width=48, layers=2, heads=6, kv_heads=2, mlp_ratio=3.0, vocab_size=97, attention_bias=True),
+    "gemma3": dict(width=32, layers=3, heads=2, kv_heads=1, head_dim=24, mlp_ratio=4.0, vocab_size=97,
+                   qk_norm=True, sandwich_norm=True, activation="gelu_tanh"),
+    "biased": dict(width=32, layers=1, heads=4, mlp_ratio=2.0, vocab_size=50, norm="layer", output_bias=True,
+                   mlp_bias=True, gated_mlp=False, activation="gelu", lora_rank=3),
+}
+
+
+@pytest.mark.parametrize("family", DECODER_LAYOUTS)
+def test_decoder_parameters_equal_the_built_causal_lm(family):
+    from mindvl.cells.decoder import CausalLM
+    from mindvl.cells.factory import count_cell_parameters
+    from mindvl.config import DecoderConfig
+    from mindvl.parallel.planner import decoder_parameters, decoder_stack
+
+    dec = DecoderConfig(**DECODER_LAYOUTS[family])
+    lm = CausalLM(dec)
+    assert decoder_parameters(dec) == count_cell_parameters(lm)
+    lora = sum(p.size for p in lm.get_parameters() if "lora" in p.name)
+    assert dec.layers * decoder_stack(dec, 1).block_params()[2] == lora
+
+
+def test_published_decoder_sizes():
+    """Llama-3-8B (the llm-8b recipe's decoder) and Qwen2.5-7B dimensions give their published counts."""
+    from mindvl.config import DecoderConfig
+    from mindvl.parallel.planner import decoder_parameters
+    assert decoder_parameters(load_config("llm-8b").model.decoder) == 8_030_261_248
+    qwen = DecoderConfig(width=3584, layers=28, heads=28, kv_heads=4, mlp_ratio=18944 / 3584, vocab_size=152064,
+                         attention_bias=True, tie_embeddings=False)
+    assert decoder_parameters(qwen) == 7_615_616_512
+
+
+def test_a_decoder_recipe_is_planned_without_a_text_encoder():
+    from mindvl.parallel.strategy import pipeline_blocks
+    cfg = load_config("llm-8b")
+    blocks = pipeline_blocks(cfg)
+    assert not any(b.startswith("text.") for b in blocks) and blocks[-1] == "fusion.31" and len(blocks) == 80
+    result = plan(cfg, ParallelStrategy(data_parallel=4, model_parallel=8, pipeline_stage=8, micro_batch_num=32),
+                  devices=256)
+    assert result.parameter_count == count_config_parameters(cfg) > 8_030_261_248  # + encoders, projectors
+    assert result.stages[-1]["last_block"] == "fusion.31"
+    lora = plan(load_config("llm-8b", ["train.modules.fusion.frozen=true", "model.decoder.lora_rank=16"]),
+                ParallelStrategy(data_parallel=4, model_parallel=8, pipeline_stage=8, micro_batch_num=32),
+                devices=256)
+    assert lora.optimizer_bytes < result.optimizer_bytes and lora.parameter_count > result.parameter_count
+
+
+def test_decoder_strategies_are_checked_against_its_kv_heads():
+    cfg = load_config("llm-8b")
+    with pytest.raises(ConfigError, match=r"model.decoder kv_heads 8 is not divisible by model_parallel=16"):
+        validate_strategy(ParallelStrategy(data_parallel=1, model_parallel=16), cfg, 16)
+
+
+def test_a_decoder_recipe_is_not_built_for_training_yet():
+    from mindvl.models import create_model
+    with pytest.raises(ConfigError, match="model.decoder: .* can be planned"):
+        create_model(load_config("llm-8b"))
+
+
+def test_plan_search_finds_strategies_for_the_8b_decoder(capsys):
+    args = _plan_parser().parse_args(["plan", "--config", "llm-8b", "--set", "data.batch_size=16", "--search",
+                                      "--devices", "8", "--top", "2"])
+    assert args.func(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3 and float(lines[1].split()[1]) <= 64
