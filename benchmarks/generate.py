@@ -77,6 +77,7 @@ def run_mindvl(args, ids: list, mindir: bool) -> dict:
     import numpy as np
     from mindspore import Tensor, nn
 
+    from mindvl.cells.kernels import standard_kernels
     from mindvl.generation import from_pretrained
 
     ms.device_context.cpu.op_tuning.threads_num(args.threads)
@@ -99,9 +100,10 @@ def run_mindvl(args, ids: list, mindir: bool) -> dict:
         folder = Path(tempfile.mkdtemp(prefix="mindvl_mindir_"))
         start = time.perf_counter()
         _, cache_k, cache_v = split_outputs(prefill(*inputs), layers)
-        ms.export(prefill, *inputs, file_name=str(folder / "prefill"), file_format="MINDIR")
-        ms.export(decode, *step_inputs(0, 0, bucket, (cache_k, cache_v)), file_name=str(folder / "decode"),
-                  file_format="MINDIR")
+        with standard_kernels(model.lm):  # a MindIR holds standard operators only
+            ms.export(prefill, *inputs, file_name=str(folder / "prefill"), file_format="MINDIR")
+            ms.export(decode, *step_inputs(0, 0, bucket, (cache_k, cache_v)), file_name=str(folder / "decode"),
+                      file_format="MINDIR")
         prefill = nn.GraphCell(ms.load(str(folder / "prefill.mindir")))
         decode = nn.GraphCell(ms.load(str(folder / "decode.mindir")))
         export_s = time.perf_counter() - start

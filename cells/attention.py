@@ -81,13 +81,14 @@ class MultiHeadAttention(nn.Cell):
 
     Decoder options: kv_heads (grouped-query attention: k and v project to kv_heads * head_dim), qk_norm
     (RMSNorm over each head's dimensions of q and k, Gemma 3), `bias` on q/k/v and `out_bias` on the output
-    projection, `scale` (0: head_dim ** -0.5), and `rotary` = (cos, sin) from cells.rotary at call time.
+    projection, `scale` (0: head_dim ** -0.5), and `rotary` (q and k rotated by the (cos, sin) from
+    cells.rotary that construct then takes at call time).
     `construct_cached` is one decode step against a key/value cache.
     """
 
     def __init__(self, width: int, heads: int, dropout: float = 0.0, lora_rank: int = 0, lora_alpha: float = 16.0,
                  head_dim: int = 0, kv_heads: int = 0, qk_norm: bool = False, norm_eps: float = 1e-6,
-                 bias: bool = True, out_bias: bool = True, scale: float = 0.0):
+                 bias: bool = True, out_bias: bool = True, scale: float = 0.0, rotary: bool = False):
         super().__init__()
         if head_dim < 0:
             raise ValueError(f"attention head_dim: expected 0 (width // heads) or a positive size, got {head_dim}")
@@ -109,7 +110,9 @@ class MultiHeadAttention(nn.Cell):
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, norm_eps)
             self.k_norm = RMSNorm(self.head_dim, norm_eps)
-        self.rotate = RotateHalf(self.head_dim)
+        self.rotary = rotary
+        if rotary:
+            self.rotate = RotateHalf(self.head_dim)
         self.reshape = ops.Reshape()
         self.select = ops.Select()  # a decode step's key and value into its cache slot
         self.core = AttentionCore(heads, self.head_dim, dropout, self.kv_heads, scale)
@@ -123,6 +126,8 @@ class MultiHeadAttention(nn.Cell):
         if self.qk_norm:
             x = norm(x)
         if rotary is not None:
+            if not self.rotary:
+                raise ValueError("attention: (cos, sin) given to an attention built without rotary=True")
             x = self.rotate(x, rotary[0], rotary[1])
         return self.reshape(x, (batch, seq, heads * self.head_dim))
 

@@ -28,7 +28,7 @@ def decoder_block(cfg) -> TransformerBlock:
     return TransformerBlock(cfg.width, cfg.heads, cfg.mlp_ratio, True, cfg.activation, 0.0, cfg.norm_eps, 0.0,
                             cfg.lora_rank, cfg.lora_alpha, cfg.head_dim, cfg.norm, cfg.kv_heads, cfg.qk_norm,
                             cfg.gated_mlp, cfg.sandwich_norm, cfg.attention_bias, cfg.output_bias, cfg.mlp_bias,
-                            cfg.attention_scale)
+                            cfg.attention_scale, rotary=True)
 
 
 class CausalLM(nn.Cell):

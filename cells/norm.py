@@ -40,18 +40,30 @@ class RMSNorm(nn.Cell):
         self.width = width
         self.eps = eps
         self.weight = Parameter(Tensor(np.ones(width, np.float32)), name="weight")
+        self.rms_norm = StandardRMSNorm(eps)  # cells.kernels may swap in a fused kernel
+
+    def construct(self, x):
+        return self.rms_norm(x, self.weight)
+
+    def extend_repr(self):
+        return f"width={self.width}, eps={self.eps}"
+
+
+class StandardRMSNorm(nn.Cell):
+    """RMSNorm's arithmetic in MindSpore's operators: (x, weight) -> y."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
         self.square = ops.Square()
         self.mean = ops.ReduceMean(keep_dims=True)
         self.rsqrt = ops.Rsqrt()
         self.mul = ops.Mul()
         self.add = ops.Add()
 
-    def construct(self, x):
+    def construct(self, x, weight):
         scale = self.rsqrt(self.add(self.mean(self.square(x), -1), self.eps))
-        return self.mul(self.mul(x, scale), self.weight)
-
-    def extend_repr(self):
-        return f"width={self.width}, eps={self.eps}"
+        return self.mul(self.mul(x, scale), weight)
 
 
 NORMS = ("layer", "rms")

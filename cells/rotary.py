@@ -41,6 +41,7 @@ class RotateHalf(nn.Cell):
 
     def __init__(self, head_dim: int):
         super().__init__()
+        self.head_dim = head_dim
         self.split = ops.Split(axis=-1, output_num=2)
         self.concat = ops.Concat(axis=-1)
         self.neg = ops.Neg()

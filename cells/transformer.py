@@ -65,7 +65,8 @@ class TransformerBlock(nn.Cell):
 
     Decoder options (a DecoderConfig's): `norm` "rms", grouped-query `kv_heads`, `qk_norm`, `gated_mlp`,
     biases off, the attention `scale`, and `sandwich_norm` (Gemma 2/3: post_attn_norm and post_mlp_norm
-    on each branch's output before its residual add). `rotary` (cos, sin) rotates q and k at call time;
+    on each branch's output before its residual add). With `rotary` the block's construct takes (cos, sin)
+    at call time and rotates q and k by them;
     `construct_keys` and `construct_cached` are the prefill and the decode step of generation.
     """
 
@@ -74,13 +75,13 @@ class TransformerBlock(nn.Cell):
                  dropout: float = 0.0, lora_rank: int = 0, lora_alpha: float = 16.0, head_dim: int = 0,
                  norm: str = "layer", kv_heads: int = 0, qk_norm: bool = False, gated_mlp: bool = False,
                  sandwich_norm: bool = False, attention_bias: bool = True, output_bias: bool = True,
-                 mlp_bias: bool = True, attention_scale: float = 0.0):
+                 mlp_bias: bool = True, attention_scale: float = 0.0, rotary: bool = False):
         super().__init__()
         self.pre_norm = pre_norm
         self.sandwich_norm = sandwich_norm
         self.norm1 = create_norm(width, norm_eps, norm)
         self.attn = MultiHeadAttention(width, heads, dropout, lora_rank, lora_alpha, head_dim, kv_heads, qk_norm,
-                                       norm_eps, attention_bias, output_bias, attention_scale)
+                                       norm_eps, attention_bias, output_bias, attention_scale, rotary)
         self.norm2 = create_norm(width, norm_eps, norm)
         self.mlp = MLP(width, int(round(width * mlp_ratio)), activation, dropout, gated_mlp, mlp_bias)
         if sandwich_norm:

@@ -4,7 +4,8 @@
 that times faster than the standard one on this machine at the model's shapes (auto.py). "fused" swaps in,
 per backend:
   CPU     mindvl's C++ kernels (cells/kernels/*.cc, compiled on first use into a cache, called as AOT
-          custom operators with their backward kernels as bprop): LayerNorm, a Linear's product (sgemm per
+          custom operators with their backward kernels as bprop): LayerNorm, RMSNorm, the rotary
+          embedding's rotation, a Linear's product (sgemm per
           worker) and bias (add and gradient), GELU, bias + GELU, the attention core (scores, scale, mask,
           softmax, weighted sum) and, where a core has attention dropout, the scaled masked softmax;
   Ascend  MindSpore's fused operators: flash attention (ops.FlashAttentionScore) for the attention core
@@ -78,15 +79,18 @@ def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn
     from mindvl.cells.activation import GELU, BiasActivation, ScaledMaskedSoftmax
     from mindvl.cells.attention import AttentionCore
     from mindvl.cells.linear import Linear
-    from mindvl.cells.norm import LayerNorm
+    from mindvl.cells.norm import LayerNorm, RMSNorm
+    from mindvl.cells.rotary import RotateHalf
 
     from .cpu import (FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedLayerNorm, FusedMatMul,
-                      FusedSoftmax)
+                      FusedRMSNorm, FusedRotateHalf, FusedSoftmax)
 
     swaps = []
     for _, cell in model.cells_and_names():
         if isinstance(cell, LayerNorm):
             swaps.append((cell, "layer_norm", FusedLayerNorm(cell.eps, path)))
+        if isinstance(cell, RMSNorm):
+            swaps.append((cell, "rms_norm", FusedRMSNorm(cell.eps, path)))
         if isinstance(cell, Linear):
             swaps.append((cell, "matmul", FusedMatMul(path)))
             if cell.has_bias:
@@ -96,6 +100,8 @@ def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn
                 swaps.append((cell, name, FusedAttentionCore(child.heads, child.head_dim, path)))
             elif isinstance(child, BiasActivation) and isinstance(child.act, GELU):
                 swaps.append((cell, name, FusedBiasGELU(path)))
+            elif isinstance(child, RotateHalf):
+                swaps.append((cell, name, FusedRotateHalf(child.head_dim, path)))
             elif isinstance(child, GELU) and not isinstance(cell, BiasActivation):
                 swaps.append((cell, name, FusedGELU(path)))
             elif isinstance(child, ScaledMaskedSoftmax) and not (isinstance(cell, AttentionCore) and _fusable_core(cell)):
@@ -145,7 +151,7 @@ def _ascend_replacements(model: nn.Cell, compute: str) -> List[Tuple[nn.Cell, st
 
 def use_kernels(model: nn.Cell, kind: str, device: Optional[str] = None, compute: str = "float32",
                 probe: Optional[Callable[[], object]] = None, log: Optional[Callable[[str], None]] = None,
-                agree: Optional[Callable] = None) -> int:
+                agree: Optional[Callable] = None, only: Optional[tuple] = None) -> int:
     """Swap the `kind` implementation for `device` (default: MindSpore's device_target) into `model`'s
     cells -> how many were swapped (0 for "standard", for a GPU, or when the CPU kernels cannot be built
     here). `compute`: train.precision.compute (flash attention runs in float16 or bfloat16 only).
@@ -153,7 +159,8 @@ def use_kernels(model: nn.Cell, kind: str, device: Optional[str] = None, compute
     "auto" on the CPU keeps the fused operations that time faster than the standard ones at the shapes
     `probe()` (one forward pass of `model` on a real batch) calls them with (cells/kernels/auto.py), and
     says so in one line to `log`; `agree` makes data-parallel ranks decide alike (auto.choose). On Ascend
-    it is "fused" (flash attention, validated statically here)."""
+    it is "fused" (flash attention, validated statically here). `only`: the fused cell classes to swap in
+    (the others keep the standard operators)."""
     import mindspore as ms
 
     if kind not in KINDS:
@@ -162,12 +169,14 @@ def use_kernels(model: nn.Cell, kind: str, device: Optional[str] = None, compute
     if kind == "standard" or device not in ("CPU", "Ascend"):
         return 0
     if device == "Ascend":
-        swaps = _ascend_replacements(model, compute)
+        swaps = [swap for swap in _ascend_replacements(model, compute) if only is None or isinstance(swap[2], only)]
     else:
         path = library()
         if path is None:
             return 0
         swaps = _cpu_replacements(model, path)
+        if only is not None:
+            swaps = [swap for swap in swaps if isinstance(swap[2], only)]
         if kind == "auto":
             if probe is None:
                 raise ValueError("train.kernels: 'auto' times each operation at the shapes it runs at and needs a "

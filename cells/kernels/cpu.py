@@ -13,7 +13,8 @@ from mindspore.common import dtype as mstype
 
 from mindvl.cells.activation import BiasActivation, ScaledMaskedSoftmax
 from mindvl.cells.attention import AttentionCore
-from mindvl.cells.norm import standard_layer_norm
+from mindvl.cells.norm import StandardRMSNorm, standard_layer_norm
+from mindvl.cells.rotary import RotateHalf
 
 
 def _float32(kernel: str, outputs: int = 1):
@@ -58,6 +59,61 @@ class FusedLayerNorm(nn.Cell):
 
     def standard(self):
         return standard_layer_norm(self.eps)
+
+
+class FusedRMSNorm(nn.Cell):
+    """Replaces StandardRMSNorm inside mindvl's RMSNorm cell: (x, weight) -> y in one pass, and its
+    gradients for x and the weight from one more."""
+
+    def __init__(self, eps: float, path: Path):
+        super().__init__()
+        self.eps = eps
+        self.eps_tensor = Tensor(np.float32(eps))
+        backward = _custom(path, "MindvlRmsNormBackward", lambda x, w, e, dy: (x, w), outputs=2)
+        zeros = ops.ZerosLike()
+
+        def bprop(x, weight, eps, out, dout):
+            dx, dweight = backward(x, weight, eps, dout)
+            return dx, dweight, zeros(eps)
+
+        self.forward = _custom(path, "MindvlRmsNormForward", lambda x, w, e: x, bprop=bprop)
+
+    def construct(self, x, weight):
+        return self.forward(x, weight, self.eps_tensor)
+
+    def standard(self):
+        return StandardRMSNorm(self.eps)
+
+
+def _rotation_shape(x, cos, sin):
+    """The kernel's layout: x (..., heads, head_dim) and cos, sin (..., 1, head_dim) over the same leading axes."""
+    if len(x) < 2 or list(cos) != list(x[:-2]) + [1, x[-1]] or list(sin) != list(cos):
+        raise ValueError(f"mindvl fused rotation: expected x (..., heads, head_dim) with cos and sin "
+                         f"(..., 1, head_dim), got {list(x)}, {list(cos)}, {list(sin)}; set train.kernels=standard")
+    return x
+
+
+class FusedRotateHalf(nn.Cell):
+    """Replaces RotateHalf (split, negate, concatenate, two multiplies and an add) with one pass over the
+    queries or keys; the gradient is the transposed rotation, one more pass. cos and sin get no gradient
+    (they come from positions)."""
+
+    def __init__(self, head_dim: int, path: Path):
+        super().__init__()
+        self.head_dim = head_dim
+        backward = _custom(path, "MindvlRotateBackward", _rotation_shape)
+        zeros = ops.ZerosLike()
+
+        def bprop(x, cos, sin, out, dout):
+            return backward(dout, cos, sin), zeros(cos), zeros(sin)
+
+        self.forward = _custom(path, "MindvlRotateForward", _rotation_shape, bprop=bprop)
+
+    def construct(self, x, cos, sin):
+        return self.forward(x, cos, sin)
+
+    def standard(self):
+        return RotateHalf(self.head_dim)
 
 
 class FusedBiasAdd(nn.Cell):
@@ -207,4 +263,4 @@ class FusedAttentionCore(nn.Cell):
         return AttentionCore(self.heads, self.head_dim)
 
 
-CPU_CELLS = (FusedLayerNorm, FusedBiasAdd, FusedMatMul, FusedGELU, FusedBiasGELU, FusedSoftmax, FusedAttentionCore)
+CPU_CELLS = (FusedLayerNorm, FusedRMSNorm, FusedRotateHalf, FusedBiasAdd, FusedMatMul, FusedGELU, FusedBiasGELU, FusedSoftmax, FusedAttentionCore)

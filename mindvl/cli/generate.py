@@ -2,11 +2,13 @@
 import argparse
 import sys
 
+from mindvl.generation.model import GENERATION_KERNELS
+
 
 def _generate(args) -> None:
     from mindvl.generation import from_pretrained
 
-    model = from_pretrained(args.model, cache_len=args.cache_len)
+    model = from_pretrained(args.model, cache_len=args.cache_len, kernels=args.kernels)
     print(args.prompt, end="", flush=True)
     finish = None
     for delta in model.stream(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -32,4 +34,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--stop", action="append", default=[], metavar="TEXT", help="a stop string (repeatable)")
     generate.add_argument("--seed", type=int, help="makes sampling reproducible")
     generate.add_argument("--cache-len", type=int, default=1024, help="prompt + new tokens at most")
+    generate.add_argument("--kernels", choices=GENERATION_KERNELS, default="fused",
+                          help="fused: RMSNorm and the rotation as mindvl's CPU kernels (default); standard: "
+                               "MindSpore's operators only")
     generate.set_defaults(func=_generate)

@@ -83,12 +83,12 @@ def _embedding(embedding: nn.Cell, dp: int, mp: int, vocab_emb_dp: bool) -> None
 
 def _rms_norm(norm: nn.Cell, split: tuple) -> None:
     """An RMSNorm on inputs split as `split` (the last axis, which it reduces, whole)."""
-    reduced = split[:-1] + (1,)
-    norm.square.shard((split,))
-    norm.mean.shard((split,))
-    norm.add.shard((reduced, ()))
-    norm.rsqrt.shard((reduced,))
-    norm.mul.shard((split, reduced))
+    reduced, arithmetic = split[:-1] + (1,), norm.rms_norm
+    arithmetic.square.shard((split,))
+    arithmetic.mean.shard((split,))
+    arithmetic.add.shard((reduced, ()))
+    arithmetic.rsqrt.shard((reduced,))
+    arithmetic.mul.shard((split, reduced))
 
 
 def _decoder_norm(norm: nn.Cell, split: tuple) -> None:

@@ -15,9 +15,10 @@ from mindvl.cells.activation import GELU, BiasActivation, ScaledMaskedSoftmax
 from mindvl.cells.attention import MASK_VALUE, AttentionCore
 from mindvl.cells.kernels import library, standard_kernels, use_kernels
 from mindvl.cells.kernels.cpu import (FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedLayerNorm,
-                                      FusedMatMul, FusedSoftmax)
+                                      FusedMatMul, FusedRMSNorm, FusedRotateHalf, FusedSoftmax)
 from mindvl.cells.linear import Linear
-from mindvl.cells.norm import LayerNorm
+from mindvl.cells.norm import LayerNorm, StandardRMSNorm
+from mindvl.cells.rotary import RotateHalf
 
 # float32 sums over a row: outputs and input gradients agree to rounding (erf and exp are polynomial
 # approximations within 2e-7); the parameter gradients add up every row, so they are compared relative
@@ -137,6 +138,59 @@ def test_bias_gelu_matches_add_then_gelu_and_returns_the_bias_gradient(path, sha
     x = (rng.normal(size=shape) * 3).astype(np.float32)
     bias = rng.normal(size=shape[-1]).astype(np.float32)
     assert_matches_standard(BiasActivation("gelu"), FusedBiasGELU(path), [x, bias], wrt=(0, 1), rtol=PARAM_RTOL)
+
+
+@pytest.mark.parametrize("shape", [(4, 16), (3, 7, 5), (2, 33, 257), (1, 1, 3)])
+@pytest.mark.parametrize("eps", [1e-6, 1e-5])
+def test_rms_norm_matches_the_standard_arithmetic(path, shape, eps):
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.normal(size=shape) * 3 + 1).astype(np.float32)
+    weight = rng.uniform(0.5, 1.5, shape[-1]).astype(np.float32)
+    assert_matches_standard(StandardRMSNorm(eps), FusedRMSNorm(eps, path), [x, weight], wrt=(0, 1),
+                            rtol=PARAM_RTOL)
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 3, 8), (1, 1, 1, 2), (3, 7, 4, 256)])
+def test_rotation_matches_rotate_half_and_its_transpose(path, shape):
+    """cos and sin drawn at random, halves unequal, so the backward is checked as the exact transpose (Rotary's
+    halves are equal, where it is the rotation by minus the angle)."""
+    rng = np.random.default_rng(sum(shape))
+    x = rng.normal(size=shape).astype(np.float32)
+    cos, sin = (rng.uniform(-1, 1, size=(*shape[:2], 1, shape[-1])).astype(np.float32) for _ in range(2))
+    assert_matches_standard(RotateHalf(shape[-1]), FusedRotateHalf(shape[-1], path), [x, cos, sin], wrt=0)
+
+
+def test_a_rotation_in_another_layout_is_refused_naming_the_fix(path):
+    x = ms.Tensor(np.ones((2, 3, 4, 8), np.float32))
+    with pytest.raises(ValueError, match="fused rotation: expected x .* set train.kernels=standard"):
+        FusedRotateHalf(8, path)(x, ms.Tensor(np.ones((2, 3, 4, 8), np.float32)), ms.Tensor(np.ones((2, 3, 4, 8), np.float32)))
+
+
+def test_a_decoder_with_the_kernels_gives_the_standard_logits_and_gradients(native_path):
+    from mindvl.cells.decoder import CausalLM
+    from mindvl.config import DecoderConfig
+
+    cfg = DecoderConfig(width=32, layers=2, heads=4, kv_heads=2, mlp_ratio=2.0, vocab_size=50, qk_norm=True,
+                        sandwich_norm=True)
+    ms.set_seed(3)
+    lm = CausalLM(cfg)
+    ids = ms.Tensor(np.random.default_rng(0).integers(0, 50, (2, 9)).astype(np.int32))
+    valid = ms.Tensor(np.ones((2, 9), np.int32))
+
+    def run():
+        logits = lm(ids, valid)
+        grads = ms.grad(Loss(lm), grad_position=None, weights=lm.trainable_params())(ids, valid, ms.ops.ones_like(logits))
+        return logits.asnumpy(), [g.asnumpy() for g in grads]
+
+    want, want_grads = run()
+    swapped = use_kernels(lm, "fused")
+    fused = [type(c).__name__ for _, c in lm.cells_and_names() if isinstance(c, kernels.fused_cells())]
+    assert fused.count("FusedRMSNorm") == 2 * (4 + 2) + 1 and fused.count("FusedRotateHalf") == 2  # one per attention, for q and k
+    assert swapped == len(fused)
+    got, got_grads = run()
+    np.testing.assert_allclose(got, want, atol=ATOL)
+    for g, w in zip(got_grads, want_grads):  # sums over the whole model: relative to each gradient's size
+        np.testing.assert_allclose(g, w, atol=PARAM_RTOL * np.abs(w).max())
 
 
 MASKS = {  # additive masks as the encoders build them, each broadcast over the scores (2, 3, 5, 7)

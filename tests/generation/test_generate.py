@@ -98,3 +98,19 @@ def test_mindvl_from_pretrained_opens_an_llm_folder(tiny_llms):
 
     model = mindvl.from_pretrained(tiny_llms["qwen2"], cache_len=48)
     assert isinstance(model, LanguageModel) and model.cache_len == 48
+
+
+def test_the_fused_kernels_give_the_standard_tokens(model, tiny_llms):
+    from mindvl.cells.kernels import fused_cells, library
+    if library() is None:
+        pytest.skip("no C++ compiler here: generation keeps the standard operators")
+    fused = [type(c).__name__ for _, c in model.lm.cells_and_names() if isinstance(c, fused_cells())]
+    assert set(fused) == {"FusedRMSNorm", "FusedRotateHalf"}  # the default: the products stay MindSpore's
+    standard = from_pretrained(tiny_llms["gemma3_text"], cache_len=64, kernels="standard")
+    assert not any(isinstance(c, fused_cells()) for _, c in standard.lm.cells_and_names())
+    for prompt in PROMPTS:
+        want = standard.generate(prompt, max_new_tokens=12)
+        got = model.generate(prompt, max_new_tokens=12)
+        assert got.tokens == want.tokens
+    with pytest.raises(ConfigError, match=r"kernels: expected one of \['fused', 'standard'\], got 'auto'"):
+        from_pretrained(tiny_llms["llama"], cache_len=64, kernels="auto")

@@ -185,9 +185,9 @@ def test_decoder_strategy_splits_heads_kv_heads_and_the_vocabulary():
     assert strategies["blocks.0.attn.out_proj.matmul"] == ((2, 2), (1, 2))  # row-split, partial sums reduced
     assert strategies["blocks.1.mlp.gate.matmul"] == ((2, 1), (2, 1))
     assert strategies["blocks.1.mlp.fc2.matmul"] == ((2, 2), (1, 2))
-    assert strategies["blocks.0.attn.q_norm.square"] == ((2, 1, 2, 1),)  # per head, on the split heads
+    assert strategies["blocks.0.attn.q_norm.rms_norm.square"] == ((2, 1, 2, 1),)  # per head, on the split heads
     assert strategies["blocks.0.attn.core.qk_matmul"] == ((2, 2, 1, 1), (2, 2, 1, 1))
-    assert strategies["blocks.1.post_mlp_norm.mul"] == ((2, 1, 1), (2, 1, 1))
+    assert strategies["blocks.1.post_mlp_norm.rms_norm.mul"] == ((2, 1, 1), (2, 1, 1))
     assert strategies["gather"] == ((2, 1), (2, 1)) and strategies["head_matmul"] == ((2, 1), (2, 1))
     with pytest.raises(ConfigError, match=r"kv_heads 2 is not divisible by model_parallel=4; grouped-query"):
         apply_decoder_strategy(CausalLM(cfg, cache_len=8), dp=1, mp=4)
