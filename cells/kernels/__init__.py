@@ -5,9 +5,9 @@ that times faster than the standard one on this machine at the model's shapes (a
 per backend:
   CPU     mindvl's C++ kernels (cells/kernels/*.cc, compiled on first use into a cache, called as AOT
           custom operators with their backward kernels as bprop): LayerNorm, RMSNorm, the rotary
-          embedding's rotation, a Linear's product (sgemm per
-          worker) and bias (add and gradient), GELU, bias + GELU, the attention core (scores, scale, mask,
-          softmax, weighted sum) and, where a core has attention dropout, the scaled masked softmax;
+          embedding's rotation, a Linear's and the LM head's product (sgemm per worker) and bias (add and
+          gradient), GELU, bias + GELU, the attention core (scores, scale, mask, softmax, weighted sum)
+          and, where a core has attention dropout, the scaled masked softmax;
   Ascend  MindSpore's fused operators: flash attention (ops.FlashAttentionScore) for the attention core
           (LayerNorm and GELU are single fused kernels there already);
 and keeps the standard operators elsewhere. A machine without a working C++ compiler keeps the standard
@@ -78,15 +78,18 @@ def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn
     """(parent cell, attribute, fused cell) for every operation of `model` a CPU kernel covers."""
     from mindvl.cells.activation import GELU, BiasActivation, ScaledMaskedSoftmax
     from mindvl.cells.attention import AttentionCore
+    from mindvl.cells.decoder import CausalLM
     from mindvl.cells.linear import Linear
     from mindvl.cells.norm import LayerNorm, RMSNorm
     from mindvl.cells.rotary import RotateHalf
 
-    from .cpu import (FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedLayerNorm, FusedMatMul,
-                      FusedRMSNorm, FusedRotateHalf, FusedSoftmax)
+    from .cpu import (FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedHeadMatMul, FusedLayerNorm,
+                      FusedMatMul, FusedRMSNorm, FusedRotateHalf, FusedSoftmax)
 
     swaps = []
     for _, cell in model.cells_and_names():
+        if isinstance(cell, CausalLM):
+            swaps.append((cell, "head_matmul", FusedHeadMatMul(path)))
         if isinstance(cell, LayerNorm):
             swaps.append((cell, "layer_norm", FusedLayerNorm(cell.eps, path)))
         if isinstance(cell, RMSNorm):

@@ -118,7 +118,7 @@ def test_bias_add_matches_add_and_its_bias_gradient_the_column_sums(path, shape)
     assert_matches_standard(ms.ops.Add(), FusedBiasAdd(path), [x, bias], wrt=(0, 1), rtol=PARAM_RTOL)
 
 
-@pytest.mark.parametrize("m, k, n", [(4, 16, 8), (7, 5, 3), (33, 257, 1027), (1, 1, 1), (2, 300, 1)])
+@pytest.mark.parametrize("m, k, n", [(4, 16, 8), (7, 5, 3), (33, 257, 1027), (1, 1, 1), (2, 300, 1), (1, 64, 1031)])
 def test_matmul_matches_mindspore_and_its_gradients_for_input_and_weight(path, m, k, n):
     rng = np.random.default_rng(m + k + n)
     x, weight = rng.normal(size=(m, k)).astype(np.float32), rng.normal(size=(n, k)).astype(np.float32)
