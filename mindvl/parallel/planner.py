@@ -4,7 +4,9 @@ Nothing is built: parameter counts come from the cells' shapes (cells/*.py), and
 model's exactly (tests/parallel/test_planner.py). A recipe with a decoder (model.decoder.layers > 0) is
 planned as the generative model: vision and audio encoders, projectors and the decoder in the fusion
 module's place, over data.packing.length tokens per sample, with its LM head as the heads module (its
-weights and logits split over the vocabulary like apply_decoder_strategy's). The model, per micro-batch of b samples on a rank whose
+weights and logits split over the vocabulary like apply_decoder_strategy's).
+
+The model, per micro-batch of b samples on a rank whose
 module runs with (dp_m, mp_m) inside its pipeline stage (s tokens, w width, i = heads x head_dim,
 h = FFN width, a heads, c bytes of the compute dtype):
 
@@ -141,10 +143,14 @@ class StackShape:
     def kv(self) -> int:
         return self.kv_inner or self.inner
 
+    @property
+    def mlp_inputs(self) -> int:
+        """Products from the block's width into the FFN's: gate and up, or fc1."""
+        return 2 if self.gated else 1
+
     def block_params(self) -> Tuple[int, int, int]:
         """(split over mp, replicated, LoRA) parameters of one block."""
-        w, i, h, kv = self.width, self.inner, self.hidden, self.kv
-        ins = 2 if self.gated else 1
+        w, i, h, kv, ins = self.width, self.inner, self.hidden, self.kv, self.mlp_inputs
         split = w * i + 2 * w * kv + i * w + ins * w * h + h * w  # q, k, v, out; fc1 (gate, up), fc2 (down)
         split += (i + 2 * kv if self.qkv_bias else 0) + (ins * h if self.mlp_bias else 0)
         replicated = self.norms * (self.norm_params or 2 * w) + self.qk_norm_params
@@ -155,8 +161,8 @@ class StackShape:
     def block_forward_flops(self) -> float:
         """Forward FLOPs of one block for one sample."""
         s, w, i, h = self.tokens, self.width, self.inner, self.hidden
-        ins = 2 if self.gated else 1
-        return self.sequences * (2 * s * (w * i + 2 * w * self.kv + i * w + (ins + 1) * w * h) + 4 * s * s * i)
+        products = w * i + 2 * w * self.kv + i * w + (self.mlp_inputs + 1) * w * h
+        return self.sequences * (2 * s * products + 4 * s * s * i)
 
     def block_score_flops(self) -> float:
         return self.sequences * 2 * self.tokens * self.tokens * self.inner
@@ -178,24 +184,27 @@ class StackShape:
         return self.block_activation_bytes(mp, compute, softmax, RecomputeConfig())
 
 
+def _decoder_norm_params(dec) -> int:
+    """Parameters of one of the decoder's norms: RMSNorm a weight, LayerNorm a weight and a bias."""
+    return dec.width if dec.norm == "rms" else 2 * dec.width
+
+
 def decoder_stack(dec, tokens: int) -> StackShape:
     """The StackShape of a decoder (cells/decoder.py decoder_block) over `tokens` tokens per sample."""
     head_dim = dec.head_dim or dec.width // dec.heads
-    norm = dec.width if dec.norm == "rms" else 2 * dec.width
     return StackShape("fusion", dec.width, dec.heads * head_dim, int(round(dec.width * dec.mlp_ratio)), dec.heads,
                       dec.layers, tokens, 1, True, False, dec.lora_rank,
                       kv_inner=(dec.kv_heads or dec.heads) * head_dim, gated=dec.gated_mlp,
                       qkv_bias=dec.attention_bias, out_bias=dec.output_bias, mlp_bias=dec.mlp_bias,
-                      norm_params=norm, norms=4 if dec.sandwich_norm else 2,
+                      norm_params=_decoder_norm_params(dec), norms=4 if dec.sandwich_norm else 2,
                       qk_norm_params=2 * head_dim if dec.qk_norm else 0)
 
 
 def decoder_parameters(dec) -> int:
     """Parameters of a CausalLM(dec): blocks, the embedding, the final norm and an untied head."""
-    stack = decoder_stack(dec, 1)
-    norm = dec.width if dec.norm == "rms" else 2 * dec.width
     head = 0 if dec.tie_embeddings else dec.vocab_size * dec.width
-    return dec.layers * sum(stack.block_params()) + dec.vocab_size * dec.width + norm + head
+    blocks = dec.layers * sum(decoder_stack(dec, 1).block_params())
+    return blocks + dec.vocab_size * dec.width + _decoder_norm_params(dec) + head
 
 
 @dataclass
@@ -281,7 +290,7 @@ def model_shapes(cfg: Config) -> Dict[str, ModuleShape]:
         other_forward_flops=2 * (v_tokens * vw + t_tokens * tw + a_tokens * aw) * fw,
         trainable=not frozen["fusion"], runs=True, output_bytes_per_sample=fusion_tokens * fw * compute)
     if m.generative:
-        shapes.update(_generative_shapes(cfg, frozen, compute, v_tokens * vw, a_tokens * aw))
+        shapes.update(_generative_shapes(cfg, frozen, compute, v_tokens, a_tokens))
         del shapes["text"]  # the question's text enters the decoder as tokens
         return shapes
     answers = m.num_answers
@@ -294,22 +303,20 @@ def model_shapes(cfg: Config) -> Dict[str, ModuleShape]:
     return shapes
 
 
-def _generative_shapes(cfg: Config, frozen: Dict[str, bool], compute: int, vision_states: int,
-                       audio_states: int) -> Dict[str, ModuleShape]:
+def _generative_shapes(cfg: Config, frozen: Dict[str, bool], compute: int, vision_tokens: int,
+                       audio_tokens: int) -> Dict[str, ModuleShape]:
     """The decoder in the fusion module's place and its LM head, for a sample of data.packing.length
     tokens (one packed row, every position labelled: an upper bound on the head's cost). The fusion
-    module also holds the projectors, LLaVA's two-layer MLP from each encoder's width into the decoder's
-    (the vision and audio encoders' widths: vision_states / audio_states are their tokens x width)."""
+    module also holds the projectors, LLaVA's two-layer MLP from each encoder's width into the decoder's."""
     m, dec = cfg.model, cfg.model.decoder
     tokens, dw = cfg.data.packing.length, dec.width
-    norm = dw if dec.norm == "rms" else 2 * dw
     projectors = _linear(m.vision.width, dw) + _linear(m.audio.width, dw) + 2 * _linear(dw, dw)
-    projected_tokens = vision_states / m.vision.width + audio_states / m.audio.width
+    into_decoder = vision_tokens * m.vision.width + audio_tokens * m.audio.width  # first layers' inputs
     return {
         "fusion": ModuleShape(
-            "fusion", decoder_stack(dec, tokens), other_params=projectors + norm,
+            "fusion", decoder_stack(dec, tokens), other_params=projectors + _decoder_norm_params(dec),
             table_params=dec.vocab_size * dw,
-            other_forward_flops=2 * (vision_states + audio_states) * dw + 2 * projected_tokens * dw * dw,
+            other_forward_flops=2 * into_decoder * dw + 2 * (vision_tokens + audio_tokens) * dw * dw,
             trainable=not frozen["fusion"], runs=True, output_bytes_per_sample=tokens * dw * compute),
         "heads": ModuleShape(
             "heads", None, other_params=0 if dec.tie_embeddings else dec.vocab_size * dw, table_params=0,
