@@ -73,9 +73,6 @@ class CausalLM(nn.Cell):
 
     # ------------------------------------------------------------------ pieces shared by the entry points
 
-    def _embed(self, ids):
-        return self.mul(self.gather(self.embed.weight, ids, 0), self.embed_scale)
-
     def _logits(self, hidden):
         """(rows, width) -> (rows, vocab)."""
         weight = self.embed.weight if self.tied else self.lm_head.weight
@@ -102,10 +99,22 @@ class CausalLM(nn.Cell):
     def _rotaries(self, positions):
         return self.rotary_global(positions), self.rotary_local(positions)
 
-    def _hidden(self, ids, valid):
-        x = self._embed(ids)
-        global_mask, local_mask = self._masks(valid)
-        global_rotary, local_rotary = self._rotaries(self._positions(valid))
+    def _packed_masks(self, segment):
+        """(global, local) additive masks (rows, 1, seq, seq) of packed rows: a query sees the keys of its own
+        segment (segment > 0) at or before it, a local layer's query only the last `window` of them. A
+        padding query sees nothing (its state is garbage and never read)."""
+        seq = segment.shape[1]
+        rows = ops.arange(seq).reshape(seq, 1)
+        cols = ops.arange(seq).reshape(1, seq)
+        keys = self.expand(segment, 1)  # (rows, 1, seq)
+        same = self.logical_and(keys == self.expand(segment, 2), keys > 0)
+        causal = self.logical_and(same, cols <= rows)
+        local = self.logical_and(causal, cols > rows - self.window) if self.window else causal
+        return self._additive(self.expand(causal, 1)), self._additive(self.expand(local, 1))
+
+    def _run(self, x, global_mask, local_mask, positions):
+        """Embedded tokens through the blocks and the final norm -> (states, every layer's keys, values)."""
+        global_rotary, local_rotary = self._rotaries(positions)
         keys, values = (), ()
         for index, block in enumerate(self.blocks):
             local = self.local[index]
@@ -114,19 +123,50 @@ class CausalLM(nn.Cell):
             keys, values = keys + (k,), values + (v,)
         return self.norm(x), keys, values
 
+    def _hidden(self, x, valid):
+        global_mask, local_mask = self._masks(valid)
+        return self._run(x, global_mask, local_mask, self._positions(valid))
+
+    # ------------------------------------------------------------------ what a multimodal model builds on
+
+    def embed_tokens(self, ids):
+        """ids (..., seq) int32 -> their scaled embeddings (..., seq, width): the decoder's input, into which a
+        multimodal model writes its projected image and audio tokens."""
+        return self.mul(self.gather(self.embed.weight, ids, 0), self.embed_scale)
+
+    def packed_states(self, x, segment, positions):
+        """Embedded packed rows x (rows, seq, width), segment (rows, seq) int32 (1, 2, ... per sequence, 0 at
+        padding), positions (rows, seq) int32 (restarting at 0 per sequence) -> the final norm's states
+        (rows, seq, width); each sequence computes exactly what it computes alone."""
+        global_mask, local_mask = self._packed_masks(segment)
+        states, _, _ = self._run(x, global_mask, local_mask, positions)
+        return states
+
+    def logits_at(self, states, index):
+        """states (rows, seq, width) and flattened positions index (n,) int32 -> logits (n, vocab): the LM
+        head only where a loss or a sample reads it (over every position of a 262k vocabulary it costs a
+        float32 copy of the logits per token)."""
+        flat = self.reshape(states, (-1, self.width))
+        return self._logits(self.gather(flat, index, 0))
+
     # ------------------------------------------------------------------ entry points
 
     def construct(self, ids, valid):
         """ids (batch, seq) int32, valid (batch, seq) bool -> logits (batch, seq, vocab) float32."""
-        hidden, _, _ = self._hidden(ids, valid)
+        hidden, _, _ = self._hidden(self.embed_tokens(ids), valid)
         batch, seq = ids.shape
         return self.reshape(self._logits(self.reshape(hidden, (batch * seq, self.width))), (batch, seq, -1))
 
     def prefill(self, ids, valid):
         """-> (last position's logits (batch, vocab), cache_k, cache_v: per layer (batch, cache_len, kv_width)).
         The prompt occupies cache slots 0..seq-1; later slots are zeros for decode to fill."""
-        hidden, keys, values = self._hidden(ids, valid)
-        batch, seq = ids.shape
+        return self.prefill_embedded(self.embed_tokens(ids), valid)
+
+    def prefill_embedded(self, x, valid):
+        """`prefill` from embedded prompts x (batch, seq, width): a multimodal prompt's image and audio
+        tokens already written in."""
+        hidden, keys, values = self._hidden(x, valid)
+        batch, seq = valid.shape
         last = self.reshape(hidden[:, seq - 1:seq, :], (batch, self.width))
         empty = ops.zeros((batch, self.cache_len - seq, self.kv_width), mstype.float32)
         cache_k = tuple(self.concat((k, empty)) for k in keys)
@@ -137,7 +177,7 @@ class CausalLM(nn.Cell):
         """token (batch, 1) int32, its position (batch, 1) int32, the cache slot it is written to (1,) int32,
         slot_valid (batch, cache_len) bool (the prompt's valid slots, the generated ones and this one), caches
         -> (logits (batch, vocab), cache_k, cache_v)."""
-        x = self._embed(token)
+        x = self.embed_tokens(token)
         slots = ops.arange(self.cache_len)
         at_slot = self.reshape(slots == slot, (1, self.cache_len, 1))
         seen = self.expand(self.expand(slot_valid, 1), 1)  # (batch, 1, 1, cache_len)

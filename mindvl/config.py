@@ -170,6 +170,23 @@ class PretrainedConfig:
 
 
 @dataclass
+class ProjectorConfig:
+    """How the encoders' states enter the decoder of a generative model (model.projector): each encoder's
+    tokens are mean-pooled to at most a budget, then an MLP (Linear, GELU, Linear: LLaVA's mlp2x_gelu)
+    maps them to the decoder's width. Fewer tokens make every step cheaper and let longer conversations
+    fit; LLaVA-style pooling keeps 64 of DINOv2's 256 patches at 224 px."""
+
+    image_tokens: int = 64  # at most; patches pooled in k x k blocks, the smallest k dividing the grid that fits
+    audio_tokens: int = 32  # at most per clip; the encoder's tokens pooled in runs of k (valid tokens only)
+    hidden: int = 0  # the MLP's hidden width; 0: the decoder's width
+
+    def validate(self) -> None:
+        _positive(self, "model.projector", ["image_tokens", "audio_tokens"])
+        if self.hidden < 0:
+            raise ConfigError(f"model.projector.hidden: expected 0 (the decoder's width) or more, got {self.hidden}")
+
+
+@dataclass
 class ModelConfig:
     vision: VisionConfig = field(default_factory=VisionConfig)
     text: TextConfig = field(default_factory=TextConfig)
@@ -180,6 +197,7 @@ class ModelConfig:
     # and the question's text enters it as tokens, so no text encoder runs. Planned by `mindvl plan`;
     # building and training it come with the generative recipe.
     decoder: DecoderConfig = field(default_factory=lambda: DecoderConfig(layers=0))
+    projector: ProjectorConfig = field(default_factory=ProjectorConfig)
     pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
     embed_dim: int = 64  # contrastive embedding width
     num_answers: int = 13  # easy-VQA's; 0: the data set's answer count (meta.json), e.g. for --from-folder data
@@ -195,6 +213,7 @@ class ModelConfig:
             raise ConfigError(f"model.decoder.layers: expected 0 (no decoder) or more, got {self.decoder.layers}")
         if self.generative:
             self.decoder.validate("model.decoder")
+            self.projector.validate()
         _positive(self, "model", ["embed_dim"])
         if self.num_answers < 0:
             raise ConfigError(f"model.num_answers: expected >= 0 (0 follows the data), got {self.num_answers}")

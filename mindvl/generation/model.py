@@ -23,6 +23,11 @@ SMALLEST_BUCKET = 16
 GENERATION_KERNELS = ("fused", "standard")  # LanguageModel(kernels=...): see its docstring
 
 
+def check_kernels(kernels: str) -> None:
+    if kernels not in GENERATION_KERNELS:
+        raise ConfigError(f"kernels: expected one of {list(GENERATION_KERNELS)}, got {kernels!r}")
+
+
 def prompt_buckets(cache_len: int) -> tuple:
     """Prompt lengths a prefill graph is compiled for: 16, 24, 32, 48, 64, 96, ... (powers of two and the
     halfway steps between them, so padding wastes at most a third), each leaving room in the cache."""
@@ -103,14 +108,11 @@ class LanguageModel:
         from mindspore.nn.utils import no_init_parameters
         from tokenizers import Tokenizer
 
-        from mindvl.cells.decoder import CausalLM, Decode, Prefill
-        from mindvl.cells.kernels import use_kernels
-        from mindvl.cells.kernels.cpu import FusedHeadMatMul, FusedRMSNorm, FusedRotateHalf
+        from mindvl.cells.decoder import CausalLM
 
         self.folder = Path(folder)
         self.config, self.cfg = read_llm_config(self.folder)
-        if kernels not in GENERATION_KERNELS:
-            raise ConfigError(f"kernels: expected one of {list(GENERATION_KERNELS)}, got {kernels!r}")
+        check_kernels(kernels)  # before the weights load
         if cache_len <= SMALLEST_BUCKET:
             raise ConfigError(f"cache_len: expected more than {SMALLEST_BUCKET} tokens, got {cache_len}")
         self.cache_len = min(cache_len, self.cfg.max_positions)
@@ -120,12 +122,22 @@ class LanguageModel:
         self.tokenizer = Tokenizer.from_file(str(self.folder / TOKENIZER_FILE))
         ms.set_context(mode=ms.GRAPH_MODE)
         with no_init_parameters():  # no random weights drawn only to be replaced (1 GB at Gemma 3 270M)
-            self.lm = CausalLM(self.cfg, self.cache_len)
-        load_llm_weights(self.folder, self.lm)
-        self.lm.set_train(False)
-        use_kernels(self.lm, kernels, only=(FusedRMSNorm, FusedRotateHalf, FusedHeadMatMul))
-        self.prefill_graph = Prefill(self.lm)
-        self.decode_graph = Decode(self.lm)
+            lm = CausalLM(self.cfg, self.cache_len)
+        load_llm_weights(self.folder, lm)
+        self._ready(lm, kernels)
+
+    def _ready(self, lm, kernels: str) -> None:
+        """The graphs over `lm` (a CausalLM whose cache_len is this model's), its kernels chosen."""
+        from mindvl.cells.decoder import Decode, Prefill
+        from mindvl.cells.kernels import use_kernels
+        from mindvl.cells.kernels.cpu import FusedHeadMatMul, FusedRMSNorm, FusedRotateHalf
+
+        check_kernels(kernels)
+        self.lm = lm
+        lm.set_train(False)
+        use_kernels(lm, kernels, only=(FusedRMSNorm, FusedRotateHalf, FusedHeadMatMul))
+        self.prefill_graph = Prefill(lm)
+        self.decode_graph = Decode(lm)
         self.buckets = prompt_buckets(self.cache_len)
 
     # ------------------------------------------------------------------ tokens
@@ -136,6 +148,14 @@ class LanguageModel:
 
     def decode_text(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    @staticmethod
+    def is_single(prompts) -> bool:
+        """One prompt (a Generation back) rather than a list of them."""
+        return isinstance(prompts, str)
+
+    def prompt_length(self, prompt) -> int:
+        return len(self.encode(prompt))
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Every position's logits (seq, vocab) of one sequence (parity checks, scoring)."""
@@ -185,13 +205,23 @@ class LanguageModel:
         for row, sequence in enumerate(encoded):  # left padding: every sequence ends at slot bucket - 1
             ids[row, bucket - len(sequence):] = sequence
             valid[row, bucket - len(sequence):] = True
+        logits, cache_k, cache_v = self.prefill_graph(Tensor(ids), Tensor(valid))
+        yield from self.continue_from(logits, cache_k, cache_v, valid, encoded, config)
+
+    def continue_from(self, logits, cache_k, cache_v, valid: np.ndarray, encoded: Sequence[Sequence[int]],
+                      config: SamplingConfig) -> Iterator[Delta]:
+        """The decode loop after a prefill (of token ids here, of a multimodal prompt's embeddings in
+        mindvl.generation.multimodal): its last logits and caches, the left-padded prompts' valid slots
+        (batch, bucket) and their ids (the repetition penalty's "seen" tokens)."""
+        from mindspore import Tensor
+
+        batch, bucket = valid.shape
         stop_ids = self.stop_ids | set(config.stop_tokens)
         sequences = [_Sequence(i, self.tokenizer, config, stop_ids) for i in range(batch)]
         seen = np.zeros((batch, self.cfg.vocab_size), bool)
         for row, sequence in enumerate(encoded):
-            seen[row, sequence] = True
+            seen[row, np.asarray(sequence, np.int64)] = True
         rng = np.random.default_rng(config.seed)
-        logits, cache_k, cache_v = self.prefill_graph(Tensor(ids), Tensor(valid))
         slot_valid = np.zeros((batch, self.cache_len), bool)
         slot_valid[:, :bucket] = valid
         positions = valid.sum(axis=1).astype(np.int32)
@@ -214,9 +244,9 @@ class LanguageModel:
 
     def generate(self, prompts: Union[str, Sequence[str]], **settings) -> Union[Generation, List[Generation]]:
         """The finished generation of each prompt (one Generation for a string, a list for a list)."""
-        single = isinstance(prompts, str)
+        single = self.is_single(prompts)
         batch = [prompts] if single else list(prompts)
-        results = [Generation("", prompt_tokens=len(self.encode(p))) for p in batch]
+        results = [Generation("", prompt_tokens=self.prompt_length(p)) for p in batch]
         for delta in self.stream(batch, **settings):
             result = results[delta.index]
             result.text += delta.text

@@ -1,0 +1,118 @@
+"""Conversations packed into the generative model's training rows (layouts: cells/multimodal_lm.py).
+
+A batch of B rendered conversations (mindvl.chat) goes into R rows of S tokens, several per row
+(pack_rows, the same bin packing as the other streams), each with its own segment id and positions from
+0, so a conversation attends only to itself and computes what it computes alone. Its modality slots point
+into the batch's table of projected tokens (sample b's image tokens at b * image_tokens, its clip's at
+B * image_tokens + b * audio_tokens, the zero row after them for text), and each position whose next
+token the assistant says becomes a label: its flattened position, the token, weight 1. Row and label
+counts are padded to the smallest bucket that holds them, so graph mode compiles once per bucket pair.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Tuple
+
+import numpy as np
+
+from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, Rendered
+from mindvl.preprocess import InputError
+
+from .packing import pack_rows
+
+CONVERSATION_COLUMNS = ("labels", "label_weight", "ids", "segment", "positions", "slot_index", "label_index")
+
+
+@dataclass
+class PackedConversations:
+    labels: np.ndarray  # (L,) int32
+    label_weight: np.ndarray  # (L,) float32
+    ids: np.ndarray  # (R, S) int32
+    segment: np.ndarray  # (R, S) int32
+    positions: np.ndarray  # (R, S) int32
+    slot_index: np.ndarray  # (R, S) int32
+    label_index: np.ndarray  # (L,) int32
+    useful_tokens: int
+
+    @property
+    def arrays(self) -> Tuple[np.ndarray, ...]:
+        return tuple(getattr(self, name) for name in CONVERSATION_COLUMNS)
+
+    @property
+    def shape(self) -> Tuple[int, int, int]:
+        """(rows, row length, labels): what a graph compiles for."""
+        return self.ids.shape + self.labels.shape
+
+    @property
+    def fill(self) -> float:
+        return self.useful_tokens / self.ids.size
+
+
+def _bucket(needed: int, buckets: Sequence[int], what: str) -> int:
+    fitting = [b for b in sorted(buckets) if b >= needed]
+    if not fitting:
+        raise InputError(f"conversation packing: the batch needs {needed} {what} but the largest bucket is "
+                         f"{max(buckets)}; raise data.packing's buckets or lower the batch size")
+    return fitting[0]
+
+
+class ConversationPacker:
+    """Packs a batch of rendered conversations. length: S; row_buckets and label_buckets: the R and L a
+    batch may take; image_tokens/audio_tokens: the slots one attachment takes (the model's counts)."""
+
+    def __init__(self, length: int, row_buckets: Sequence[int], label_buckets: Sequence[int], image_tokens: int,
+                 audio_tokens: int, pad_id: int = 0) -> None:
+        self.length = int(length)
+        self.row_buckets = sorted(int(r) for r in row_buckets)
+        self.label_buckets = sorted(int(n) for n in label_buckets)
+        self.image_tokens = int(image_tokens)
+        self.audio_tokens = int(audio_tokens)
+        self.pad_id = int(pad_id)
+
+    def __call__(self, batch: Sequence[Rendered]) -> PackedConversations:
+        count = len(batch)
+        for index, sample in enumerate(batch):
+            if len(sample) > self.length:
+                raise InputError(f"conversation {index}: {len(sample)} tokens, longer than a packed row "
+                                 f"({self.length}); render it with max_length={self.length}")
+            for kind, per in ((IMAGE_SLOT, self.image_tokens), (AUDIO_SLOT, self.audio_tokens)):
+                if sample.count(kind) not in (0, per):
+                    raise InputError(f"conversation {index}: {sample.count(kind)} "
+                                     f"{'image' if kind == IMAGE_SLOT else 'audio'} slots, but the model gives "
+                                     f"{per} tokens per attachment")
+        bins = pack_rows([len(sample) for sample in batch], self.length)
+        rows = _bucket(len(bins), self.row_buckets, "rows")
+        learnt = sum(int(sample.learn[1:].sum()) for sample in batch)
+        labels_n = _bucket(learnt, self.label_buckets, "labels")
+        shape = (rows, self.length)
+        ids = np.full(shape, self.pad_id, np.int32)
+        segment = np.zeros(shape, np.int32)
+        positions = np.zeros(shape, np.int32)
+        zero_row = count * (self.image_tokens + self.audio_tokens)
+        slot_index = np.full(shape, zero_row, np.int32)
+        label_index = np.zeros(labels_n, np.int32)
+        labels = np.zeros(labels_n, np.int32)
+        weight = np.zeros(labels_n, np.float32)
+        written = 0
+        for r, members in enumerate(bins):
+            offset = 0
+            for seg, b in enumerate(members, start=1):
+                sample = batch[b]
+                n = len(sample)
+                span = slice(offset, offset + n)
+                ids[r, span] = sample.ids
+                segment[r, span] = seg
+                positions[r, span] = np.arange(n)
+                for kind, base, per in ((IMAGE_SLOT, b * self.image_tokens, self.image_tokens),
+                                        (AUDIO_SLOT, count * self.image_tokens + b * self.audio_tokens,
+                                         self.audio_tokens)):
+                    where = np.flatnonzero(sample.kinds == kind)
+                    slot_index[r, offset + where] = base + np.arange(len(where))
+                targets = np.flatnonzero(sample.learn[1:])  # position p predicts token p + 1
+                label_index[written:written + len(targets)] = r * self.length + offset + targets
+                labels[written:written + len(targets)] = sample.ids[targets + 1]
+                weight[written:written + len(targets)] = 1.0
+                written += len(targets)
+                offset += n
+        return PackedConversations(labels, weight, ids, segment, positions, slot_index, label_index,
+                                   int(sum(len(s) for s in batch)))

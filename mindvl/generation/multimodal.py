@@ -1,0 +1,103 @@
+"""Answers in words from a MultimodalLM: an image and a typed or spoken question in, generated text out.
+
+The prompt is the chat template's (mindvl.chat: the image's and the clip's slots, the question as literal
+text, the opened assistant turn), left-padded to a prompt bucket like a text prompt; its prefill graph
+encodes the attachments and writes their tokens into the slots (cells.multimodal_lm.MultimodalPrefill),
+and the decode steps are the decoder's own, shared with text generation (LanguageModel.continue_from).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence, Union
+
+import numpy as np
+
+from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, ChatEncoder, question_turn
+from mindvl.config import ConfigError
+
+from .model import SMALLEST_BUCKET, LanguageModel
+
+
+@dataclass
+class MultimodalPrompt:
+    """One question: its text (may be empty when spoken), the image (3, H, W) float32 as
+    mindvl.preprocess normalises it, the clip's log-mel (n_mels, T) and frame mask (T,) (pad_mel)."""
+
+    question: str = ""
+    image: Optional[np.ndarray] = None
+    mel: Optional[np.ndarray] = None
+    frame_mask: Optional[np.ndarray] = None
+
+
+class MultimodalGenerator(LanguageModel):
+    """Generation over a MultimodalLM's weights (trained or loaded); `chat` renders the prompts."""
+
+    def __init__(self, model, tokenizer, chat: ChatEncoder, pre, cache_len: int = 256, kernels: str = "standard",
+                 pad_id: int = 0):
+        import mindspore as ms
+
+        from mindvl.cells.multimodal_lm import MultimodalPrefill
+
+        if cache_len <= SMALLEST_BUCKET:
+            raise ConfigError(f"cache_len: expected more than {SMALLEST_BUCKET} tokens, got {cache_len}")
+        self.model = model
+        self.cfg = model.decoder.cfg
+        self.cache_len = min(cache_len, self.cfg.max_positions)
+        model.decoder.cache_len = self.cache_len  # a constant of the generation graphs only
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self.pre = pre
+        self.stop_ids = {chat.stop_id}
+        self.pad_id = int(pad_id)
+        ms.set_context(mode=ms.GRAPH_MODE)
+        self._ready(model.decoder, kernels)
+        model.set_train(False)
+        self.multimodal_prefill = MultimodalPrefill(model)
+
+    @staticmethod
+    def is_single(prompts) -> bool:
+        return isinstance(prompts, MultimodalPrompt)
+
+    def prompt_length(self, prompt: MultimodalPrompt) -> int:
+        return len(self._render(prompt))
+
+    def _render(self, prompt: MultimodalPrompt):
+        image, audio = prompt.image is not None, prompt.mel is not None
+        turn = question_turn(prompt.question, image=image, audio=audio)
+        return self.chat.prompt([turn], images=int(image), audios=int(audio))
+
+    def stream(self, prompts: Union[MultimodalPrompt, Sequence[MultimodalPrompt]], **settings) -> Iterator:
+        from mindspore import Tensor
+
+        config = self.settings(**settings)
+        prompts = [prompts] if self.is_single(prompts) else list(prompts)
+        if not prompts:
+            raise ConfigError("generate: no prompt given")
+        rendered = [self._render(p) for p in prompts]
+        batch, longest = len(rendered), max(len(r) for r in rendered)
+        bucket = self._bucket(longest, config.max_new_tokens)
+        model = self.model
+        table = batch * (model.image_tokens + model.audio_tokens)  # the zero row's index
+        ids = np.full((batch, bucket), self.pad_id, np.int32)
+        valid = np.zeros((batch, bucket), bool)
+        slot_index = np.full((batch, bucket), table, np.int32)
+        size = self.pre.image_size
+        image = np.zeros((batch, 3, size, size), np.float32)
+        mel = np.zeros((batch, self.pre.n_mels, self.pre.max_audio_frames), np.float32)
+        frame_mask = np.zeros((batch, self.pre.max_audio_frames), np.float32)
+        for row, (prompt, r) in enumerate(zip(prompts, rendered)):
+            start = bucket - len(r)
+            ids[row, start:] = r.ids
+            valid[row, start:] = True
+            for kind, base in ((IMAGE_SLOT, row * model.image_tokens),
+                               (AUDIO_SLOT, batch * model.image_tokens + row * model.audio_tokens)):
+                where = np.flatnonzero(r.kinds == kind)
+                slot_index[row, start + where] = base + np.arange(len(where))
+            if prompt.image is not None:
+                image[row] = prompt.image
+            if prompt.mel is not None:
+                mel[row], frame_mask[row] = prompt.mel, prompt.frame_mask
+        logits, cache_k, cache_v = self.multimodal_prefill(Tensor(ids), Tensor(valid), Tensor(slot_index),
+                                                           Tensor(image), Tensor(mel), Tensor(frame_mask))
+        encoded = [r.ids[r.kinds == 0] for r in rendered]
+        yield from self.continue_from(logits, cache_k, cache_v, valid, encoded, config)

@@ -1,0 +1,141 @@
+"""The generative multimodal model on a tiny decoder layout: a packed conversation computes what it computes
+alone, the labelled-position head equals the full head there, the projectors' token budgets, and a short
+real training run that lowers the loss and then generates the trained answers through the KV cache."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mindvl.chat import ChatEncoder, chat_template, conversation_turns
+from mindvl.config import (AudioConfig, DecoderConfig, ModelConfig, PreprocessConfig, ProjectorConfig,
+                           VisionConfig)
+from mindvl.data.conversations import ConversationPacker
+
+TOKENIZER = Path(__file__).parents[1] / "references" / "tiny_gemma3_text" / "tokenizer.json"
+PRE = PreprocessConfig(image_size=32, n_mels=16, max_audio_frames=32)
+COLORS = {"red": (1, -1, -1), "green": (-1, 1, -1), "blue": (-1, -1, 1), "white": (1, 1, 1)}
+
+
+def _config(**decoder):
+    settings = dict(width=64, layers=2, heads=4, kv_heads=2, head_dim=16, mlp_ratio=2.0, vocab_size=384,
+                    activation="gelu_tanh", qk_norm=True, embed_scale=8.0)
+    settings.update(decoder)
+    cfg = ModelConfig(vision=VisionConfig(patch_size=8, width=32, layers=1, heads=2),
+                      audio=AudioConfig(width=32, layers=1, heads=2), decoder=DecoderConfig(**settings),
+                      projector=ProjectorConfig(image_tokens=4, audio_tokens=4))
+    cfg.validate()
+    return cfg
+
+
+def _chat(model):
+    from tokenizers import Tokenizer
+
+    return ChatEncoder(Tokenizer.from_file(str(TOKENIZER)), chat_template("plain"), model.image_tokens,
+                       model.audio_tokens)
+
+
+def _square(color):
+    image = np.full((3, 32, 32), -1.0, np.float32)
+    image[:, 8:24, 8:24] = np.asarray(COLORS[color], np.float32)[:, None, None]
+    return image
+
+
+def _color_conversations(chat):
+    return [chat.render(conversation_turns([{"from": "human", "value": "<image>\nWhat color is the shape?"},
+                                            {"from": "gpt", "value": color}]), images=1) for color in COLORS]
+
+
+def _tensors(packed):
+    from mindspore import Tensor
+
+    return [Tensor(a) for a in packed.arrays]
+
+
+def test_token_budgets_pool_the_encoders():
+    from mindvl.cells.multimodal_lm import pool_factor
+
+    assert pool_factor(256, 64, square=True) == 2  # DINOv2 at 224 px: 16 x 16 patches -> 64
+    assert pool_factor(64, 64, square=True) == 1
+    assert pool_factor(128, 32, square=False) == 4  # Whisper over 256 frames -> 32 tokens
+    assert pool_factor(36, 8, square=True) == 3
+    with pytest.raises(ValueError, match="no pooling of 7 tokens fits 0"):
+        pool_factor(7, 0, square=False)
+
+
+def test_packed_conversations_compute_what_they_compute_alone():
+    """Three conversations sharing a row, with sliding-window layers whose window the prompts cross."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mindvl.cells.multimodal_lm import MultimodalLM
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_seed(0)
+    model = MultimodalLM(_config(sliding_window=6, layer_types=["local", "global"]), PRE)
+    model.set_train(False)
+    chat = _chat(model)
+    batch = _color_conversations(chat)[:3]
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(3, model.image_tokens, 64)).astype(np.float32)
+    audio = np.zeros((3, model.audio_tokens, 64), np.float32)
+    packed = ConversationPacker(128, [1], [16], model.image_tokens, model.audio_tokens)(batch)
+    assert packed.segment.max() == 3
+    together = model.from_states(*_tensors(packed)[2:], Tensor(images), Tensor(audio)).asnumpy()
+    real = packed.label_weight > 0
+    start = 0
+    for b, sample in enumerate(batch):
+        alone = ConversationPacker(len(sample), [1], [16], model.image_tokens, model.audio_tokens)([sample])
+        logits = model.from_states(*_tensors(alone)[2:], Tensor(images[b:b + 1]), Tensor(audio[b:b + 1])).asnumpy()
+        n = int(alone.label_weight.sum())
+        # the packer lists labels row by row, conversations in their row's order
+        seg = packed.segment.reshape(-1)[packed.label_index[real]]
+        mine = np.flatnonzero(seg == seg[start])
+        np.testing.assert_allclose(together[real][mine], logits[:n], atol=2e-5)
+        start += n
+
+
+def test_the_labelled_head_equals_every_position_logits_there():
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mindvl.cells.multimodal_lm import MultimodalLM
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_seed(1)
+    model = MultimodalLM(_config(), PRE)
+    model.set_train(False)
+    chat = _chat(model)
+    sample = chat.render(conversation_turns([{"from": "human", "value": "Say the colors"},
+                                             {"from": "gpt", "value": "red green blue"}]))
+    packed = ConversationPacker(len(sample), [1], [32], model.image_tokens, model.audio_tokens)([sample])
+    zeros = Tensor(np.zeros((1, model.image_tokens, 64), np.float32)), Tensor(np.zeros((1, 4, 64), np.float32))
+    at_labels = model.from_states(*_tensors(packed)[2:], *zeros).asnumpy()
+    full = model.decoder(Tensor(sample.ids[None]), Tensor(np.ones((1, len(sample)), bool))).asnumpy()[0]
+    real = packed.label_weight > 0
+    np.testing.assert_allclose(at_labels[real], full[packed.label_index[real]], atol=2e-5)
+
+
+def test_training_lowers_the_loss_and_the_model_generates_the_trained_answers():
+    """Graph mode: the image decides the answer; generation runs the prefill graph over the image and the
+    decoder's cached decode steps, and stops at the template's turn end."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    from mindvl.cells.multimodal_lm import MultimodalLM, MultimodalLMLoss
+    from mindvl.generation.multimodal import MultimodalGenerator, MultimodalPrompt
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(2)
+    model = MultimodalLM(_config(sliding_window=64, layer_types=["global", "local"]), PRE)
+    chat = _chat(model)
+    packed = ConversationPacker(64, [4], [32], model.image_tokens, model.audio_tokens)(_color_conversations(chat))
+    images = Tensor(np.stack([_square(c) for c in COLORS]))
+    mel, frame_mask = Tensor(np.zeros((4, 16, 32), np.float32)), Tensor(np.zeros((4, 32), np.float32))
+    step = nn.TrainOneStepCell(MultimodalLMLoss(model), nn.Adam(model.trainable_params(), learning_rate=3e-3))
+    losses = [float(step(*_tensors(packed), images, mel, frame_mask).asnumpy()) for _ in range(150)]
+    assert losses[-1] < 0.1 * losses[0], losses[::15]
+    generator = MultimodalGenerator(model, chat.tokenizer, chat, PRE, cache_len=64)
+    answers = generator.generate([MultimodalPrompt("What color is the shape?", _square(c)) for c in COLORS],
+                                 max_new_tokens=6)
+    assert [a.text for a in answers] == list(COLORS)
+    assert all(a.finish == "stop" and a.tokens[-1] == chat.stop_id for a in answers)
