@@ -116,6 +116,11 @@ def conversation_turns(conversations: Sequence[dict], name: str = "conversations
     return turns
 
 
+def placeholder_count(turns: Sequence[Turn], slot: int) -> int:
+    """How many IMAGE_SLOT or AUDIO_SLOT markers the turns hold."""
+    return sum(part == slot for turn in turns for part in turn.parts if not isinstance(part, str))
+
+
 def question_turn(question: str, image: bool = False, audio: bool = False) -> Turn:
     """A live user turn: the image first, then the spoken question, then the typed text taken literally."""
     parts: List[Part] = ([IMAGE_SLOT] if image else []) + ([AUDIO_SLOT] if audio else [])
@@ -261,7 +266,7 @@ class ChatEncoder:
     @staticmethod
     def _check_attachments(turns: Sequence[Turn], images: int, audios: int, name: str) -> None:
         for kind, given, what, placeholder in ((IMAGE_SLOT, images, "image", IMAGE), (AUDIO_SLOT, audios, "audio", AUDIO)):
-            placed = sum(part == kind for turn in turns for part in turn.parts if not isinstance(part, str))
+            placed = placeholder_count(turns, kind)
             if placed != given:
                 raise InputError(f"{name}: {placed} {what} placeholder(s) for {given} {what} attachment(s); put one "
                                  f"{placeholder!r} in a user turn per attachment")
