@@ -6,6 +6,10 @@ family (cells/transformer.py), in three graphs' worth of entry points:
   decode(token, position, slot, slot_valid, cache_k, cache_v)
                                      one token per sequence against the caches: logits and the caches
 
+and the pieces a multimodal model (cells/multimodal_lm.py) composes: embed_tokens (into which it writes its
+image and audio tokens), packed_states (rows of several sequences, each masked and positioned alone),
+logits_at (the LM head at chosen positions only) and prefill_embedded.
+
 Prompts of a batch are left-padded (`valid` False on the padding): every sequence's next token is written
 at the same cache slot, so one decode graph with a tensor slot serves every step. Positions count the valid
 tokens only, so a padded prompt is rotated and masked exactly as it is alone. The caches are explicit
