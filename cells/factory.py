@@ -1,10 +1,12 @@
-"""`build_cells`: the cells of a MultimodalModel from its config, with random weights. Callers that want a
+"""`build_cells`: the cells of a MultimodalModel from its config, with random weights; `build_generative_cells`:
+a MultimodalLM's. Callers that want a
 model with weights use `mindvl.models.create_model` (a recipe) or `load_model` (a trained run).
 `count_cell_parameters` counts a built cell's (the planner counts a config's: count_config_parameters)."""
 import numpy as np
 from mindspore import nn
 
 from .model import MultimodalModel
+from .multimodal_lm import MultimodalLM
 
 
 def count_cell_parameters(cell: nn.Cell) -> int:
@@ -23,3 +25,12 @@ def build_cells(model_cfg, pre_cfg) -> MultimodalModel:
                          f"{model_cfg.text.vocab_size}; set it from the data set's tokenizer before "
                          f"build_cells (mindvl.models.create_model does)")
     return MultimodalModel(model_cfg, pre_cfg)
+
+
+def build_generative_cells(model_cfg, pre_cfg, cache_len: int = 0) -> MultimodalLM:
+    """Build a MultimodalLM from a generative `ModelConfig` (model.decoder set, e.g. bound from a converted
+    LLM folder) and `PreprocessConfig`."""
+    if model_cfg.decoder.layers <= 0:
+        raise ValueError("model.decoder: a generative model needs its decoder's shape (layers > 0); bind it from "
+                         "model.pretrained.decoder before build_generative_cells (mindvl.models does)")
+    return MultimodalLM(model_cfg, pre_cfg, cache_len)

@@ -89,6 +89,7 @@ class DecoderConfig(EncoderConfig):
     use. Gemma 3, Llama and Qwen2 are settings of this (mindvl.pretrained.llm writes them explicitly into a
     converted folder's config.json); nothing about a family is hard-coded in the cells."""
 
+    layers: int = 0  # 0: no decoder (a recipe's partial model.decoder keeps it absent until layers are set)
     activation: str = "silu"
     vocab_size: int = 0
     kv_heads: int = 0  # 0: heads (multi-head attention); fewer: grouped-query attention (heads % kv_heads == 0)
@@ -163,6 +164,9 @@ class PretrainedConfig:
     vision: str = ""  # folder written by `mindvl convert dinov2`; "": the encoder trains from scratch
     text: str = ""  # folder written by `mindvl convert minilm`
     audio: str = ""  # folder written by `mindvl convert whisper-base`
+    # folder written by `mindvl convert llm`: the generative model's decoder (its config.json sets
+    # model.decoder but its lora settings); frozen like the encoders, LoRA adapters still train
+    decoder: str = ""
     freeze: bool = True  # keep their weights fixed; LoRA adapters (model.<kind>.lora_rank > 0) still train
     # Folder of the frozen encoders' cached outputs (mindvl.pretrained.tokens): training runs each encoder
     # once per distinct input instead of at every step. "": run them at every step.
@@ -196,7 +200,7 @@ class ModelConfig:
     # language model takes the fusion Transformer's place (strategies' and modules' "fusion" address it)
     # and the question's text enters it as tokens, so no text encoder runs. Planned by `mindvl plan`;
     # building and training it come with the generative recipe.
-    decoder: DecoderConfig = field(default_factory=lambda: DecoderConfig(layers=0))
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
     projector: ProjectorConfig = field(default_factory=ProjectorConfig)
     pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
     embed_dim: int = 64  # contrastive embedding width
@@ -211,9 +215,13 @@ class ModelConfig:
         self.fusion.validate("model.fusion")
         if self.decoder.layers < 0:
             raise ConfigError(f"model.decoder.layers: expected 0 (no decoder) or more, got {self.decoder.layers}")
-        if self.generative:
+        if self.decoder.layers > 0:
             self.decoder.validate("model.decoder")
+        if self.generative:
             self.projector.validate()
+            if self.pretrained.text:
+                raise ConfigError("model.pretrained.text: a generative model reads the text with its decoder; "
+                                  "remove the text encoder's folder")
         _positive(self, "model", ["embed_dim"])
         if self.num_answers < 0:
             raise ConfigError(f"model.num_answers: expected >= 0 (0 follows the data), got {self.num_answers}")
@@ -222,7 +230,8 @@ class ModelConfig:
 
     @property
     def generative(self) -> bool:
-        return self.decoder.layers > 0
+        """A decoder answers in words: model.decoder given, or a converted LLM to take it from."""
+        return self.decoder.layers > 0 or bool(self.pretrained.decoder)
 
     def stacks(self) -> Tuple[str, ...]:
         """The Transformer stacks the model runs, in pipeline order (STACKS without the text encoder when

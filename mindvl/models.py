@@ -2,6 +2,9 @@
 
     create_model(config)        the model a recipe describes, sized to its data set, seeded, holding its
                                 pretrained encoder weights (what training starts from)
+    create_generative_model(config)
+                                the same for a generative recipe: a MultimodalLM holding its converted
+                                encoders' and decoder's weights
     load_model(path, ...)       a trained run's model with its weights, in eval mode, plus the config it
                                 belongs to and where the weights came from (what eval, export, averaging,
                                 distillation, pruning, the data build's alignment filter and serving tools use)
@@ -15,7 +18,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import mindspore as ms
 
-from mindvl.cells import MultimodalModel, build_cells
+from mindvl.cells import MultimodalLM, MultimodalModel, build_cells, build_generative_cells
 from mindvl.config import Config, ConfigError, config_from_dict, load_config
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.files import sha256_file
@@ -50,12 +53,28 @@ def create_model(config) -> MultimodalModel:
     encoder weights. `config`: a Config, or anything holding one as `.config` (TrainingArguments)."""
     cfg = config if isinstance(config, Config) else config.config
     if cfg.model.generative:
-        raise ConfigError("model.decoder: a recipe with a decoder (model.decoder.layers > 0) can be planned "
-                          "(`mindvl plan`) but not built or trained yet; remove model.decoder to train the "
-                          "classifier, or generate with a converted LLM (`mindvl generate --model DIR`)")
+        raise ConfigError("model.decoder: a recipe with a decoder (model.decoder or model.pretrained.decoder) "
+                          "can be planned (`mindvl plan`) and built (mindvl.models.create_generative_model) but "
+                          "not trained by `mindvl train` yet; remove model.decoder to train the classifier, or "
+                          "generate with a converted LLM (`mindvl generate --model DIR`)")
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(cfg.train.seed)
     model = build_cells(bind_config(cfg).model, cfg.preprocess)
+    load_pretrained(model, cfg)
+    return model
+
+
+def create_generative_model(config) -> MultimodalLM:
+    """The MultimodalLM a generative recipe describes: model.decoder (and the encoders) bound from their
+    converted folders, seeded with train.seed, their weights loaded and frozen as model.pretrained says
+    (projectors and LoRA adapters train). The config is updated in place."""
+    cfg = config if isinstance(config, Config) else config.config
+    if not cfg.model.generative:
+        raise ConfigError("model.decoder: this recipe has no decoder; set model.pretrained.decoder to a converted "
+                          "LLM folder (`mindvl convert llm`) or use create_model for the classifier")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(cfg.train.seed)
+    model = build_generative_cells(bind_pretrained(cfg).model, cfg.preprocess)
     load_pretrained(model, cfg)
     return model
 

@@ -11,11 +11,13 @@ adapters, so the optimizer never sees them.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 from mindvl.config import AudioConfig, Config, ConfigError, TextConfig, VisionConfig
 
+from .llm import load_llm_weights, read_llm_config
 from .store import ConversionError, read_config
 
 KINDS = {"vision": VisionConfig, "text": TextConfig, "audio": AudioConfig}
@@ -41,8 +43,26 @@ def _read(kind: str, folder: Path) -> Dict:
     return config
 
 
+def _decoder_folder(cfg: Config) -> Optional[Path]:
+    folder = cfg.model.pretrained.decoder
+    if not folder:
+        return None
+    if not Path(folder).is_dir():
+        raise ConfigError(f"model.pretrained.decoder: {folder} does not exist; create it with `mindvl convert llm "
+                          f"--out {folder}` (Gemma 3 270M from the installed weights) or `--hf DIR`")
+    return Path(folder)
+
+
 def bind_pretrained(cfg: Config) -> Config:
-    """Set model.<kind> from each converted folder and check the recipe against it."""
+    """Set model.<kind> (and model.decoder) from each converted folder and check the recipe against it."""
+    folder = _decoder_folder(cfg)
+    if folder is not None:
+        try:
+            _, decoder = read_llm_config(folder)
+        except ConversionError as exc:
+            raise ConfigError(f"model.pretrained.decoder: {exc}") from exc
+        current = cfg.model.decoder
+        cfg.model.decoder = replace(decoder, lora_rank=current.lora_rank, lora_alpha=current.lora_alpha)
     for kind, folder in _folders(cfg).items():
         config = _read(kind, folder)
         current = getattr(cfg.model, kind)
@@ -93,8 +113,9 @@ _CHECKS = {"vision": _check_vision, "text": _check_tokenizer, "audio": _check_au
 
 
 def load_pretrained(model, cfg: Config) -> int:
-    """Copy each converted encoder's weights into `model` (a MultimodalModel built from the bound config)
-    and freeze them if the recipe says so; returns the number of weights loaded."""
+    """Copy each converted encoder's weights (and the decoder's) into `model` (a MultimodalModel or a
+    MultimodalLM built from the bound config) and freeze them if the recipe says so; returns the number of
+    weights loaded."""
     import numpy as np
     from mindspore import Tensor
 
@@ -126,4 +147,11 @@ def load_pretrained(model, cfg: Config) -> int:
             if cfg.model.pretrained.freeze:
                 param.requires_grad = False
             loaded += int(param.size)
+    folder = _decoder_folder(cfg)
+    if folder is not None:
+        load_llm_weights(folder, model.decoder)
+        for name, param in model.decoder.parameters_and_names():
+            if not name.rsplit(".", 1)[-1].startswith(Linear.LORA_PREFIX):
+                param.requires_grad = not cfg.model.pretrained.freeze
+                loaded += int(param.size)
     return loaded
