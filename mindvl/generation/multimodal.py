@@ -30,7 +30,10 @@ class MultimodalPrompt:
 
 
 class MultimodalGenerator(LanguageModel):
-    """Generation over a MultimodalLM's weights (trained or loaded); `chat` renders the prompts."""
+    """Generation over a MultimodalLM's weights (trained or loaded); `chat` renders the prompts. It shares the
+    model's cells: kernels defaults to "standard" so a model still training keeps its operators ("fused"
+    swaps the decoder's RMSNorm, rotation and LM head for mindvl's kernels, as LanguageModel does), and the
+    decoder's cache_len is set to this generator's."""
 
     def __init__(self, model, tokenizer, chat: ChatEncoder, pre, cache_len: int = 256, kernels: str = "standard",
                  pad_id: int = 0):
