@@ -89,10 +89,16 @@ class CausalLM(nn.Cell):
     def _masks(self, valid):
         """(global, local) additive masks (batch, 1, seq, seq) of left-padded sequences: a query sees the valid
         keys at or before it, and a local layer's query only the last `window` of them."""
-        seq = valid.shape[1]
+        return self._causal_masks(self.expand(valid, 1))
+
+    def _causal_masks(self, seen):
+        """seen: bool (batch, 1 or seq, seq), the keys a query may see at all -> (global, local) additive masks
+        (batch, 1, seq, seq): of those, the keys at or before the query; for a local layer only the last
+        `window` of them."""
+        seq = seen.shape[-1]
         rows = ops.arange(seq).reshape(seq, 1)
         cols = ops.arange(seq).reshape(1, seq)
-        causal = self.logical_and(cols <= rows, self.expand(valid, 1))  # (batch, seq, seq)
+        causal = self.logical_and(cols <= rows, seen)  # (batch, seq, seq)
         local = self.logical_and(causal, cols > rows - self.window) if self.window else causal
         return self._additive(self.expand(causal, 1)), self._additive(self.expand(local, 1))
 
@@ -104,17 +110,10 @@ class CausalLM(nn.Cell):
         return self.rotary_global(positions), self.rotary_local(positions)
 
     def _packed_masks(self, segment):
-        """(global, local) additive masks (rows, 1, seq, seq) of packed rows: a query sees the keys of its own
-        segment (segment > 0) at or before it, a local layer's query only the last `window` of them. A
-        padding query sees nothing (its state is garbage and never read)."""
-        seq = segment.shape[1]
-        rows = ops.arange(seq).reshape(seq, 1)
-        cols = ops.arange(seq).reshape(1, seq)
+        """`_causal_masks` of packed rows: a query sees the keys of its own segment (segment > 0). A padding
+        query sees nothing (its state is garbage and never read)."""
         keys = self.expand(segment, 1)  # (rows, 1, seq)
-        same = self.logical_and(keys == self.expand(segment, 2), keys > 0)
-        causal = self.logical_and(same, cols <= rows)
-        local = self.logical_and(causal, cols > rows - self.window) if self.window else causal
-        return self._additive(self.expand(causal, 1)), self._additive(self.expand(local, 1))
+        return self._causal_masks(self.logical_and(keys == self.expand(segment, 2), keys > 0))
 
     def _run(self, x, global_mask, local_mask, positions):
         """Embedded tokens through the blocks and the final norm -> (states, every layer's keys, values)."""

@@ -83,11 +83,16 @@ def dense(in_width: int, out_width: int, has_bias: bool = True, lora_rank: int =
     return Linear(in_width, out_width, has_bias, lora_rank, lora_alpha)
 
 
+def is_adapter(name: str) -> bool:
+    """Whether a parameter name (dotted or not) is a LoRA adapter's."""
+    return name.rsplit(".", 1)[-1].startswith(Linear.LORA_PREFIX)
+
+
 def merged_state(cell: nn.Cell) -> dict:
     """`cell`'s parameters by name with every LoRA update folded into its weight and the LoRA tensors
     left out: the state of the same cell built with lora_rank 0 (export, deployment)."""
     state = {name: param.asnumpy() for name, param in cell.parameters_and_names()
-             if not name.rsplit(".", 1)[-1].startswith(Linear.LORA_PREFIX)}
+             if not is_adapter(name)}
     for prefix, sub in cell.cells_and_names():
         if isinstance(sub, Linear) and sub.lora_rank > 0:
             state.update({f"{prefix}.{key}" if prefix else key: value for key, value in sub.merged_state().items()})

@@ -57,11 +57,7 @@ def create_model(config) -> MultimodalModel:
                           "can be planned (`mindvl plan`) and built (mindvl.models.create_generative_model) but "
                           "not trained by `mindvl train` yet; remove model.decoder to train the classifier, or "
                           "generate with a converted LLM (`mindvl generate --model DIR`)")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_seed(cfg.train.seed)
-    model = build_cells(bind_config(cfg).model, cfg.preprocess)
-    load_pretrained(model, cfg)
-    return model
+    return _seeded_with_weights(cfg, lambda: build_cells(bind_config(cfg).model, cfg.preprocess))
 
 
 def create_generative_model(config) -> MultimodalLM:
@@ -72,9 +68,15 @@ def create_generative_model(config) -> MultimodalLM:
     if not cfg.model.generative:
         raise ConfigError("model.decoder: this recipe has no decoder; set model.pretrained.decoder to a converted "
                           "LLM folder (`mindvl convert llm`) or use create_model for the classifier")
+    return _seeded_with_weights(cfg, lambda: build_generative_cells(bind_pretrained(cfg).model, cfg.preprocess))
+
+
+def _seeded_with_weights(cfg: Config, build):
+    """build() in graph mode under train.seed (every data-parallel rank draws the same initial weights),
+    then the converted weights loaded."""
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(cfg.train.seed)
-    model = build_generative_cells(bind_pretrained(cfg).model, cfg.preprocess)
+    model = build()
     load_pretrained(model, cfg)
     return model
 

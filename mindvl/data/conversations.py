@@ -48,6 +48,16 @@ class PackedConversations:
         return self.useful_tokens / self.ids.size
 
 
+def modality_slots(sample: Rendered, index: int, count: int, image_tokens: int, audio_tokens: int) -> np.ndarray:
+    """Per position of sample `index` of `count`, its row in the batch's modality table [count images' tokens |
+    count clips' tokens | the zero row]: its image's and its clip's tokens in order, the zero row for text."""
+    rows = np.full(len(sample), count * (image_tokens + audio_tokens), np.int32)
+    for kind, base in ((IMAGE_SLOT, index * image_tokens), (AUDIO_SLOT, count * image_tokens + index * audio_tokens)):
+        where = np.flatnonzero(sample.kinds == kind)
+        rows[where] = base + np.arange(len(where))
+    return rows
+
+
 def _bucket(needed: int, buckets: Sequence[int], what: str) -> int:
     fitting = [b for b in sorted(buckets) if b >= needed]
     if not fitting:
@@ -88,8 +98,7 @@ class ConversationPacker:
         ids = np.full(shape, self.pad_id, np.int32)
         segment = np.zeros(shape, np.int32)
         positions = np.zeros(shape, np.int32)
-        zero_row = count * (self.image_tokens + self.audio_tokens)
-        slot_index = np.full(shape, zero_row, np.int32)
+        slot_index = np.full(shape, count * (self.image_tokens + self.audio_tokens), np.int32)
         label_index = np.zeros(labels_n, np.int32)
         labels = np.zeros(labels_n, np.int32)
         weight = np.zeros(labels_n, np.float32)
@@ -103,11 +112,7 @@ class ConversationPacker:
                 ids[r, span] = sample.ids
                 segment[r, span] = seg
                 positions[r, span] = np.arange(n)
-                for kind, base, per in ((IMAGE_SLOT, b * self.image_tokens, self.image_tokens),
-                                        (AUDIO_SLOT, count * self.image_tokens + b * self.audio_tokens,
-                                         self.audio_tokens)):
-                    where = np.flatnonzero(sample.kinds == kind)
-                    slot_index[r, offset + where] = base + np.arange(len(where))
+                slot_index[r, span] = modality_slots(sample, b, count, self.image_tokens, self.audio_tokens)
                 targets = np.flatnonzero(sample.learn[1:])  # position p predicts token p + 1
                 label_index[written:written + len(targets)] = r * self.length + offset + targets
                 labels[written:written + len(targets)] = sample.ids[targets + 1]

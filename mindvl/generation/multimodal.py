@@ -12,8 +12,9 @@ from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, ChatEncoder, question_turn
+from mindvl.chat import ChatEncoder, question_turn
 from mindvl.config import ConfigError
+from mindvl.data.conversations import modality_slots
 
 from .model import SMALLEST_BUCKET, LanguageModel
 
@@ -92,10 +93,7 @@ class MultimodalGenerator(LanguageModel):
             start = bucket - len(r)
             ids[row, start:] = r.ids
             valid[row, start:] = True
-            for kind, base in ((IMAGE_SLOT, row * model.image_tokens),
-                               (AUDIO_SLOT, batch * model.image_tokens + row * model.audio_tokens)):
-                where = np.flatnonzero(r.kinds == kind)
-                slot_index[row, start + where] = base + np.arange(len(where))
+            slot_index[row, start:] = modality_slots(r, row, batch, model.image_tokens, model.audio_tokens)
             if prompt.image is not None:
                 image[row] = prompt.image
             if prompt.mel is not None:

@@ -119,7 +119,7 @@ def load_pretrained(model, cfg: Config) -> int:
     import numpy as np
     from mindspore import Tensor
 
-    from mindvl.cells.linear import Linear
+    from mindvl.cells.linear import is_adapter
 
     from .store import from_pretrained
 
@@ -128,7 +128,7 @@ def load_pretrained(model, cfg: Config) -> int:
         image_size = cfg.preprocess.image_size if kind == "vision" else None
         source = dict(from_pretrained(folder, image_size=image_size).parameters_and_names())
         target = dict(getattr(model, kind).parameters_and_names())
-        adapters = {name for name in target if name.rsplit(".", 1)[-1].startswith(Linear.LORA_PREFIX)}
+        adapters = {name for name in target if is_adapter(name)}
         if set(target) - adapters != set(source):
             raise ConfigError(f"model.pretrained.{kind}: {folder} does not fit the model's {kind} encoder "
                               f"(differing keys {sorted((set(target) - adapters) ^ set(source))[:3]})")
@@ -151,7 +151,8 @@ def load_pretrained(model, cfg: Config) -> int:
     if folder is not None:
         load_llm_weights(folder, model.decoder)
         for name, param in model.decoder.parameters_and_names():
-            if not name.rsplit(".", 1)[-1].startswith(Linear.LORA_PREFIX):
-                param.requires_grad = not cfg.model.pretrained.freeze
+            if not is_adapter(name):
+                if cfg.model.pretrained.freeze:
+                    param.requires_grad = False
                 loaded += int(param.size)
     return loaded

@@ -367,11 +367,11 @@ def load_llm_weights(path: Union[str, Path], cell) -> None:
     from mindspore import Tensor
     from safetensors import safe_open
 
-    from mindvl.cells.linear import Linear
+    from mindvl.cells.linear import is_adapter
 
     file = Path(path) / WEIGHTS_FILE
     params = {name: param for name, param in cell.parameters_and_names()
-              if not name.rsplit(".", 1)[-1].startswith(Linear.LORA_PREFIX)}
+              if not is_adapter(name)}
     with safe_open(str(file), framework="np") as weights:
         names = set(weights.keys())
         missing, unexpected = sorted(set(params) - names), sorted(names - set(params))
