@@ -122,6 +122,15 @@ class MultimodalLM(nn.Cell):
         image_tokens, audio_tokens = self.encode(image, mel, frame_mask)
         return self.from_states(ids, segment, positions, slot_index, label_index, image_tokens, audio_tokens)
 
+    def construct_from_tokens(self, ids, segment, positions, slot_index, label_index, vision_tokens, audio_tokens,
+                              frame_mask):
+        """`construct` from the frozen encoders' cached outputs (mindvl.pretrained.tokens): vision_tokens
+        (B, 1 + N, vision width), audio_tokens (B, T/2, audio width) zero past each clip, frame_mask (B, T).
+        Pooling and projection run here, so the outputs are `construct`'s; the training graph then holds
+        only the projectors and the decoder (cells.model.TokenInputModel wraps it)."""
+        return self.from_states(ids, segment, positions, slot_index, label_index, self.image_states(vision_tokens),
+                                self.audio_states(audio_tokens, self.audio.token_mask(frame_mask)))
+
     def from_states(self, ids, segment, positions, slot_index, label_index, image_tokens, audio_tokens):
         """`construct` from the projected modality tokens."""
         x = self.embed(ids, slot_index, image_tokens, audio_tokens)

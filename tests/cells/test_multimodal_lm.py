@@ -115,6 +115,42 @@ def test_the_labelled_head_equals_every_position_logits_there():
     np.testing.assert_allclose(at_labels[real], full[packed.label_index[real]], atol=2e-5)
 
 
+def test_cached_encoder_states_and_fused_kernels_give_the_models_logits():
+    """Training from the frozen encoders' cached states (TokenInputModel over construct_from_tokens) and with
+    the fused CPU kernels (what lets batch 8 fit 8 GB in graph mode) computes the model's own logits."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mindvl.cells.kernels import library, use_kernels
+    from mindvl.cells.model import TokenInputModel
+    from mindvl.cells.multimodal_lm import MultimodalLM
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_seed(3)
+    model = MultimodalLM(_config(), PRE)
+    model.set_train(False)
+    chat = _chat(model)
+    spoken = chat.render(conversation_turns([{"from": "human", "value": "<image>\n<audio>"},
+                                             {"from": "gpt", "value": "red"}]), images=1, audios=1)
+    samples = _color_conversations(chat)[:1] + [spoken]
+    packed = ConversationPacker(96, [1, 2], [8], model.image_tokens, model.audio_tokens)(samples)
+    rng = np.random.default_rng(0)
+    image = Tensor(np.stack([_square("red"), _square("blue")]))
+    mel = Tensor(rng.normal(size=(2, PRE.n_mels, PRE.max_audio_frames)).astype(np.float32))
+    frame_mask = np.ones((2, PRE.max_audio_frames), np.float32)
+    frame_mask[1, 20:] = 0  # the second clip shorter than the window
+    frame_mask = Tensor(frame_mask)
+    inputs = _tensors(packed)[2:]
+    expected = model(*inputs, image, mel, frame_mask).asnumpy()
+    vision_tokens, (audio_tokens, _, _) = model.vision(image)[0], model.audio(mel, frame_mask)
+    cached = TokenInputModel(model)(*inputs, vision_tokens, audio_tokens, frame_mask).asnumpy()
+    np.testing.assert_allclose(cached, expected, atol=1e-5)
+    if library() is None:
+        pytest.skip("no C++ compiler here: the fused kernels cannot be built")
+    assert use_kernels(model, "fused") > 0
+    np.testing.assert_allclose(model(*inputs, image, mel, frame_mask).asnumpy(), expected, atol=2e-4)
+
+
 def test_training_lowers_the_loss_and_the_model_generates_the_trained_answers():
     """Graph mode: the image decides the answer; generation runs the prefill graph over the image and the
     decoder's cached decode steps, and stops at the template's turn end."""
