@@ -34,6 +34,19 @@ def _chat(model):
                        model.audio_tokens)
 
 
+def _eval_model(seed):
+    """A tiny MultimodalLM in PyNative inference mode, seeded, and its chat encoder."""
+    import mindspore as ms
+
+    from mindvl.cells.multimodal_lm import MultimodalLM
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_seed(seed)
+    model = MultimodalLM(_config(), PRE)
+    model.set_train(False)
+    return model, _chat(model)
+
+
 def _square(color):
     image = np.full((3, 32, 32), -1.0, np.float32)
     image[:, 8:24, 8:24] = np.asarray(COLORS[color], np.float32)[:, None, None]
@@ -95,16 +108,9 @@ def test_packed_conversations_compute_what_they_compute_alone():
 
 
 def test_the_labelled_head_equals_every_position_logits_there():
-    import mindspore as ms
     from mindspore import Tensor
 
-    from mindvl.cells.multimodal_lm import MultimodalLM
-
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_seed(1)
-    model = MultimodalLM(_config(), PRE)
-    model.set_train(False)
-    chat = _chat(model)
+    model, chat = _eval_model(seed=1)
     sample = chat.render(conversation_turns([{"from": "human", "value": "Say the colors"},
                                              {"from": "gpt", "value": "red green blue"}]))
     packed = ConversationPacker(len(sample), [1], [32], model.image_tokens, model.audio_tokens)([sample])
@@ -118,18 +124,11 @@ def test_the_labelled_head_equals_every_position_logits_there():
 def test_cached_encoder_states_and_fused_kernels_give_the_models_logits():
     """Training from the frozen encoders' cached states (TokenInputModel over construct_from_tokens) and with
     the fused CPU kernels (what lets batch 8 fit 8 GB in graph mode) computes the model's own logits."""
-    import mindspore as ms
     from mindspore import Tensor
 
     from mindvl.cells.kernels import library, use_kernels
     from mindvl.cells.model import TokenInputModel
-    from mindvl.cells.multimodal_lm import MultimodalLM
-
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_seed(3)
-    model = MultimodalLM(_config(), PRE)
-    model.set_train(False)
-    chat = _chat(model)
+    model, chat = _eval_model(seed=3)
     spoken = chat.render(conversation_turns([{"from": "human", "value": "<image>\n<audio>"},
                                              {"from": "gpt", "value": "red"}]), images=1, audios=1)
     samples = _color_conversations(chat)[:1] + [spoken]
