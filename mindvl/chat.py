@@ -116,6 +116,14 @@ def conversation_turns(conversations: Sequence[dict], name: str = "conversations
     return turns
 
 
+def conversations_of(turns: Sequence[Turn]) -> List[dict]:
+    """Turns back in the LLaVA convention, markers as their placeholders: conversation_turns of the result
+    gives the same turns (a data set's text holds no literal placeholder: parse_content reads them all)."""
+    return [{"from": turn.role, "value": "".join(part if isinstance(part, str) else
+                                                 IMAGE if part == IMAGE_SLOT else AUDIO for part in turn.parts)}
+            for turn in turns]
+
+
 def placeholder_count(turns: Sequence[Turn], slot: int) -> int:
     """How many IMAGE_SLOT or AUDIO_SLOT markers the turns hold."""
     return sum(part == slot for turn in turns for part in turn.parts if not isinstance(part, str))

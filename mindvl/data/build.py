@@ -11,6 +11,8 @@ A root holds
   train*.mindrecord(.db)    data.shards files per split, one row per (image, question): records.EXAMPLE_SCHEMA
   test*.mindrecord(.db)
   speech.mindrecord(.db)    one row per spoken question clip: records.SPEECH_SCHEMA
+  conversations-train*.mindrecord(.db), conversations-test*...   one row per conversation:
+                            records.CONVERSATION_SCHEMA
   quarantine.jsonl          one line per dropped item: split, unit, source, reason, value, threshold
   quarantine/               copies of corrupt source files
   card.json                 the dataset card: counts, sources and licences, sha256 of every file, cleaning
@@ -21,8 +23,11 @@ Stages: 1 texts are normalised and checked (cleaning.clean_text); 2 every image 
 captioned, deduplicated (a duplicate's questions move to the image it copies) and, with
 data.cleaning.align_checkpoint, scored against its caption; 3 clips: user recordings are checked, every
 question still without one is synthesised in the split's voices, and every clip is checked as the loader
-will read it; 4 rows whose question has no clip are dropped and the rest are written in shards. Nothing a
-source holds stops a build: each bad item is dropped with a reason (cleaning.REASONS).
+will read it; 4 rows whose question has no clip are dropped and the rest are written in shards; 5 the
+generative model's conversations (mindvl/data/conversation_source.py) are derived from the kept rows and,
+for a folder, joined by its own conversation lines (their images and clips checked as above), and written
+in `conversations-<split>` shards. Nothing a source holds stops a build: each bad item is dropped with a
+reason (cleaning.REASONS).
 
 Resumable: the build works in `.<root>.partial` next to the root. The speech table and every example shard
 is a unit with a done marker (its plan's digest and its files' sha256); a re-run with the same settings
@@ -56,6 +61,7 @@ from mindvl.config import CleaningConfig, Config, ConfigError
 from mindvl.data import cleaning, easyvqa, records, speech, userdata
 from mindvl.data.card import write_card
 from mindvl.data.cleaning import Drop, Quarantine
+from mindvl.data.conversation_source import ConversationSample, VQARow, derived_conversations, parse_sample, table_row
 from mindvl.data.report import SKIP_REASONS, BuildReport
 from mindvl.data.resume import ResumeUnit, plan_digest
 from mindvl.data.root import (FORMAT_VERSION, PARTIAL_STATE, check_replaceable, is_complete, open_partial, read_report,
@@ -247,6 +253,17 @@ def _build_into(work: Path, cfg: Config, source: Source, report: BuildReport, pr
             "clips": sum(clip_split == split for *_, clip_split in clips),
             "shards": len(tables[split]),
         }
+    # 5. conversations for the generative model: derived from the kept examples, plus a folder's own
+    for split in SPLITS:
+        with _stage(report.seconds, f"conversations_{split}"):
+            examples = [VQARow(i, image.data, image.image_id, row.question, question_ids[row.question], row.answer,
+                               row.caption) for i, (image, row) in enumerate(kept[split])]
+            samples = derived_conversations(examples, split) + _user_conversations(work, cfg, source.splits[split],
+                                                                                 quarantine)
+            name = records.conversation_table(split)
+            tables[name] = _write_conversations(work, name, samples, cfg.data.shards, report, progress)
+        counts[split]["conversations"] = len(samples)
+        counts[split]["conversation_kinds"] = dict(sorted(Counter(sample.kind for sample in samples).items()))
     counts["speech"] = {"clips": len(clips), **{f"{split}_clips": counts[split]["clips"] for split in SPLITS},
                         "user_clips": sum(voice == USER_VOICE for _, voice, _, _ in clips)}
 
@@ -606,6 +623,77 @@ def _write_shards(work: Path, split: str, table: List[Tuple[_Image, _Row]], shar
 
         written = records.write_table(work / name, records.EXAMPLE_SCHEMA, rows(), f"{split} examples, {name}")
         unit.finish(written, {})
+    bar.close()
+    return names
+
+
+# ----------------------------------------------------------------------------- 5. conversations
+
+def _user_conversations(work: Path, cfg: Config, src: SourceSplit, quarantine: Quarantine) -> List[ConversationSample]:
+    """A folder's conversation lines, checked like its examples: a line that cannot be read, an image the
+    loader could not decode or the image checks refuse, a clip the audio checks refuse, a repeated id:
+    quarantined with the line; the clips stored as int16 PCM at the preprocess rate."""
+    pre, clean = cfg.preprocess, cfg.data.cleaning
+    kept: List[ConversationSample] = []
+    seen: Dict[str, str] = {}
+    for ref, obj in src.conversations:
+        try:
+            sample = parse_sample(obj, Path(src.folder), ref)
+        except P.InputError as exc:
+            quarantine.add(src.name, ref, "bad_conversation", str(exc))
+            continue
+        if sample.id in seen:
+            quarantine.add(src.name, ref, "bad_conversation", f"id {sample.id!r} already used by {seen[sample.id]}")
+            continue
+        if sample.image is not None:
+            try:
+                facts = cleaning.inspect_image(sample.image, clean.hash, name=f"{ref} image")
+                P.decode_image(sample.image, pre, name=f"{ref} image")  # exactly what the loader will do
+            except P.InputError as exc:
+                copy = _quarantine_copy(work, f"{src.name}_{_slug(ref)}_{Path(obj['image']).name}", sample.image)
+                quarantine.add(src.name, ref, "bad_image", str(exc), copy=copy)
+                continue
+            problem = cleaning.image_quality_problem(facts, clean)
+            if problem is not None:
+                quarantine.add(src.name, ref, *problem)
+                continue
+        if sample.audio is not None:
+            name = f"{ref} {obj['audio']}"
+            try:
+                audio, _ = cleaning.read_audio(sample.audio, pre.sample_rate, name=name)
+                problem = cleaning.audio_problem(audio, pre, clean, name=name)
+            except P.InputError as exc:
+                problem = ("bad_audio", str(exc), None)
+            if problem is not None:
+                copy = ""
+                if problem[0] in ("audio_nonfinite", "bad_audio"):
+                    copy = _quarantine_copy(work, f"{src.name}_{_slug(ref)}_{Path(obj['audio']).name}", sample.audio)
+                quarantine.add(src.name, ref, *problem, copy=copy)
+                continue
+            sample.audio = speech.to_pcm16(audio)
+        seen[sample.id] = ref
+        kept.append(sample)
+    return kept
+
+
+def _write_conversations(work: Path, name: str, samples: List[ConversationSample], shards: int,
+                         report: BuildReport, progress: bool) -> List[str]:
+    """Write a split's conversations into `shards` contiguous shards, skipping those an interrupted build
+    finished (as `_write_shards`)."""
+    names = records.shard_names(name, shards)
+    rows = [table_row(sample, i) for i, sample in enumerate(samples)]
+    bar = tqdm(total=len(rows), desc=f"write {name}", unit="row", disable=not progress)
+    for file, span in zip(names, records.shard_ranges(len(rows), shards)):
+        plan = {"rows": [{key: hashlib.sha256(value).hexdigest() if isinstance(value, bytes) else value
+                          for key, value in rows[i].items()} for i in span]}
+        unit = ResumeUnit(work, file, plan_digest(plan), [file])
+        if unit.finished() is None:
+            written = records.write_table(work / file, records.CONVERSATION_SCHEMA, (rows[i] for i in span),
+                                          f"{name}, {file}")
+            unit.finish(written, {})
+        else:
+            report.resumed.append(file)
+        bar.update(len(span))
     bar.close()
     return names
 

@@ -39,6 +39,8 @@ from mindvl.config import CleaningConfig, PreprocessConfig
 # reason -> (unit it counts, what it means)
 REASONS: Dict[str, Tuple[str, str]] = {
     "bad_line": ("line", "a JSONL line that is not a JSON object with string image/question/answer"),
+    "bad_conversation": ("conversation", "a conversation line that cannot be used (turns out of order, "
+                                         "placeholders that do not match its files, a missing file, a repeated id)"),
     "image_missing": ("image", "the image file does not exist"),
     "bad_image": ("image", "the image does not decode (garbage, truncated, unsupported); copied to quarantine/"),
     "image_low_information": ("image", "colour-histogram entropy below min_entropy bits (blank or nearly)"),
@@ -337,8 +339,9 @@ def audio_problem(audio: np.ndarray, pre: PreprocessConfig, cfg: CleaningConfig,
     return None
 
 
-def read_audio(path: Union[str, Path], sample_rate: int) -> Tuple[np.ndarray, int]:
-    """A user audio file as mono float32 at `sample_rate` and its original rate.
+def read_audio(path: Union[str, Path, bytes], sample_rate: int, name: str = "") -> Tuple[np.ndarray, int]:
+    """A user audio file (its path, or its bytes named `name`) as mono float32 at `sample_rate` and its
+    original rate.
 
     Non-finite samples are returned as they are (resampling would smear or reject them); otherwise the
     clip is resampled by `preprocess.load_wav`, exactly as the serving path does. Raises `P.InputError`
@@ -346,14 +349,19 @@ def read_audio(path: Union[str, Path], sample_rate: int) -> Tuple[np.ndarray, in
     """
     import soundfile
 
+    label = name or str(path)
     try:
-        info = soundfile.info(str(path))
-        raw, rate = soundfile.read(str(path), dtype="float32", always_2d=True)  # (samples, channels)
+        if isinstance(path, bytes):
+            info, (raw, rate) = soundfile.info(io.BytesIO(path)), soundfile.read(io.BytesIO(path), dtype="float32",
+                                                                                  always_2d=True)
+        else:
+            info = soundfile.info(str(path))
+            raw, rate = soundfile.read(str(path), dtype="float32", always_2d=True)  # (samples, channels)
     except (RuntimeError, OSError, ValueError, TypeError) as exc:  # soundfile.LibsndfileError is a RuntimeError
-        raise P.InputError(f"{path}: cannot read the audio ({exc})") from exc
+        raise P.InputError(f"{label}: cannot read the audio ({exc})") from exc
     if raw.size == 0 or not np.all(np.isfinite(raw)):
         return raw.mean(axis=1) if raw.size else np.zeros(0, np.float32), int(info.samplerate)
-    return P.load_wav(path, sample_rate), int(rate)
+    return P.load_wav(path, sample_rate, name=name or None), int(rate)
 
 
 # ----------------------------------------------------------------------------- text

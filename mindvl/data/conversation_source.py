@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from mindvl.chat import AUDIO, AUDIO_SLOT, IMAGE, IMAGE_SLOT, Turn, conversation_turns, placeholder_count
+from mindvl.chat import (AUDIO, AUDIO_SLOT, IMAGE, IMAGE_SLOT, Turn, conversation_turns, conversations_of,
+                         placeholder_count)
 from mindvl.preprocess import InputError
 
-from .records import SPEECH_TABLE, read_split, read_table
-from .root import load_meta
+from .records import as_bytes, conversation_table, read_split
 
 SAMPLE_KEYS = ("id", "image", "audio", "conversations")
 DESCRIBE = "Describe the image."
@@ -39,12 +39,14 @@ class ConversationSample:
     id: str
     turns: List[Turn]
     image: Optional[bytes] = None
-    audio: Optional[bytes] = None
+    audio: Optional[bytes] = None  # a file's bytes (a JSONL's sample) or int16 PCM (a data root's)
     kind: str = "user"  # where it came from: "user", or one of QUESTION_KINDS
+    image_id: int = -1  # the data root's image id (validation hold-out); -1: none or not from a root
+    question_id: int = -1  # a spoken easy-VQA question: its clips in speech.mindrecord stand for `audio`
 
     @property
     def attachments(self) -> Tuple[int, int]:
-        return int(self.image is not None), int(self.audio is not None)
+        return int(self.image is not None), int(self.audio is not None or self.question_id >= 0)
 
 
 @dataclass
@@ -60,13 +62,15 @@ class ConversationFile:
     quarantined: List[Quarantined] = field(default_factory=list)
 
 
-def _sample(obj, base: Path, line: int) -> ConversationSample:
+def parse_sample(obj, base: Path, default_id: str) -> ConversationSample:
+    """One JSONL object -> a sample (its id `default_id` when it gives none), its files read relative to
+    `base`; InputError says what is wrong."""
     if not isinstance(obj, dict):
         raise InputError(f"expected a JSON object with {list(SAMPLE_KEYS)}, got {type(obj).__name__}")
     unknown = sorted(set(obj) - set(SAMPLE_KEYS))
     if unknown:
         raise InputError(f"unknown key(s) {unknown}; a sample has {list(SAMPLE_KEYS)}")
-    sample_id = str(obj.get("id", line))
+    sample_id = str(obj.get("id", default_id))
     turns = conversation_turns(obj.get("conversations"))
     files = {}
     for key, slot, placeholder in (("image", IMAGE_SLOT, IMAGE), ("audio", AUDIO_SLOT, AUDIO)):
@@ -74,7 +78,9 @@ def _sample(obj, base: Path, line: int) -> ConversationSample:
         if value is not None:
             if not isinstance(value, str) or not value:
                 raise InputError(f"{key}: expected a file path, got {value!r:.60}")
-            path = (base / value).resolve()
+            if Path(value).is_absolute() or ".." in Path(value).parts:
+                raise InputError(f"{key}: {value!r} must be a path inside the JSONL's folder, relative to it")
+            path = base / value
             if not path.is_file():
                 raise InputError(f"{key}: {value} does not exist (paths are relative to the JSONL's folder)")
             files[key] = path.read_bytes()
@@ -104,7 +110,7 @@ def read_conversations(path: Union[str, Path]) -> ConversationFile:
                 continue
             sample_id = str(obj.get("id", number)) if isinstance(obj, dict) else str(number)
             try:
-                sample = _sample(obj, path.parent, number)
+                sample = parse_sample(obj, path.parent, str(number))
             except InputError as exc:
                 result.quarantined.append(Quarantined(number, sample_id, str(exc)))
                 continue
@@ -121,36 +127,60 @@ def _turns(*texts: str) -> List[Turn]:
     return conversation_turns([{"from": "human" if i % 2 == 0 else "gpt", "value": t} for i, t in enumerate(texts)])
 
 
-def easyvqa_conversations(root: Union[str, Path], split: str, multi_every: int = 4) -> List[ConversationSample]:
-    """The conversations of a built easy-VQA root's split (module docstring): per example a typed and a
-    spoken question, per image its description, and a two-turn conversation for every multi_every-th image.
-    Spoken questions take the clips of the split's own voices (training voices for train, unseen test
-    voices for test), as int16 PCM."""
-    meta = load_meta(root)
-    voice_split = "test" if split == "test" else "train"
-    clips: Dict[int, bytes] = {}
-    for row in read_table(Path(root) / SPEECH_TABLE, ["question_id", "split", "pcm"]):
-        if row["split"] == voice_split:
-            clips.setdefault(int(row["question_id"]), bytes(row["pcm"]))
+@dataclass
+class VQARow:
+    """One kept (image, question) example of a build, with its texts: what the conversations derive from."""
+
+    sample_id: int
+    image: bytes
+    image_id: int
+    question: str
+    question_id: int
+    answer: str
+    caption: str
+
+
+def derived_conversations(rows: Sequence[VQARow], split: str, multi_every: int = 4) -> List[ConversationSample]:
+    """The conversations of a split's examples (module docstring), in row order: per example a typed and a
+    spoken question (every kept example has clips in the split's voices), per image its description, and
+    a two-turn conversation for every multi_every-th described image. The spoken ones name their question
+    (`question_id`): the loader picks one of its clips per epoch, as the classifier's loader does."""
     samples: List[ConversationSample] = []
     described = set()
-    for row in read_split(root, split, ["sample_id", "image", "image_id", "question_id", "caption_id", "answer_id"]):
-        image, image_id = bytes(row["image"]), int(row["image_id"])
-        question = meta["questions"][int(row["question_id"])]
-        answer = meta["answers"][int(row["answer_id"])]
-        caption = meta["captions"][int(row["caption_id"])]
-        key = f"{split}-{int(row['sample_id'])}"
-        samples.append(ConversationSample(f"{key}-vqa", _turns(f"{IMAGE}\n{question}", answer), image, kind="vqa"))
-        clip = clips.get(int(row["question_id"]))
-        if clip is not None:
-            samples.append(ConversationSample(f"{key}-spoken", _turns(f"{IMAGE}\n{AUDIO}", answer), image, clip,
-                                              kind="spoken"))
-        if image_id not in described:
-            described.add(image_id)
-            samples.append(ConversationSample(f"{split}-image{image_id}-caption", _turns(f"{IMAGE}\n{DESCRIBE}", caption),
-                                              image, kind="caption"))
+    for row in rows:
+        key = f"{split}-{row.sample_id}"
+        common = dict(image_id=row.image_id)
+        samples.append(ConversationSample(f"{key}-vqa", _turns(f"{IMAGE}\n{row.question}", row.answer), row.image,
+                                          kind="vqa", **common))
+        samples.append(ConversationSample(f"{key}-spoken", _turns(f"{IMAGE}\n{AUDIO}", row.answer), row.image,
+                                          kind="spoken", question_id=row.question_id, **common))
+        if row.image_id not in described:
+            described.add(row.image_id)
+            samples.append(ConversationSample(f"{split}-image{row.image_id}-caption",
+                                              _turns(f"{IMAGE}\n{DESCRIBE}", row.caption), row.image, kind="caption",
+                                              **common))
             if multi_every and len(described) % multi_every == 0:
-                samples.append(ConversationSample(f"{split}-image{image_id}-multi",
-                                                  _turns(f"{IMAGE}\n{question}", answer, DESCRIBE, caption), image,
-                                                  kind="multi"))
+                samples.append(ConversationSample(f"{split}-image{row.image_id}-multi",
+                                                  _turns(f"{IMAGE}\n{row.question}", row.answer, DESCRIBE, row.caption),
+                                                  row.image, kind="multi", **common))
     return samples
+
+
+def table_row(sample: ConversationSample, sample_id: int) -> Dict:
+    """A sample as a row of records.CONVERSATION_SCHEMA (its audio already int16 PCM, or named by question)."""
+    return {"sample_id": sample_id, "conversation": sample.id, "kind": sample.kind,
+            "turns": json.dumps(conversations_of(sample.turns), ensure_ascii=False), "image": sample.image or b"",
+            "image_id": sample.image_id, "question_id": sample.question_id, "pcm": sample.audio or b""}
+
+
+def from_table_row(row: Dict) -> ConversationSample:
+    """The sample a conversation table's row holds (table_row's inverse)."""
+    image, pcm = as_bytes(row["image"]), as_bytes(row["pcm"])
+    return ConversationSample(str(row["conversation"]), conversation_turns(json.loads(str(row["turns"]))),
+                              image or None, pcm or None, str(row["kind"]), int(row["image_id"]),
+                              int(row["question_id"]))
+
+
+def read_conversation_table(root: Union[str, Path], split: str) -> List[ConversationSample]:
+    """Every conversation of a built root's split, in row order (evaluation, tests: small tables)."""
+    return [from_table_row(row) for row in read_split(root, conversation_table(split))]

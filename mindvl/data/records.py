@@ -5,6 +5,8 @@ A data root holds
                           `train.mindrecord` when shards is 1, else `train-00000-of-00004.mindrecord`, ...
                           each shard a contiguous range of sample_id (0..N-1 over the split)
   speech.mindrecord       one row per spoken question clip: SPEECH_SCHEMA
+  conversations-<split>   one row per conversation for the generative model: CONVERSATION_SCHEMA, sharded
+                          like the examples (`conversations-train.mindrecord`, ...)
 (each with its `.db` index file next to it). Clips are int16 PCM at the preprocess sample rate.
 meta.json "tables" lists every split's files in row order; `table_files` reads it.
 
@@ -41,6 +43,23 @@ SPEECH_SCHEMA = {
 }
 SPEECH_TABLE = "speech.mindrecord"
 
+CONVERSATION_SCHEMA = {
+    "sample_id": {"type": "int64"},  # 0..N-1 in the table's row order
+    "conversation": {"type": "string"},  # its id: "train-12-vqa", or the id its JSONL line gave
+    "kind": {"type": "string"},  # "vqa", "spoken", "caption", "multi" (derived) or "user" (a JSONL line)
+    "turns": {"type": "string"},  # JSON, the LLaVA convention: [{"from": "user", "value": "<image> ..."}, ...]
+    "image": {"type": "bytes"},  # the encoded image; empty: the conversation has none
+    "image_id": {"type": "int32"},  # the example tables' image id (validation hold-out); -1: none
+    "question_id": {"type": "int32"},  # a spoken question: one of its clips in speech.mindrecord; else -1
+    "pcm": {"type": "bytes"},  # the conversation's own recording, int16 at the sample rate; empty: none
+}
+CONVERSATION_COLUMNS = tuple(CONVERSATION_SCHEMA)
+
+
+def conversation_table(split: str) -> str:
+    """The name meta.json "tables" lists the conversations of example split `split` under."""
+    return f"conversations-{split}"
+
 
 def shard_names(split: str, shards: int) -> List[str]:
     """File names of a split's example shards, in row order."""
@@ -61,7 +80,8 @@ def shard_ranges(rows: int, shards: int) -> List[range]:
 
 
 def table_files(root: Union[str, Path], split: str) -> List[str]:
-    """The MindRecord file(s) holding `split` ("train", "test" or "speech") in a data root, in row order.
+    """The MindRecord file(s) holding `split` ("train", "test", "speech" or a conversation_table) in a data
+    root, in row order.
 
     Read from meta.json "tables" when the root has one; otherwise the single-file name (which may not
     exist: the caller reports a missing root).
@@ -101,6 +121,11 @@ def write_table(path: Union[str, Path], schema: Dict, rows: Iterable[Dict], desc
         count += len(batch)
     writer.commit()
     return count
+
+
+def as_bytes(value) -> bytes:
+    """A MindRecord bytes field (numpy array or bytes) as bytes."""
+    return value.tobytes() if hasattr(value, "tobytes") else bytes(value)
 
 
 def read_table(path: Union[str, Path], columns: List[str] = None) -> List[Dict]:

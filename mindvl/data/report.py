@@ -53,6 +53,7 @@ class BuildReport:
         row("kept questions", "questions")
         row("kept captions", "captions")
         row("kept clips", "clips")
+        row("conversations", "conversations")
         row("shards", "shards")
         dropped = [reason for reason in SKIP_REASONS if self.skips.get(reason)]
         if dropped:

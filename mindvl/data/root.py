@@ -9,6 +9,7 @@ from typing import Dict, Optional, Union
 
 from mindvl import preprocess as P
 from mindvl.config import ConfigError
+from mindvl.data.records import conversation_table
 from mindvl.data.report import BuildReport
 from mindvl.data.source import SPLITS
 from mindvl.files import pid_alive
@@ -37,7 +38,7 @@ def load_tokenizer(root: Union[str, Path]) -> P.TextTokenizer:
     return P.TextTokenizer.load(require_file(Path(root), "tokenizer.json"))
 
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the conversation tables
 # files every complete root holds; the split tables are listed in meta.json "tables" (see is_complete)
 DATA_FILES = ("tokenizer.json", "meta.json", "card.json", "report.json", "quarantine.jsonl",
               "speech.mindrecord", "speech.mindrecord.db")
@@ -51,7 +52,7 @@ def is_complete(root: Union[str, Path]) -> bool:
         return False
     try:
         tables = json.loads((root / "meta.json").read_text())["tables"]
-        names = [name for split in SPLITS for name in tables[split]]
+        names = [name for split in SPLITS for table in (split, conversation_table(split)) for name in tables[table]]
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return all((root / name).is_file() and (root / f"{name}.db").is_file() for name in names)

@@ -6,7 +6,7 @@ Two sources exist: easy-VQA (`mindvl.data.easyvqa.read_source`) and a user folde
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from mindvl.data.cleaning import Drop
 
@@ -26,6 +26,8 @@ class SourceSplit:
     audio: List[Optional[str]] = field(default_factory=list)  # per row: a recording of the question, or None
     refs: List[str] = field(default_factory=list)  # per row: where it came from ("train.jsonl:12")
     image_refs: Dict[int, str] = field(default_factory=dict)  # per image: where it came from
+    conversations: List[Tuple[str, Dict]] = field(default_factory=list)  # (ref, JSONL object): a user's own
+    folder: str = ""  # what the conversations' paths are relative to
 
     def ref(self, row: int) -> str:
         return self.refs[row] if self.refs else f"{self.name} image {self.image_ids[row]} question {row}"

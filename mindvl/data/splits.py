@@ -29,12 +29,6 @@ def check_compatible(root: Path, meta: Dict, pre: PreprocessConfig) -> None:
                             "; rebuild with `mindvl data build --config <recipe> --force`")
 
 
-def _as_bytes(value) -> bytes:
-    if isinstance(value, np.ndarray):
-        return value.tobytes()
-    return bytes(value)
-
-
 def open_split(cfg: Config, split: str) -> Tuple[Path, List[str], int]:
     """(root, table files, row count of those files) of a split, after checking the root is usable;
     "validation" reads the train table (its rows: `split_rows`)."""

@@ -14,17 +14,11 @@ from mindvl import preprocess as P
 from mindvl.config import Config, PreprocessConfig
 from mindvl.data.order import AUDIO, CLIP, IMAGE, MODALITY, TEXT, generator, mix, uniform
 from mindvl.data.packing import FUSION_COLUMNS, PACK_COLUMNS, PACK_INPUTS, Packer
+from mindvl.data.records import as_bytes
 from mindvl.data.root import load_meta, load_tokenizer, require_file
 
 MODALITIES = ("mix", "text", "audio", "both")
 _FLAGS = ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0))  # (use_text, use_audio) for [text, audio, both]
-
-
-def as_bytes(value) -> bytes:
-    """A MindRecord bytes field (numpy array or bytes) as bytes."""
-    if isinstance(value, np.ndarray):
-        return value.tobytes()
-    return bytes(value)
 
 
 class Tables:

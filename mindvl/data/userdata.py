@@ -12,7 +12,14 @@ Layout::
      "caption": "a cat on a sofa", "audio": "audio/q17.wav"}
 
 `image`, `question` and `answer` are required strings; `caption` and `audio` are optional. Several
-lines may share an image (one line per question). Images are anything Pillow decodes (PNG, JPEG, ...);
+lines may share an image (one line per question). A line with `conversations` instead is a conversation
+for the generative model (LLaVA's convention, mindvl/data/conversation_source.py):
+
+    {"id": "7", "image": "images/cat.jpg", "audio": "audio/q7.wav",
+     "conversations": [{"from": "human", "value": "<image>\\n<audio>"}, {"from": "gpt", "value": "A cat."}]}
+
+it goes, cleaned, into the split's conversation table (with the conversations derived from the question
+lines); `limit` keeps a split's first `limit` conversation lines. Images are anything Pillow decodes (PNG, JPEG, ...);
 they are stored as their original bytes. Audio is anything soundfile reads (WAV, FLAC, OGG), any rate
 and channel count: it is mixed to mono and resampled to preprocess.sample_rate. A line's `audio` becomes
 a clip of its question (voice "user") in speech.mindrecord; questions without a usable recording in a
@@ -58,19 +65,22 @@ def read_source(folder: Union[str, Path], limit: int = 0) -> Source:
     splits: Dict[str, SourceSplit] = {}
     questions, answers = set(), set()
     for split in SPLITS:
-        lines = _read_lines(folder, split, drops)
+        lines, conversations = _read_lines(folder, split, drops)
         for line in lines:
             questions.add(line["question"])
             answers.add(normalize_text(line["answer"]))
         splits[split] = _to_split(folder, split, lines, limit)
+        splits[split].conversations = conversations[:limit] if limit else conversations
+        splits[split].folder = str(folder)
     return Source(name=str(folder), splits=splits, questions=sorted(questions), answers=sorted(answers),
                   licences=[{"name": "user data", "path": str(folder), "license": LICENCE}],
                   fingerprint=fingerprint(folder), drops=drops)
 
 
-def _read_lines(folder: Path, split: str, drops: List[Drop]) -> List[Dict]:
+def _read_lines(folder: Path, split: str, drops: List[Drop]) -> Tuple[List[Dict], List[Tuple[str, Dict]]]:
+    """The split's question lines, and its conversation lines as (ref, object) (checked by the build)."""
     name = f"{split}.jsonl"
-    lines = []
+    lines, conversations = [], []
     with open(folder / name, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             ref = f"{name}:{number}"
@@ -78,6 +88,9 @@ def _read_lines(folder: Path, split: str, drops: List[Drop]) -> List[Dict]:
                 continue
             try:
                 record = json.loads(raw.decode("utf-8"))
+                if isinstance(record, dict) and "conversations" in record:
+                    conversations.append((ref, record))
+                    continue
                 problem = _problem(folder, record)
             except (UnicodeDecodeError, ValueError) as exc:
                 record, problem = None, f"not valid JSON ({exc})"
@@ -86,7 +99,7 @@ def _read_lines(folder: Path, split: str, drops: List[Drop]) -> List[Dict]:
                 continue
             record["ref"] = ref
             lines.append(record)
-    return lines
+    return lines, conversations
 
 
 def _problem(folder: Path, record) -> Optional[str]:

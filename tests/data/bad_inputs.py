@@ -103,6 +103,25 @@ SPOKEN = {"good.wav": ("what is the color of the shape?", "blue"), "rate8k.wav":
           "garbage.wav": ("is there a teal shape?", "no"), "missing.wav": ("is there a brown shape?", "no")}
 
 
+def _chat(*texts):
+    return [{"from": "human" if i % 2 == 0 else "gpt", "value": text} for i, text in enumerate(texts)]
+
+
+# conversation lines of train.jsonl -> the reason the build quarantines them (None: kept)
+CONVERSATIONS = [
+    {"image": "images/train_0.png", "audio": "audio/good.wav", "conversations": _chat("<image>\n<audio>", "blue")},
+    {"conversations": _chat("say hello", "hello", "again", "hello again")},
+    {"image": "images/garbage.png", "conversations": _chat("<image>\nwhat is it?", "noise")},
+    {"image": "images/train_1.png", "audio": "audio/garbage.wav", "conversations": _chat("<image>\n<audio>", "no")},
+    {"image": "images/train_1.png", "conversations": _chat("no placeholder here", "x")},
+    {"image": "../outside.png", "conversations": _chat("<image>\nq", "x")},
+    {"id": "c-twice", "conversations": _chat("hi", "one")},
+    {"id": "c-twice", "conversations": _chat("hi", "two")},
+]
+CONVERSATION_REASONS = [None, None, "bad_image", "bad_audio", "bad_conversation", "bad_conversation", None,
+                        "bad_conversation"]
+
+
 def make_user_folder(folder: Path) -> Path:
     """Train: easy-VQA train images 0-5 with their questions plus the injected items; test: test images
     0-2 and an exact copy of train image 5 (a leak the build must remove from train)."""
@@ -169,6 +188,10 @@ def make_user_folder(folder: Path) -> Path:
     # malformed lines
     train.insert(3, '{"image": "images/train_0.png", "question": ')
     train.insert(5, json.dumps({"image": "images/train_0.png", "question": "what shape is this?"}))
+
+    # conversation lines for the generative model (appended: the lines above keep their numbers)
+    for number, line in enumerate(CONVERSATIONS, start=len(train) + 1):
+        train.append(json.dumps({"id": f"c{number}", **line} if "id" not in line else line))
 
     for i in range(3):
         (images / f"test_{i}.png").write_bytes(easy_path("test", i).read_bytes())

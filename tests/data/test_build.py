@@ -199,17 +199,21 @@ def test_a_resumed_build_skips_finished_shards_and_equals_an_uninterrupted_one(t
     original = records.write_table
     written = []
 
-    def interrupt_third_train_shard(path, *args, **kwargs):
+    stop = "conversations-train-00001-of-00003.mindrecord"  # the last stage: every earlier unit finished
+
+    def interrupt_second_conversation_shard(path, *args, **kwargs):
         written.append(Path(path).name)
-        if Path(path).name == "train-00002-of-00003.mindrecord":
+        if Path(path).name == stop:
             raise KeyboardInterrupt("simulated interrupt")
         return original(path, *args, **kwargs)
 
-    monkeypatch.setattr(records, "write_table", interrupt_third_train_shard)
+    monkeypatch.setattr(records, "write_table", interrupt_second_conversation_shard)
     with pytest.raises(KeyboardInterrupt):
         build_dataset(cfg, progress=False)
-    finished = ["speech.mindrecord", "train-00000-of-00003.mindrecord", "train-00001-of-00003.mindrecord"]
-    assert written == [*finished, "train-00002-of-00003.mindrecord"]
+    conversations = [records.shard_names(records.conversation_table(split), 3) for split in ("train", "test")]
+    finished = ["speech.mindrecord", *records.shard_names("train", 3), *records.shard_names("test", 3),
+                conversations[0][0]]
+    assert written == [*finished, stop]
     partial = partial_folder(tmp_path / "resumed")
     before = {name: (partial / name).stat().st_mtime_ns for name in finished}
 
@@ -217,7 +221,7 @@ def test_a_resumed_build_skips_finished_shards_and_equals_an_uninterrupted_one(t
     monkeypatch.setattr(records, "write_table", lambda path, *a, **k: written.append(Path(path).name) or
                         original(path, *a, **k))
     report = build_dataset(cfg, progress=False)
-    assert written == ["train-00002-of-00003.mindrecord", *records.shard_names("test", 3)]
+    assert written == [*conversations[0][1:], *conversations[1]]
     assert report.resumed == ["speech", *finished[1:]]
     assert {name: (tmp_path / "resumed" / name).stat().st_mtime_ns for name in finished} == before
     assert not partial.exists() and not (tmp_path / "resumed" / ".done").exists()

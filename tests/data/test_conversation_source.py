@@ -1,12 +1,14 @@
 """Conversation samples: a user's JSONL read with every bad line quarantined by number and reason, and the
-conversations derived from a built easy-VQA root."""
+conversations a build derives from easy-VQA."""
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, placeholder_count
-from mindvl.data.conversation_source import DESCRIBE, easyvqa_conversations, read_conversations
+from mindvl.data.conversation_source import DESCRIBE, read_conversation_table, read_conversations
+from mindvl.data.records import SPEECH_TABLE, read_split, read_table
 from mindvl.preprocess import InputError
 
 
@@ -54,17 +56,27 @@ def test_a_jsonl_file_is_read_and_every_bad_line_quarantined_with_its_reason(tmp
         read_conversations(tmp_path / "nothing.jsonl")
 
 
-def test_easyvqa_gives_typed_spoken_caption_and_multi_turn_conversations(small_cfg, small_report):
-    samples = easyvqa_conversations(small_cfg.data.root, "train", multi_every=2)
+def test_a_build_derives_typed_spoken_caption_and_multi_turn_conversations(small_cfg, small_report):
+    root = small_cfg.data.root
+    samples = read_conversation_table(root, "train")
     kinds = Counter(s.kind for s in samples)
-    assert kinds["vqa"] > 0 and kinds["spoken"] == kinds["vqa"]  # every question has a training-voice clip
-    assert kinds["caption"] > 0 and kinds["multi"] == kinds["caption"] // 2
+    assert kinds["vqa"] == kinds["spoken"] == small_report.counts["train"]["examples"]
+    assert kinds["caption"] == small_report.counts["train"]["images_used"] and kinds["multi"] == kinds["caption"] // 4
     assert len({s.id for s in samples}) == len(samples)
+    examples = {row["sample_id"]: row for row in read_split(root, "train", ["sample_id", "image_id", "question_id"])}
+    clips = {(row["question_id"], row["split"]) for row in read_table(Path(root) / SPEECH_TABLE,
+                                                                       ["question_id", "split"])}
     for sample in samples:
-        assert sample.image and placeholder_count(sample.turns, IMAGE_SLOT) == 1
-        assert placeholder_count(sample.turns, AUDIO_SLOT) == (sample.kind == "spoken") == (sample.audio is not None)
+        assert sample.image and placeholder_count(sample.turns, IMAGE_SLOT) == 1 and sample.audio is None
+        assert placeholder_count(sample.turns, AUDIO_SLOT) == (sample.kind == "spoken") == (sample.question_id >= 0)
+        if sample.kind in ("vqa", "spoken"):  # "train-<sample_id>-vqa": the example it derives from
+            example = examples[int(sample.id.split("-")[1])]
+            assert sample.image_id == example["image_id"]
+            if sample.kind == "spoken":
+                assert sample.question_id == example["question_id"] and (sample.question_id, "train") in clips
     multi = next(s for s in samples if s.kind == "multi")
     assert [t.role for t in multi.turns] == ["user", "assistant", "user", "assistant"]
     assert multi.turns[2].parts == (DESCRIBE,)
-    test = easyvqa_conversations(small_cfg.data.root, "test")
+    test = read_conversation_table(root, "test")
     assert {s.kind for s in test} >= {"vqa", "spoken", "caption"}
+    assert all((s.question_id, "test") in clips for s in test if s.kind == "spoken")  # the unseen voices

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from bad_inputs import CYRILLIC_QUESTION, EXPECTED, LONG_QUESTION, SPOKEN, easy_pairs, easy_path, make_user_folder
+from bad_inputs import CONVERSATION_REASONS, CONVERSATIONS, CYRILLIC_QUESTION, EXPECTED, LONG_QUESTION, SPOKEN, easy_pairs, easy_path, make_user_folder
 from conftest import TEST_VOICES
 from mindvl.config import ConfigError
 from mindvl.data import records
 from mindvl.data.build import build_dataset
+from mindvl.data.conversation_source import read_conversation_table
 
 TRAIN_VOICES = ["en-us"]
 SETTINGS = [f"data.train_voices=[{', '.join(TRAIN_VOICES)}]", f"data.test_voices=[{', '.join(TEST_VOICES)}]",
@@ -122,6 +123,29 @@ def test_recordings_become_clips_of_their_question_and_bad_ones_fall_back_to_esp
     assert not [d for d in drops if d["reason"] == "no_audio"]
 
 
+def test_conversation_lines_are_cleaned_into_the_conversation_table(user_build):
+    report, root, folder, drops = user_build
+    lines = (folder / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    numbers = [n for n, line in enumerate(lines, start=1) if '"conversations"' in line]
+    assert len(numbers) == len(CONVERSATIONS)
+    by_source = {d["source"]: d for d in drops}
+    for number, reason in zip(numbers, CONVERSATION_REASONS):
+        found = by_source.get(f"train.jsonl:{number}")
+        assert (found and found["reason"]) == reason, (number, found)
+    assert "must be a path inside the JSONL's folder" in by_source[f"train.jsonl:{numbers[5]}"]["value"]
+    assert "already used by train.jsonl:" in by_source[f"train.jsonl:{numbers[7]}"]["value"]
+    samples = {s.id: s for s in read_conversation_table(root, "train")}
+    own = [samples[f"c{numbers[0]}"], samples[f"c{numbers[1]}"], samples["c-twice"]]
+    assert [s.kind for s in own] == ["user"] * 3 and own[2].turns[1].parts == ("one",)
+    assert own[0].image == (folder / "images/train_0.png").read_bytes() and own[0].attachments == (1, 1)
+    assert len(own[0].audio) % 2 == 0 and len(own[0].audio) > 16000  # int16 PCM at 16 kHz, about 2 s
+    assert own[1].image is None and own[1].attachments == (0, 0) and len(own[1].turns) == 4
+    kinds = report.counts["train"]["conversation_kinds"]
+    assert kinds["user"] == 3 and kinds["vqa"] == kinds["spoken"] == report.counts["train"]["examples"]
+    assert report.counts["train"]["conversations"] == len(samples) == sum(kinds.values())
+    assert report.counts["test"]["conversation_kinds"].get("user", 0) == 0
+
+
 def test_meta_lists_come_from_the_data(user_build):
     report, root, _, _ = user_build
     meta = json.loads((root / "meta.json").read_text())
@@ -149,7 +173,7 @@ def test_the_cli_prints_the_kept_and_dropped_table(user_build):
     result = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
-    assert "(already built)" in out and "kept examples" in out
+    assert "(already built)" in out and "kept examples" in out and "conversations" in out
     assert "audio_clipped (clips)" in out and "bad_line (lines)" in out and "image_duplicate (images)" in out
 
 
