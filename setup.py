@@ -49,6 +49,7 @@ setup(
         "grpcio>=1.60,<2",  # the gRPC endpoint, MindSpore Serving's MSService/Predict
         "prometheus_client>=0.17,<1",  # /metrics of mindvl serve
         "protobuf>=4.21",  # gRPC messages, built from descriptors at import (no generated code)
+        "pycocoevalcap==1.2",  # BLEU-4 and CIDEr-D of the generative model's descriptions (mindvl eval)
     ],
     # onnxruntime: the peer runtime the ONNX export is checked against (tests only; mindvl never imports it)
     # import-linter: the import contracts in .importlinter, checked by tests/test_imports.py

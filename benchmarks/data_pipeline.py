@@ -26,7 +26,7 @@ import numpy as np
 
 os.environ.setdefault("GLOG_v", "3")
 
-from mindvl.data.packing import PACKED_STREAMS, stream_segments  # noqa: E402
+from mindvl.data.packing import stream_segments  # noqa: E402
 
 
 def loader_rate(cfg, batches: int) -> float:
@@ -64,7 +64,8 @@ def prepare(cfg, steps: int) -> dict:
     stream.close()  # stop the pipeline's prefetching: it would compete with the timed steps
     numpy_columns = [dict(zip(trainer.stream.columns, (t.asnumpy() for t in b))) for b in batches]
     segments = [stream_segments(c) for c in numpy_columns]
-    combos = [tuple(s[name].shape for name in PACKED_STREAMS) for s in segments]
+    streams = list(segments[0])  # the classifier's packed streams
+    combos = [tuple(s[name].shape for name in streams) for s in segments]
     compile_seconds = []
     for combo in dict.fromkeys(combos):  # compile every shape combination before timing
         start = time.perf_counter()
@@ -72,8 +73,8 @@ def prepare(cfg, steps: int) -> dict:
         loss.asnumpy()
         compile_seconds.append(time.perf_counter() - start)
     return {"step": trainer.train_step, "batches": batches, "batch_size": cfg.data.batch_size,
-            "shapes": {name: sorted({s[name].shape for s in segments}) for name in PACKED_STREAMS},
-            "fill": {name: np.mean([(s[name] > 0).mean() for s in segments]) for name in PACKED_STREAMS},
+            "shapes": {name: sorted({s[name].shape for s in segments}) for name in streams},
+            "fill": {name: np.mean([(s[name] > 0).mean() for s in segments]) for name in streams},
             "useful": np.mean([useful_tokens(cfg, c) for c in numpy_columns]),
             "compiles": len(compile_seconds), "compile_s": sum(compile_seconds), "seconds": []}
 
@@ -131,7 +132,7 @@ def main(argv=None) -> None:
     print(f"   train step consumes (packed) {packed['samples']:10.0f}\n")
 
     print("2. packing vs padding (same model, same batches; rows x tokens per row, fill = useful / row slots)")
-    names = list(PACKED_STREAMS)
+    names = list(packed["shapes"])
     header = "   mode    " + "".join(f"{name + ' rows x len':>18s} {'fill':>6s}" for name in names)
     print(header + f" {'ms/step':>8s} {'samples/s':>9s} {'useful tok/s':>12s} {'speed-up':>8s}")
     for mode, result in (("padding", padded), ("packing", packed)):

@@ -30,6 +30,16 @@ def pool_factor(tokens: int, budget: int, square: bool) -> int:
     raise ValueError(f"no pooling of {tokens} tokens fits {budget}")
 
 
+def modality_tokens(model_cfg, pre):
+    """(grid side, image pooling, image tokens, audio pooling, audio tokens) of a generative recipe: what one
+    image and one clip take in the decoder's sequence (the data loader sizes its slots with it, no model built)."""
+    proj = model_cfg.projector
+    grid = pre.image_size // model_cfg.vision.patch_size
+    image_pool = pool_factor(grid * grid, proj.image_tokens, square=True)
+    audio_pool = pool_factor(pre.max_audio_frames // 2, proj.audio_tokens, square=False)
+    return grid, image_pool, (grid // image_pool) ** 2, audio_pool, pre.max_audio_frames // 2 // audio_pool
+
+
 class Projector(nn.Cell):
     """Encoder states -> decoder-width tokens: Linear, GELU, Linear (LLaVA's mlp2x_gelu)."""
 
@@ -63,17 +73,12 @@ class MultimodalLM(nn.Cell):
     def __init__(self, model_cfg, pre, cache_len: int = 0):
         super().__init__()
         dec = model_cfg.decoder
-        proj = model_cfg.projector
         self.vision = VisionEncoder(model_cfg.vision, pre.image_size, model_cfg.dropout)
         self.audio = AudioEncoder(model_cfg.audio, pre.n_mels, pre.max_audio_frames, model_cfg.dropout)
         self.decoder = CausalLM(dec, cache_len)
-        self.grid = self.vision.grid
-        self.image_pool = pool_factor(self.vision.num_patches, proj.image_tokens, square=True)
-        self.audio_pool = pool_factor(pre.max_audio_frames // 2, proj.audio_tokens, square=False)
-        self.image_tokens = (self.grid // self.image_pool) ** 2
-        self.audio_tokens = pre.max_audio_frames // 2 // self.audio_pool
-        self.image_proj = Projector(model_cfg.vision.width, dec.width, proj.hidden)
-        self.audio_proj = Projector(model_cfg.audio.width, dec.width, proj.hidden)
+        self.grid, self.image_pool, self.image_tokens, self.audio_pool, self.audio_tokens = modality_tokens(model_cfg, pre)
+        self.image_proj = Projector(model_cfg.vision.width, dec.width, model_cfg.projector.hidden)
+        self.audio_proj = Projector(model_cfg.audio.width, dec.width, model_cfg.projector.hidden)
         self.width = dec.width
         self.reshape = ops.Reshape()
         self.concat = ops.Concat(axis=0)

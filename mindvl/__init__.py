@@ -3,24 +3,26 @@ from mindvl.version import __version__  # noqa: F401  (mindvl.__version__)
 
 
 def from_pretrained(path, image_size=None, cache_len=1024):
-    """A converted folder as a ready model: a pretrained LLM (`mindvl convert llm`) as a
-    mindvl.generation.LanguageModel (`cache_len`: prompt + new tokens at most), a converted encoder
-    (`mindvl convert minilm|dinov2|whisper-base`) as a cell with its weights (`image_size`: vision only; see
-    mindvl.pretrained.from_pretrained). Imported lazily: `import mindvl` stays light."""
-    import json
+    """A converted folder or a trained run as a ready model: a pretrained LLM (`mindvl convert llm`) as a
+    mindvl.generation.LanguageModel (`cache_len`: prompt + new tokens at most), a generative run (its folder
+    or a step_* checkpoint) as a mindvl.generation.multimodal.MultimodalGenerator that answers questions about
+    images, typed or spoken, a converted encoder (`mindvl convert minilm|dinov2|whisper-base`) as a cell with
+    its weights (`image_size`: vision only; see mindvl.pretrained.from_pretrained). Imported lazily:
+    `import mindvl` stays light."""
     from pathlib import Path
 
-    from mindvl.pretrained.llm import CONFIG_FILE, FORMAT
+    from mindvl.generation.model import is_llm_folder
+    from mindvl.runs import CHECKPOINTS, STATE_FILE
 
-    try:
-        is_llm = json.loads((Path(path) / CONFIG_FILE).read_text()).get("format") == FORMAT
-    except (OSError, ValueError):
-        is_llm = False  # the encoder loader reports what is wrong with the folder
-    if is_llm:
+    if is_llm_folder(path):
         from mindvl.generation import from_pretrained as load_llm
 
         return load_llm(path, cache_len=cache_len)
-    from mindvl.pretrained import from_pretrained as load
+    if (Path(path) / CHECKPOINTS).is_dir() or (Path(path) / STATE_FILE).is_file():
+        from mindvl.generation.multimodal import from_run
+
+        return from_run(path, cache_len=cache_len)
+    from mindvl.pretrained import from_pretrained as load  # it reports what is wrong with the folder
 
     return load(path, image_size=image_size)
 

@@ -53,13 +53,53 @@ TEMPLATES: Dict[str, ChatTemplate] = {
                           "<end_of_turn>", image_open="\n\n<start_of_image>", image_close="<end_of_image>\n\n"),
     # a tokenizer without chat tokens (a small BPE with <bos> and <eos>): plain-text roles, <eos> ends a turn
     "plain": ChatTemplate("plain", "<bos>", "User: ", "Assistant: ", "<eos>\n", "<eos>"),
+    # a data set's word tokenizer (mindvl.preprocess.build_word_tokenizer, what a decoder trained from scratch
+    # reads): its special tokens mark the roles, so no role word needs to be in its vocabulary
+    "word": ChatTemplate("word", "[BOS]", "[CLS]", "[SEP]", "[EOS]", "[EOS]"),
 }
+AUTO = "auto"  # model.chat_template: the template of the decoder's family (recipe_template)
 
 
 def chat_template(name: str) -> ChatTemplate:
     if name not in TEMPLATES:
         raise InputError(f"chat template {name!r}: expected one of {sorted(TEMPLATES)}")
     return TEMPLATES[name]
+
+
+def recipe_template(model_cfg) -> str:
+    """The template name a recipe's model.chat_template means: itself, or for "auto" the converted decoder's
+    family's ("gemma" for Gemma 3) and "word" for a decoder trained from scratch on the data's tokenizer."""
+    name = model_cfg.chat_template
+    if name != AUTO:
+        return chat_template(name).name
+    folder = model_cfg.pretrained.decoder
+    if not folder:
+        return "word"
+    import json
+    from pathlib import Path
+
+    architecture = json.loads((Path(folder) / "config.json").read_text()).get("architecture", "")
+    if architecture != "gemma3":
+        raise InputError(f"model.chat_template: no default template for a converted {architecture!r} decoder; "
+                         f"set model.chat_template to one of {sorted(TEMPLATES)}")
+    return "gemma"
+
+
+def recipe_chat(cfg, image_tokens: int, audio_tokens: int) -> "ChatEncoder":
+    """The chat encoder of a generative recipe (a Config): its decoder's tokenizer (the converted folder's
+    tokenizer.json, else the data set's word tokenizer) and template (recipe_template)."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    folder = cfg.model.pretrained.decoder
+    path = Path(folder) / "tokenizer.json" if folder else Path(cfg.data.root) / "tokenizer.json"
+    if not path.is_file():
+        raise InputError(f"tokenizer {path}: no such file; "
+                         + ("convert the decoder again with `mindvl convert llm`" if folder
+                            else "build the data set first with `mindvl data build --config <recipe>`"))
+    return ChatEncoder(Tokenizer.from_file(str(path)), chat_template(recipe_template(cfg.model)), image_tokens,
+                       audio_tokens)
 
 
 Part = Union[str, int]  # text, or IMAGE_SLOT / AUDIO_SLOT

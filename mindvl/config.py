@@ -110,7 +110,9 @@ class DecoderConfig(EncoderConfig):
     max_positions: int = 8192  # the longest sequence (prompt + generated) the model was trained for
 
     def validate(self, path: str) -> None:
-        _positive(self, path, ["width", "layers", "heads", "mlp_ratio", "vocab_size", "max_positions"])
+        _positive(self, path, ["width", "layers", "heads", "mlp_ratio", "max_positions"])
+        if self.vocab_size < 0:
+            raise ConfigError(f"{path}.vocab_size: expected 0 (the tokenizer's size) or more, got {self.vocab_size}")
         if not self.head_dim and self.width % self.heads:
             raise ConfigError(f"{path}.width: {self.width} is not divisible by {path}.heads={self.heads}; "
                               f"make it divisible or set {path}.head_dim")
@@ -202,6 +204,10 @@ class ModelConfig:
     # building and training it come with the generative recipe.
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     projector: ProjectorConfig = field(default_factory=ProjectorConfig)
+    # how conversations are laid out for the decoder (mindvl.chat.TEMPLATES); "auto": the converted decoder's
+    # family's, or "word" for a decoder trained from scratch on the data set's word tokenizer (checked when
+    # the recipe is bound: mindvl.chat.recipe_template)
+    chat_template: str = "auto"
     pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
     embed_dim: int = 64  # contrastive embedding width
     num_answers: int = 13  # easy-VQA's; 0: the data set's answer count (meta.json), e.g. for --from-folder data

@@ -14,14 +14,16 @@ Both build through `mindvl.cells.build_cells`; the sizes a recipe leaves at 0 co
 the other way round.
 """
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import mindspore as ms
 
 from mindvl.cells import MultimodalLM, MultimodalModel, build_cells, build_generative_cells
+from mindvl.chat import recipe_template
 from mindvl.config import Config, ConfigError, config_from_dict, load_config
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.files import sha256_file
+from mindvl.preprocess import InputError
 from mindvl.pretrained.bind import bind_pretrained, load_pretrained
 from mindvl.runs import CheckpointError, load_model_weights, read_run_config, resolve_checkpoint
 
@@ -42,21 +44,29 @@ def _bind(cfg: Config, section, name: str, key: str, value: int, what: str) -> N
 
 
 def bind_config(cfg: Config) -> Config:
-    """Size `cfg` to its data set and its pretrained encoders (in place; idempotent)."""
+    """Size `cfg` to its data set and its pretrained encoders (in place; idempotent). A decoder trained from
+    scratch reads the data set's word tokenizer, so its vocab_size 0 means that tokenizer's size."""
     tokenizer = load_tokenizer(cfg.data.root)
-    return bind_pretrained(bind_data(cfg, tokenizer.vocab_size, len(load_meta(cfg.data.root)["answers"])))
+    bind_data(cfg, tokenizer.vocab_size, len(load_meta(cfg.data.root)["answers"]))
+    if cfg.model.generative:
+        if not cfg.model.pretrained.decoder:
+            _bind(cfg, cfg.model.decoder, "vocab_size", "model.decoder.vocab_size", tokenizer.vocab_size,
+                  "tokens in its tokenizer")
+        try:
+            recipe_template(cfg.model)
+        except InputError as exc:
+            raise ConfigError(str(exc)) from exc
+    return bind_pretrained(cfg)
 
 
-def create_model(config) -> MultimodalModel:
+def create_model(config) -> Union[MultimodalModel, MultimodalLM]:
     """The model a recipe describes: sized to its data set (the config is updated in place), seeded with
     train.seed (every data-parallel rank builds the same initial weights) and holding its pretrained
-    encoder weights. `config`: a Config, or anything holding one as `.config` (TrainingArguments)."""
+    weights; for a generative recipe the MultimodalLM (create_generative_model). `config`: a Config, or
+    anything holding one as `.config` (TrainingArguments)."""
     cfg = config if isinstance(config, Config) else config.config
     if cfg.model.generative:
-        raise ConfigError("model.decoder: a recipe with a decoder (model.decoder or model.pretrained.decoder) "
-                          "can be planned (`mindvl plan`) and built (mindvl.models.create_generative_model) but "
-                          "not trained by `mindvl train` yet; remove model.decoder to train the classifier, or "
-                          "generate with a converted LLM (`mindvl generate --model DIR`)")
+        return create_generative_model(bind_config(cfg))
     return _seeded_with_weights(cfg, lambda: build_cells(bind_config(cfg).model, cfg.preprocess))
 
 
@@ -96,7 +106,7 @@ def load_model(path, config: Optional[str] = None, overrides: Sequence[str] = ()
         cfg.data.root = data_root
     if config:
         bind_config(cfg)
-    model = build_cells(cfg.model, cfg.preprocess)
+    model = (build_generative_cells if cfg.model.generative else build_cells)(cfg.model, cfg.preprocess)
     try:
         state = load_model_weights(model, weights)
     except CheckpointError as exc:

@@ -20,12 +20,12 @@ TRAIN_VOICES = ["en-us", "en-gb-scotland+m3"]
 TEST_VOICES = ["en-us+f4"]
 
 
-def small_config(root, **extra):
+def small_config(root, recipe="tiny", **extra):
     overrides = [f"data.root={root}", f"data.train_voices=[{', '.join(TRAIN_VOICES)}]",
                  f"data.test_voices=[{', '.join(TEST_VOICES)}]", "data.speech_rates=[175]", "data.limit=8",
                  "data.batch_size=8", "data.num_workers=1"]
     overrides += [f"{k.replace('__', '.')}={v}" for k, v in extra.items()]
-    return load_config("tiny", overrides)
+    return load_config(recipe, overrides)
 
 
 @pytest.fixture(scope="session")
@@ -67,6 +67,32 @@ def trained_run(small_cfg, small_report, tmp_path_factory):
                                "data.batch_size=8", "data.num_workers=1", "train.max_steps=30",
                                "train.warmup_steps=5", "train.log_every=5", "train.checkpoint_every=10",
                                "train.lr=3e-3", "data.validation_fraction=0.25", "train.eval_every=10", *SMALL_MODEL])
+    return cfg, train(cfg, progress=False)
+
+
+# The generative recipe (vlm-tiny) at test size: small encoders, a 2-layer decoder over the data's tokenizer.
+SMALL_GENERATIVE = ["model.vision.width=32", "model.audio.width=32", "model.vision.layers=1", "model.audio.layers=1",
+                    "model.decoder.width=64", "model.decoder.heads=4", "train.kernels=fused"]
+
+
+def small_generative_config(root, *extra):
+    """vlm-tiny over the small data set (its conversation tables), at test size."""
+    return small_config(root, "vlm-tiny", **{key.replace(".", "__"): value for key, value in
+                                             (item.split("=", 1) for item in [*SMALL_GENERATIVE, *extra])})
+
+
+GENERATIVE_RUN = ["train.max_steps=30", "train.warmup_steps=5", "train.log_every=5", "train.checkpoint_every=10",
+                  "train.lr=3e-3", "data.validation_fraction=0.25", "train.eval_every=10"]
+
+
+@pytest.fixture(scope="session")
+def generative_run(small_cfg, small_report, tmp_path_factory):
+    """(config, TrainResult) of 30 steps of the generative recipe on the small data set's conversations (2 of its
+    8 training images held out), with a checkpoint and a validation of its generated answers every 10 steps."""
+    from mindvl.train import train
+
+    out = tmp_path_factory.mktemp("generative")
+    cfg = small_generative_config(small_cfg.data.root, f"train.output_dir={out}", *GENERATIVE_RUN)
     return cfg, train(cfg, progress=False)
 
 

@@ -1,13 +1,16 @@
-"""`mindvl eval`: evaluate a trained run."""
+"""`mindvl eval`: evaluate a trained run (the classifier's answers and retrieval, or a generative model's
+generated answers and descriptions)."""
 import argparse
 import json
 
 
 def _eval(args) -> None:
     from mindvl.eval import evaluate
+    from mindvl.eval.generative import evaluate_generative
     from mindvl.models import load_model
     cfg, model, _ = load_model(args.run, data_root=args.data_root)
-    print(json.dumps(evaluate(cfg, model), indent=2))
+    report = (evaluate_generative if cfg.model.generative else evaluate)(cfg, model)
+    print(json.dumps(report, indent=2))
 
 
 def register(commands: argparse._SubParsersAction) -> None:

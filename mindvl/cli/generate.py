@@ -2,16 +2,27 @@
 import argparse
 import sys
 
+from mindvl.config import ConfigError
 from mindvl.generation.model import GENERATION_KERNELS
 
 
 def _generate(args) -> None:
     from mindvl.generation import from_pretrained
+    from mindvl.generation.model import is_llm_folder
+    from mindvl.generation.multimodal import from_run, prompt_from_files
 
-    model = from_pretrained(args.model, cache_len=args.cache_len, kernels=args.kernels)
-    print(args.prompt, end="", flush=True)
+    if is_llm_folder(args.model):
+        if args.image or args.audio:
+            raise ConfigError(f"--model {args.model}: a converted LLM reads text only; --image and --audio need "
+                              f"a trained generative run (mindvl train --config vlm-tiny)")
+        model = from_pretrained(args.model, cache_len=args.cache_len, kernels=args.kernels)
+        prompt = args.prompt
+        print(args.prompt, end="", flush=True)
+    else:  # a generative run: the question, with the image and the spoken question if given
+        model = from_run(args.model, cache_len=args.cache_len, kernels=args.kernels)
+        prompt = prompt_from_files(args.prompt, model.pre, args.image, args.audio)
     finish = None
-    for delta in model.stream(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+    for delta in model.stream(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
                               stop_strings=args.stop, seed=args.seed):
         print(delta.text, end="", flush=True)
@@ -21,11 +32,17 @@ def _generate(args) -> None:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    generate = commands.add_parser("generate", help="generate text with a converted LLM (mindvl convert llm)",
+    generate = commands.add_parser("generate", help="generate text with a converted LLM or a generative run",
                                    description="Greedy by default (temperature 0); the answer is printed token by "
-                                               "token, the reason it ended ([stop] or [length]) on stderr.")
-    generate.add_argument("prompt")
-    generate.add_argument("--model", required=True, help="a folder written by `mindvl convert llm`")
+                                               "token, the reason it ended ([stop] or [length]) on stderr. With a "
+                                               "trained generative run: the question about --image, typed or "
+                                               "spoken (--audio, a WAV file; the text may then be empty).")
+    generate.add_argument("prompt", help="the prompt (a converted LLM) or the question (a generative run)")
+    generate.add_argument("--model", required=True,
+                          help="a folder written by `mindvl convert llm`, or a generative run (its folder or a "
+                               "step_* checkpoint)")
+    generate.add_argument("--image", help="an image file the question is about (a generative run)")
+    generate.add_argument("--audio", help="the question spoken, a WAV file (a generative run)")
     generate.add_argument("--max-new-tokens", type=int, default=64)
     generate.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     generate.add_argument("--top-k", type=int, default=0, help="0: off")

@@ -79,6 +79,11 @@ class ConversationPacker:
         self.audio_tokens = int(audio_tokens)
         self.pad_id = int(pad_id)
 
+    def describe(self) -> str:
+        """The buckets, for the log."""
+        return (f"conversation packing: rows of {self.length} tokens, row buckets {self.row_buckets}, "
+                f"label buckets {self.label_buckets}")
+
     def __call__(self, batch: Sequence[Rendered]) -> PackedConversations:
         count = len(batch)
         for index, sample in enumerate(batch):

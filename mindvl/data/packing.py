@@ -526,9 +526,10 @@ class PackingStats:
 
 
 # The packed streams of a training batch: (its segment column, sequences per sample, step from one token
-# to the next along a row: audio segments are per mel frame and token i sits on frame 2i).
+# to the next along a row: audio segments are per mel frame and token i sits on frame 2i). The generative
+# model's batches have one: its conversations (mindvl.data.conversations).
 PACKED_STREAMS = {"text": ("text_pack_segment", 2, 1), "audio": ("audio_pack_segment", 1, 2),
-                  "fusion": ("pack_segment", 1, 1)}
+                  "fusion": ("pack_segment", 1, 1), "conversation": ("segment", 1, 1)}
 
 
 def stream_segments(columns: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:

@@ -124,8 +124,12 @@ def write_table(path: Union[str, Path], schema: Dict, rows: Iterable[Dict], desc
 
 
 def as_bytes(value) -> bytes:
-    """A MindRecord bytes field (numpy array or bytes) as bytes."""
-    return value.tobytes() if hasattr(value, "tobytes") else bytes(value)
+    """A MindRecord bytes field (numpy array or bytes) as bytes. MindDataset hands an empty field as a single
+    NUL byte (dtype S1), which no image or clip can be: it reads as empty."""
+    if not hasattr(value, "tobytes"):
+        return bytes(value)
+    data = value.tobytes()
+    return b"" if data == b"\x00" and getattr(value, "dtype", None) is not None and value.dtype.kind == "S" else data
 
 
 def read_table(path: Union[str, Path], columns: List[str] = None) -> List[Dict]:

@@ -131,26 +131,35 @@ class Stage:
     def augmenting(self) -> bool:
         return self.train and self.augment.enabled
 
+    def pixels(self, data: bytes, sample_id: int) -> np.ndarray:
+        """An encoded image -> float32 (3, S, S), augmented in training (drawn from (seed, epoch, sample id));
+        with cached states the vision encoder's (1 + N, width)."""
+        from mindvl.data.augment import augment_image
+
+        name = f"{self.split} sample {sample_id} image"
+        if self.tokens is not None:
+            return self.tokens.image(data, name)
+        if not self.augmenting:
+            return P.decode_image(data, self.pre, name=name)
+        img = augment_image(P.open_image(data, name=name), self.augment, self.pre.image_size,
+                            generator(self.seed, self.epoch, sample_id, IMAGE))
+        return P.image_to_array(img, self.pre)
+
+    def clip(self, tables: Tables, question_id: int, sample_id: int) -> int:
+        """Which of the question's clips the sample hears: drawn per (seed, epoch, sample id) in training
+        (voice augmentation), fixed by the sample id otherwise (test: only unseen voices)."""
+        clips = tables.clip_of(self.split, question_id)
+        if self.train:
+            return clips[mix(self.seed, self.epoch, sample_id, CLIP) % len(clips)]
+        return clips[sample_id % len(clips)]
+
 
 class ImageStage(Stage):
     """Batch op: encoded images -> float32 (B, 3, S, S); random-resized-crop, flip, jitter in training.
     With cached states: (B, 1 + N, vision width)."""
 
     def __call__(self, images, sample_ids, batch_info=None):
-        from mindvl.data.augment import augment_image
-
-        pixels = []
-        for data, sample_id in zip(images, sample_ids):
-            name = f"{self.split} sample {int(sample_id)} image"
-            if self.tokens is not None:
-                pixels.append(self.tokens.image(as_bytes(data), name))
-            elif self.augmenting:
-                img = P.open_image(as_bytes(data), name=name)
-                img = augment_image(img, self.augment, self.pre.image_size,
-                                    generator(self.seed, self.epoch, int(sample_id), IMAGE))
-                pixels.append(P.image_to_array(img, self.pre))
-            else:
-                pixels.append(P.decode_image(as_bytes(data), self.pre, name=name))
+        pixels = [self.pixels(as_bytes(data), int(sample_id)) for data, sample_id in zip(images, sample_ids)]
         return np.stack(pixels), np.asarray(sample_ids)
 
 
@@ -162,11 +171,7 @@ class AudioStage(Stage):
         tables = self.tables
         mels, masks = [], []
         for sample_id, question_id in zip(sample_ids.tolist(), question_ids.tolist()):
-            clips = tables.clip_of(self.split, question_id)
-            if self.train:
-                clip = clips[mix(self.seed, self.epoch, sample_id, CLIP) % len(clips)]
-            else:
-                clip = clips[sample_id % len(clips)]
+            clip = self.clip(tables, question_id, sample_id)
             if self.tokens is not None:
                 mel, mask = self.tokens.clip(tables.pcm[clip], tables.names[clip]), tables.mel(clip)[1]
             else:

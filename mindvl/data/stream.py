@@ -1,5 +1,7 @@
-"""TrainStream: packed training micro-batches from a resumable position (epoch, optimizer steps consumed,
-micro-batches of the next step consumed), the same on every rank (scheme: mindvl/data/loader.py)."""
+"""Training streams: packed micro-batches from a resumable position (epoch, optimizer steps consumed,
+micro-batches of the next step consumed), the same on every rank (scheme: mindvl/data/loader.py).
+ResumableStream holds the order and the resume logic; TrainStream reads the classifier's examples,
+mindvl.data.conversation_loader.ConversationStream the generative model's conversations."""
 from dataclasses import asdict, dataclass
 from typing import Dict, Iterator, Optional, Tuple
 
@@ -31,37 +33,32 @@ _ORDER_SETTINGS = {"seed": "data.seed", "examples": "the data set's training exa
                    "accumulation": "train.grad_accumulation", "validation_fraction": "data.validation_fraction"}
 
 
-class TrainStream:
-    """Packed training micro-batches forever, from a resumable position (see the module docstring).
+class ResumableStream:
+    """Training micro-batches forever over `rows` (a table's sample ids) from a resumable position: the
+    order, the global batches and the resume logic every training stream shares (see the module docstring).
 
     An optimizer step takes `accumulation` consecutive micro-batches of `micro_batch_size` rows from each
     of the `num_shards` ranks: `batch_size` (data.batch_size, global) rows in all; `steps_per_epoch`
     counts optimizer steps. Iterating yields (sample_ids (micro,) numpy, tuple of mindspore Tensors in
-    `columns` order: TRAIN_COLUMNS, or TOKEN_TRAIN_COLUMNS when `tokens`
-    (mindvl.pretrained.tokens.EncoderTokens, filled) hands on cached encoder states) and advances
-    `position` before each yield, so `state()` taken after a step describes exactly what was consumed.
-    The packer is built for the micro-batch.
+    `columns` order) and advances `position` before each yield, so `state()` taken after a step describes
+    exactly what was consumed. A subclass sets `columns` and builds one epoch's pipeline (`_pipeline`).
     """
 
-    def __init__(self, cfg: Config, shard_id: Optional[int] = None, num_shards: Optional[int] = None,
-                 state: Optional[Dict] = None, tokens=None) -> None:
+    columns: Tuple[str, ...] = ()
+
+    def __init__(self, cfg: Config, rows: np.ndarray, count: int, what: str, shard_id: Optional[int] = None,
+                 num_shards: Optional[int] = None) -> None:
         self.cfg = cfg
-        self.tokens = tokens
-        self.columns = TOKEN_TRAIN_COLUMNS if tokens is not None else TRAIN_COLUMNS
         self.shard_id, self.num_shards = data_parallel_context(shard_id, num_shards)
-        _, self.files, self.count = open_split(cfg, "train")
-        self.rows = split_rows(cfg, "train")  # training rows: the held-out validation images excluded
+        self.rows, self.count = rows, count  # the rows trained on; `count`: the table's rows (order key)
         self.batch_size = int(cfg.data.batch_size)
         self.accumulation = int(cfg.train.grad_accumulation)
         self.micro_batch_size = micro_batch_size(self.batch_size, self.num_shards, self.accumulation)
         self.steps_per_epoch = len(self.rows) // self.batch_size
         if self.steps_per_epoch == 0:
             raise ConfigError(f"data.batch_size: the global batch of {self.batch_size} is more than the "
-                              f"{len(self.rows)} training examples in {cfg.data.root}; lower it or build more data")
-        self.packer = Packer.from_config(cfg, self.micro_batch_size, sample_sizes(cfg, "train"))
+                              f"{len(self.rows)} training {what} in {cfg.data.root}; lower it or build more data")
         self.position = DataPosition()
-        if state is not None:
-            self.load_state(state)
 
     def epoch_rows(self, epoch: int) -> np.ndarray:
         """The row indices (= sample ids) this rank reads in `epoch`: (steps_per_epoch, accumulation, micro)."""
@@ -101,11 +98,14 @@ class TrainStream:
                               f"of {self.accumulation}")
         self.position = position
 
+    def _pipeline(self, rows: np.ndarray, epoch: int):
+        """The mindspore.dataset pipeline over `rows` (in that order) of `epoch`, with a sample_id column
+        and `columns`."""
+        raise NotImplementedError
+
     def _epoch(self, epoch: int, start: int):
         """The pipeline over this rank's rows of `epoch` from its micro-batch `start` on."""
-        rows = self.epoch_rows(epoch).reshape(-1)[start * self.micro_batch_size:]
-        return pipeline(self.cfg, "train", self.files, rows, epoch, "mix", self.micro_batch_size, True,
-                         self.packer, self.tokens)
+        return self._pipeline(self.epoch_rows(epoch).reshape(-1)[start * self.micro_batch_size:], epoch)
 
     def __iter__(self) -> Iterator[Tuple[np.ndarray, tuple]]:
         while True:
@@ -121,3 +121,24 @@ class TrainStream:
                     yield batch["sample_id"].asnumpy(), tuple(batch[name] for name in self.columns)
             finally:  # closing the generator (end of training) stops the pipeline's prefetching workers
                 iterator.stop()
+
+
+class TrainStream(ResumableStream):
+    """The classifier's packed training micro-batches (mindvl/data/loader.py): `columns` are TRAIN_COLUMNS,
+    or TOKEN_TRAIN_COLUMNS when `tokens` (mindvl.pretrained.tokens.EncoderTokens, filled) hands on cached
+    encoder states. The packer is built for the micro-batch."""
+
+    def __init__(self, cfg: Config, shard_id: Optional[int] = None, num_shards: Optional[int] = None,
+                 state: Optional[Dict] = None, tokens=None) -> None:
+        _, self.files, count = open_split(cfg, "train")
+        # training rows: the held-out validation images excluded
+        super().__init__(cfg, split_rows(cfg, "train"), count, "examples", shard_id, num_shards)
+        self.tokens = tokens
+        self.columns = TOKEN_TRAIN_COLUMNS if tokens is not None else TRAIN_COLUMNS
+        self.packer = Packer.from_config(cfg, self.micro_batch_size, sample_sizes(cfg, "train"))
+        if state is not None:
+            self.load_state(state)
+
+    def _pipeline(self, rows: np.ndarray, epoch: int):
+        return pipeline(self.cfg, "train", self.files, rows, epoch, "mix", self.micro_batch_size, True,
+                        self.packer, self.tokens)

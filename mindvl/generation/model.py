@@ -15,7 +15,7 @@ from typing import Iterator, List, Optional, Sequence, Union
 import numpy as np
 
 from mindvl.config import ConfigError
-from mindvl.pretrained.llm import TOKENIZER_FILE, load_llm_weights, read_llm_config
+from mindvl.pretrained.llm import FORMAT, TOKENIZER_FILE, load_llm_weights, read_llm_config
 
 from .sampling import SamplingConfig, next_tokens
 
@@ -259,3 +259,14 @@ class LanguageModel:
 def from_pretrained(folder: Union[str, Path], cache_len: int = 1024, kernels: str = "fused") -> LanguageModel:
     """A converted LLM folder as a LanguageModel."""
     return LanguageModel(folder, cache_len, kernels)
+
+
+def is_llm_folder(folder: Union[str, Path]) -> bool:
+    """A folder `mindvl convert llm` wrote (its config.json says so)."""
+    import json
+
+    config = Path(folder) / "config.json"
+    try:
+        return config.is_file() and json.loads(config.read_text()).get("format") == FORMAT
+    except (OSError, ValueError):
+        return False

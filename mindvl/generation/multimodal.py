@@ -8,6 +8,7 @@ and the decode steps are the decoder's own, shared with text generation (Languag
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
@@ -102,3 +103,40 @@ class MultimodalGenerator(LanguageModel):
                                                            Tensor(image), Tensor(mel), Tensor(frame_mask))
         encoded = [r.ids[r.kinds == 0] for r in rendered]
         yield from self.continue_from(logits, cache_k, cache_v, valid, encoded, config)
+
+
+def from_run(path: Union[str, Path], cache_len: int = 256, kernels: str = "fused") -> MultimodalGenerator:
+    """A trained generative run (its folder, a step_* folder or its model.safetensors) as a generator: the
+    checkpoint's MultimodalLM with the recipe's chat template and tokenizer (mindvl.chat.recipe_chat)."""
+    from mindvl.chat import recipe_chat
+    from mindvl.models import load_model
+
+    cfg, model, _ = load_model(path)
+    if not cfg.model.generative:
+        raise ConfigError(f"{path}: a classifier run (no model.decoder) answers with `mindvl serve` or "
+                          f"`mindvl eval`, not by generating; train a generative recipe (e.g. vlm-tiny)")
+    chat = recipe_chat(cfg, model.image_tokens, model.audio_tokens)
+    return MultimodalGenerator(model, chat.tokenizer, chat, cfg.preprocess, cache_len, kernels)
+
+
+def prompt_from_files(question: str, pre, image: Optional[Union[str, Path]] = None,
+                      audio: Optional[Union[str, Path]] = None) -> MultimodalPrompt:
+    """A prompt from an image file and a WAV file (either optional), preprocessed as in training."""
+    from mindvl import preprocess as P
+
+    pixels = mel = mask = None
+    if image is not None:
+        pixels = P.decode_image(_read(image, "image"), pre, name=str(image))
+    if audio is not None:
+        mel, mask = P.pad_mel(P.log_mel(P.load_wav(_read(audio, "audio"), pre.sample_rate, name=str(audio)), pre,
+                                        name=str(audio)), pre, name=str(audio))
+    if not question.strip() and audio is None:
+        raise ConfigError("generate: give a question, as text or as --audio")
+    return MultimodalPrompt(question, pixels, mel, mask)
+
+
+def _read(path: Union[str, Path], what: str) -> bytes:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--{what} {path}: no such file")
+    return path.read_bytes()

@@ -16,6 +16,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindvl.cells.multimodal_lm import MultimodalLMLoss
 from mindvl.data.loader import LABEL_COLUMNS, TRAIN_COLUMNS  # MultimodalLoss.construct takes these, in order
 
 LOSS_NAMES = ("contrastive", "answer", "lm")
@@ -142,3 +143,25 @@ class MultimodalLoss(nn.Cell):
         answer = self.answer_loss(answer_logits, answer)
         lm = self.lm_loss(lm_logits, answer_next)
         return ops.stack([contrastive, answer, lm])
+
+
+class GenerativeLoss(nn.Cell):
+    """The generative model's objective as the train step takes it: (loss, parts (1,)), the mean next-token
+    cross-entropy over the assistant's tokens (cells.multimodal_lm.MultimodalLMLoss). It is a mean over a
+    micro-batch's labels, which accumulation and data parallelism average: the global batch's token mean
+    when the micro-batches hold equal label counts, close to it otherwise. construct takes
+    mindvl.data.conversation_loader.CONVERSATION_TRAIN_COLUMNS, in order."""
+
+    part_names = ("lm",)
+    weighting = None  # one objective: nothing to weight
+
+    def __init__(self, network):
+        super().__init__(auto_prefix=False)
+        self.loss = MultimodalLMLoss(network)
+
+    def objectives(self):
+        return (self.loss.ce,)
+
+    def construct(self, labels, weight, *inputs):
+        loss = self.loss(labels, weight, *inputs)
+        return loss, ops.stack([loss])

@@ -19,7 +19,19 @@ def module_of(name: str) -> str:
     """The train.modules entry a parameter belongs to: its top-level cell, or `heads` for the rest
     (projections, logit scales, answer and LM heads)."""
     top = name.split(".", 1)[0]
+    if top == "decoder":  # a generative model's decoder stands where the fusion Transformer does
+        return "fusion"
     return top if top in STACKS else "heads"
+
+
+def stack_blocks(model: nn.Cell, module: str):
+    """(path, blocks) of stack `module` (a STACKS name): <module>.encoder.blocks, or decoder.blocks for
+    "fusion" in a generative model; (path, None) when the model has no such stack (a generative model's
+    text is read by the decoder)."""
+    if module == "fusion" and hasattr(model, "decoder"):
+        return "decoder.blocks", model.decoder.blocks
+    stack = getattr(model, module, None)
+    return f"{module}.encoder.blocks", None if stack is None else stack.encoder.blocks
 
 
 def freeze_modules(model: nn.Cell, cfg: TrainConfig) -> None:
@@ -35,13 +47,15 @@ def apply_recompute(model: nn.Cell, cfg: TrainConfig) -> List[str]:
     names = []
     for module in STACKS:
         indices = getattr(cfg.modules, module).recompute
-        blocks = getattr(model, module).encoder.blocks
+        path, blocks = stack_blocks(model, module)
+        if indices and blocks is None:
+            raise ValueError(f"train.modules.{module}.recompute: this model has no {module} stack")
         for index in indices:
             if index >= len(blocks):
                 raise ValueError(f"train.modules.{module}.recompute: block {index} does not exist "
                                  f"({module} has {len(blocks)} blocks, 0..{len(blocks) - 1})")
             blocks[index].recompute()
-            names.append(f"{module}.encoder.blocks.{index}")
+            names.append(f"{path}.{index}")
     return names
 
 

@@ -22,9 +22,10 @@ from mindvl.cells import TokenInputModel
 from mindvl.cells.kernels import use_kernels
 from mindvl.config import Config, ConfigError
 from mindvl.data import load_tokenizer
+from mindvl.data.conversation_loader import ConversationStream
 from mindvl.data.loader import MODEL_COLUMNS, split_inputs
 from mindvl.data.packing import PACKED_STREAMS, PackingLog
-from mindvl.data.stream import TrainStream
+from mindvl.data.stream import ResumableStream, TrainStream
 from mindvl.models import bind_config, create_model
 from mindvl.pretrained.tokens import token_cache
 from mindvl.runs import (CHECKPOINTS, CONFIG_FILE, STATE_FILE, CheckpointError, load_model_weights, parameter_paths,
@@ -34,7 +35,7 @@ from mindvl.train.checkpoint import (check_same_model, find_resumable, load_opti
                                      verify_checkpoint)
 from mindvl.train.distill import DistillationLoss, distillation_loss, load_teacher
 from mindvl.train.distributed import GatherWithGrad, RankMean, gradient_reducer, init_data_parallel, sum_over_ranks
-from mindvl.train.losses import LOSS_NAMES, MultimodalLoss
+from mindvl.train.losses import LOSS_NAMES, GenerativeLoss, MultimodalLoss
 from mindvl.train.metrics_log import MetricsLog
 from mindvl.train.optim import apply_recompute, create_optimizer, freeze_modules, group_indices
 from mindvl.train.precision import NoLossScaling, apply_precision, set_objective_precision
@@ -47,7 +48,9 @@ logger = logging.getLogger("mindvl.train")
 
 
 class Trainer:
-    """Trains `model` (from `create_model(args.config)`) as `args` says; see TrainingArguments.
+    """Trains `model` (from `create_model(args.config)`) as `args` says; see TrainingArguments. A generative
+    recipe's MultimodalLM trains on the conversation tables (ConversationStream, GenerativeLoss), the
+    classifier on the example tables.
 
     Model, optimizer, loss scale, learned loss weights, step and data position are restored on resume,
     so the run continues with exactly the batches it would have seen."""
@@ -62,6 +65,9 @@ class Trainer:
             self.strategy = prepare_training(cfg, model, self.world)
         self.output_dir = Path(cfg.train.output_dir)
         train_cfg = cfg.train
+        self.generative = cfg.model.generative
+        if self.generative:
+            _check_generative_recipe(cfg)
         if train_cfg.eval_every and cfg.data.validation_fraction <= 0:
             raise ConfigError("train.eval_every: evaluation during training needs a validation split; set "
                               "data.validation_fraction (e.g. 0.05) or train.eval_every=0")
@@ -72,8 +78,14 @@ class Trainer:
                     agree=sum_over_ranks if self.world > 1 else None)
         freeze_modules(model, train_cfg)
         self.recomputed = apply_recompute(model, train_cfg)
-        self.tokens = token_cache(cfg, model)  # frozen encoders' cached states, or None: they run every step
-        self.stream = TrainStream(cfg, tokens=self.tokens)
+        # frozen encoders' cached states, or None: they run every step
+        self.tokens = None if self.generative else token_cache(cfg, model)
+        self.stream = training_stream(cfg, model, self.tokens)
+        if getattr(self.stream, "left_out", None):
+            row, reason = next(iter(self.stream.left_out.items()))
+            self._warn(f"{len(self.stream.left_out)} training conversation(s) do not fit a packed row of "
+                       f"{cfg.data.packing.length} tokens and are left out (row {row}: {reason}); raise "
+                       f"data.packing.length or lower model.projector's token counts to train on them")
         self.total_steps = train_cfg.max_steps or train_cfg.epochs * self.stream.steps_per_epoch
         self.lr = warmup_cosine(train_cfg.lr, train_cfg.min_lr, train_cfg.warmup_steps, self.total_steps)
         network = model
@@ -83,9 +95,12 @@ class Trainer:
             self.tokens.fill(model, *split_inputs(cfg, "train"), log=self._write, progress=self.progress)
             self.token_cache_seconds = round(time.perf_counter() - start, 1)
             network = TokenInputModel(model)
-        self.loss_net = MultimodalLoss(apply_precision(network, train_cfg.precision), train_cfg.loss_weights,
-                                       load_tokenizer(cfg.data.root).pad_id, train_cfg.loss_weighting,
-                                       GatherWithGrad(self.rank, self.world))
+        if self.generative:
+            self.loss_net = GenerativeLoss(apply_precision(network, train_cfg.precision))
+        else:
+            self.loss_net = MultimodalLoss(apply_precision(network, train_cfg.precision), train_cfg.loss_weights,
+                                           load_tokenizer(cfg.data.root).pad_id, train_cfg.loss_weighting,
+                                           GatherWithGrad(self.rank, self.world))
         set_objective_precision(self.loss_net.objectives(), train_cfg.precision)
         if self.strategy is not None and ms.get_auto_parallel_context("parallel_mode") == "semi_auto_parallel":
             from mindvl.parallel.apply import apply_loss_strategy  # Ascend: prepare_training set the context
@@ -103,11 +118,17 @@ class Trainer:
                                     gradient_reducer(self.optimizer.parameters, self.world), RankMean(self.world))
         self.start_step = 0
         self.best: Dict[str, object] = {}
+        self.evaluator = None  # the generative model's validation generator, built at the first validation
         resume_point = self._resume_point(args.resume)
         if resume_point is not None:
             self._restore(*resume_point)
 
     # ------------------------------------------------------------------ setup and resume
+
+    @property
+    def learned_weights(self) -> bool:
+        """The objectives' weights are learned (train.loss_weighting: uncertainty; the classifier's only)."""
+        return self.loss_net.weighting is not None and self.loss_net.weighting.learned
 
     def _loss_scaler(self):
         settings, dtype = self.cfg.train.loss_scale, self.cfg.train.precision.low_dtype
@@ -120,7 +141,7 @@ class Trainer:
         extra = {"loss_scale": self.scaler.scale_value.asnumpy()}
         if hasattr(self.scaler, "counter"):
             extra["loss_scale_counter"] = self.scaler.counter.asnumpy()
-        if self.loss_net.weighting.learned:
+        if self.learned_weights:
             extra["loss_log_variance"] = self.loss_net.weighting.log_variance.asnumpy()
         if isinstance(self.loss_net, DistillationLoss):
             extra.update(self.loss_net.projection_state())
@@ -166,7 +187,7 @@ class Trainer:
         self.scaler.scale_value.set_data(ms.Tensor(extra.get("loss_scale", np.float32(1.0))))
         if hasattr(self.scaler, "counter") and "loss_scale_counter" in extra:
             self.scaler.counter.set_data(ms.Tensor(extra["loss_scale_counter"]))
-        if self.loss_net.weighting.learned and "loss_log_variance" in extra:
+        if self.learned_weights and "loss_log_variance" in extra:
             self.loss_net.weighting.log_variance.set_data(ms.Tensor(extra["loss_log_variance"]))
         if isinstance(self.loss_net, DistillationLoss):
             self.loss_net.load_projection_state(extra)
@@ -213,7 +234,8 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.start_step, desc="train", unit="step",
                    disable=not self.progress or self.rank != 0)
         run_packing, window_packing = PackingLog(), PackingLog()
-        self._write(self.stream.packer.describe(["fusion"] if self.tokens is not None else None))
+        self._write(self.stream.packer.describe() if self.generative
+                    else self.stream.packer.describe(["fusion"] if self.tokens is not None else None))
         if self.recomputed:
             self._write(f"recomputed in backward: {', '.join(self.recomputed)}")
         train_start = window_start = time.perf_counter()
@@ -249,7 +271,7 @@ class Trainer:
                 record = {"step": done, **losses, "lr": float(self.lr[step]), "samples_per_second": round(rate, 1),
                           "loss_scale": float(scale.asnumpy()), "skipped_steps": skipped,
                           "grad_norm": dict(zip(self.groups, np.round(norms.asnumpy().astype(float), 5).tolist()))}
-                if self.loss_net.weighting.learned:
+                if self.learned_weights:
                     record["loss_weight"] = dict(zip(LOSS_NAMES, self.loss_net.weighting.effective_weights().round(4)
                                                      .tolist()))
                 log.write(record)
@@ -295,14 +317,23 @@ class Trainer:
         return checkpoint
 
     def _validate(self, step: int, log: MetricsLog) -> Dict[str, object]:
-        """VQA accuracy on the validation split with text and with spoken questions."""
+        """VQA accuracy on the validation split with text and with spoken questions (a generative model's:
+        of its generated answers)."""
         from mindvl.eval.vqa import vqa_accuracy
 
         self.model.set_train(False)
         metrics: Dict[str, object] = {"step": step, "split": "validation"}
+        if self.generative:  # the answers it writes, typed and spoken (the evaluator's graphs compile once)
+            from mindvl.eval.generative import GenerativeEvaluator
+
+            self.evaluator = self.evaluator or GenerativeEvaluator(self.cfg, self.model)
+            report = self.evaluator.evaluate("validation", captions=False, progress=False)
         for modality in ("text", "audio"):
-            result = vqa_accuracy(self.cfg, self.model, modality, progress=False, tokens=self.tokens,
-                                  split="validation")
+            if self.generative:
+                result = report[f"vqa_{modality}"]
+            else:
+                result = vqa_accuracy(self.cfg, self.model, modality, progress=False, tokens=self.tokens,
+                                      split="validation")
             metrics[f"vqa_{modality}"] = round(result["accuracy"], 4)
         metrics[BEST_METRIC] = round((metrics["vqa_text"] + metrics["vqa_audio"]) / 2, 4)
         self.model.set_train(True)
@@ -339,17 +370,38 @@ class Trainer:
         logger.warning(message)
 
 
+def training_stream(cfg: Config, model: nn.Cell, tokens=None, shard_id: Optional[int] = None,
+                    num_shards: Optional[int] = None) -> ResumableStream:
+    """The recipe's training stream: the conversations for a generative model (slots sized by `model`), the
+    examples (from cached encoder states with `tokens`) for the classifier."""
+    if cfg.model.generative:
+        return ConversationStream(cfg, model.image_tokens, model.audio_tokens, shard_id, num_shards)
+    return TrainStream(cfg, shard_id, num_shards, tokens=tokens)
+
+
+def _check_generative_recipe(cfg: Config) -> None:
+    """What the generative model does not train with yet: refused before any work, naming the setting."""
+    unsupported = {"train.distill.teacher": cfg.train.distill.teacher, "train.parallel": cfg.train.parallel}
+    for key, value in unsupported.items():
+        if value:
+            raise ConfigError(f"{key}: not available for a generative recipe yet (model.decoder); remove it "
+                              f"to train the generative model")
+
+
 def first_batch_forward(cfg: Config, model: nn.Cell) -> None:
-    """`model` on the first training micro-batch, as MultimodalLoss calls it: the shapes train.kernels
+    """`model` on the first training micro-batch, as the objectives call it: the shapes train.kernels
     "auto" times its operations at. The batch comes from a stream of its own, so the run's data position is
     untouched."""
-    stream = TrainStream(cfg)
+    stream = training_stream(cfg, model)
     batches = iter(stream)
     try:
         columns = dict(zip(stream.columns, next(batches)[1]))
     finally:
         batches.close()
-    model(columns["answer_tokens"][:, :-1], *(columns[name] for name in MODEL_COLUMNS))
+    if cfg.model.generative:
+        model(*list(columns.values())[2:])  # after the labels and their weights: the model's inputs
+    else:
+        model(columns["answer_tokens"][:, :-1], *(columns[name] for name in MODEL_COLUMNS))
 
 
 def train(cfg: Config, progress: bool = True, resume: Optional[str] = None) -> TrainResult:

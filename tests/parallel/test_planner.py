@@ -247,12 +247,6 @@ def test_decoder_strategies_are_checked_against_its_kv_heads():
         validate_strategy(ParallelStrategy(data_parallel=1, model_parallel=16), cfg, 16)
 
 
-def test_a_decoder_recipe_is_not_built_for_training_yet():
-    from mindvl.models import create_model
-    with pytest.raises(ConfigError, match="model.decoder: .* can be planned"):
-        create_model(load_config("llm-8b"))
-
-
 def test_plan_search_finds_strategies_for_the_8b_decoder(capsys):
     args = _plan_parser().parse_args(["plan", "--config", "llm-8b", "--set", "data.batch_size=16", "--search",
                                       "--devices", "8", "--top", "2"])
