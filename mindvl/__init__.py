@@ -9,16 +9,14 @@ def from_pretrained(path, image_size=None, cache_len=1024):
     images, typed or spoken, a converted encoder (`mindvl convert minilm|dinov2|whisper-base`) as a cell with
     its weights (`image_size`: vision only; see mindvl.pretrained.from_pretrained). Imported lazily:
     `import mindvl` stays light."""
-    from pathlib import Path
-
     from mindvl.generation.model import is_llm_folder
-    from mindvl.runs import CHECKPOINTS, STATE_FILE
+    from mindvl.runs import is_run_folder
 
     if is_llm_folder(path):
         from mindvl.generation import from_pretrained as load_llm
 
         return load_llm(path, cache_len=cache_len)
-    if (Path(path) / CHECKPOINTS).is_dir() or (Path(path) / STATE_FILE).is_file():
+    if is_run_folder(path):
         from mindvl.generation.multimodal import from_run
 
         return from_run(path, cache_len=cache_len)

@@ -388,6 +388,9 @@ class PackingConfig:
                 raise ConfigError(f"data.packing.{name}: expected increasing positive row counts, got {rows}")
 
 
+CONVERSATION_KINDS = ("vqa", "spoken", "caption", "multi", "user")  # where a conversation came from
+
+
 @dataclass
 class DataConfig:
     root: str = "mindvl_data"  # where `mindvl data build` writes and training reads
@@ -407,6 +410,9 @@ class DataConfig:
     # share of the train split's images held out (with all their questions) as the validation split
     # that training evaluates on (train.eval_every); 0: none
     validation_fraction: float = 0.0
+    # the generative model trains on these kinds of conversation (mindvl.data.conversation_source): vqa,
+    # spoken, caption, multi, user (a folder's own lines); empty: all. Stage 1 aligns on [caption].
+    conversation_kinds: List[str] = field(default_factory=list)
     seed: int = 0
     cleaning: CleaningConfig = field(default_factory=CleaningConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
@@ -420,6 +426,8 @@ class DataConfig:
             raise ConfigError(f"data.validation_fraction: expected 0 <= fraction < 1, got {self.validation_fraction}")
         if self.limit < 0:
             raise ConfigError(f"data.limit: expected >= 0 (0 means all), got {self.limit}")
+        for kind in self.conversation_kinds:
+            _choice("data.conversation_kinds[]", kind, CONVERSATION_KINDS)
         if not self.train_voices or not self.test_voices:
             raise ConfigError("data.train_voices / data.test_voices: expected at least one voice each")
         if set(self.train_voices) & set(self.test_voices):
@@ -599,6 +607,10 @@ class TrainConfig:
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     modules: ModulesConfig = field(default_factory=ModulesConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    # a run or checkpoint whose weights start this one (every tensor of it the model has, same name and
+    # shape; the rest keeps its initialisation): stage 2 of the generative recipe starts from stage 1's
+    # projectors. Ignored when resuming (the checkpoint holds everything).
+    init_from: str = ""
     checkpoint_every: int = 500  # steps; a checkpoint is also written at the end
     keep_checkpoints: int = 3  # the newest K step_* checkpoints are kept (and the best one); 0 keeps all
     eval_every: int = 0  # steps between validation evaluations (0: none); the best checkpoint is tracked

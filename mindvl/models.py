@@ -13,19 +13,22 @@ Both build through `mindvl.cells.build_cells`; the sizes a recipe leaves at 0 co
 (`bind_config`), so a config always says exactly what was built. Training imports this module, never
 the other way round.
 """
+import copy
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import mindspore as ms
 
 from mindvl.cells import MultimodalLM, MultimodalModel, build_cells, build_generative_cells
+from mindvl.cells.linear import merged_state
 from mindvl.chat import recipe_template
-from mindvl.config import Config, ConfigError, config_from_dict, load_config
+from mindvl.config import STACKS, Config, ConfigError, config_from_dict, load_config
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.files import sha256_file
 from mindvl.preprocess import InputError
-from mindvl.pretrained.bind import bind_pretrained, load_pretrained
-from mindvl.runs import CheckpointError, load_model_weights, read_run_config, resolve_checkpoint
+from mindvl.pretrained.bind import bind_pretrained, check_base, load_pretrained
+from mindvl.runs import (STATE_FILE, CheckpointError, assign_state, load_model_weights, read_run_config, read_state,
+                         resolve_checkpoint)
 
 
 def bind_data(cfg: Config, vocab: int, answers: int) -> Config:
@@ -91,6 +94,30 @@ def _seeded_with_weights(cfg: Config, build):
     return model
 
 
+def build_model(cfg: Config) -> Union[MultimodalModel, MultimodalLM]:
+    """The cells of a bound config (random weights): the MultimodalLM for a generative recipe."""
+    return (build_generative_cells if cfg.model.generative else build_cells)(cfg.model, cfg.preprocess)
+
+
+def merge_lora(cfg: Config, model) -> Tuple[Config, Any]:
+    """(cfg, model) with every LoRA update folded into its weight and lora_rank 0: the same function with
+    plain projections (slicing, deployment, `mindvl lora merge`). The merged weights no longer match the
+    converted folders, so they all travel in the model: model.pretrained's folders and cache are cleared.
+    Returned unchanged when no stack has LoRA."""
+    stacks = [name for name in (*STACKS, "decoder") if getattr(cfg.model, name).lora_rank]
+    if not stacks:
+        return cfg, model
+    merged_cfg = copy.deepcopy(cfg)
+    for name in stacks:
+        getattr(merged_cfg.model, name).lora_rank = 0
+    pretrained = merged_cfg.model.pretrained
+    pretrained.vision = pretrained.text = pretrained.audio = pretrained.decoder = pretrained.cache = ""
+    merged = build_model(merged_cfg)
+    assign_state(merged, merged_state(model), "the LoRA-merged weights")
+    merged.set_train(False)
+    return merged_cfg, merged
+
+
 def load_model(path, config: Optional[str] = None, overrides: Sequence[str] = (),
                data_root: Optional[str] = None) -> Tuple[Config, Any, Dict[str, Any]]:
     """(config, model in eval mode, source record) for a run folder, a step_* folder or a model.safetensors.
@@ -106,7 +133,11 @@ def load_model(path, config: Optional[str] = None, overrides: Sequence[str] = ()
         cfg.data.root = data_root
     if config:
         bind_config(cfg)
-    model = (build_generative_cells if cfg.model.generative else build_cells)(cfg.model, cfg.preprocess)
+    model = build_model(cfg)
+    base = (read_state(weights.parent) if (weights.parent / STATE_FILE).is_file() else {}).get("base")
+    if base:  # the checkpoint holds what trained; the frozen rest comes from the folders it names
+        check_base(base, cfg)
+        load_pretrained(model, cfg)
     try:
         state = load_model_weights(model, weights)
     except CheckpointError as exc:

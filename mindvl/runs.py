@@ -12,7 +12,7 @@ importing training code.
 import json
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn
@@ -88,6 +88,20 @@ def best_checkpoint(directory: Path) -> Optional[Path]:
     return path if path.is_dir() else None
 
 
+def is_run_folder(path) -> bool:
+    """A training run's folder, a step_* checkpoint of one, or a folder of weights with a run's config
+    (a soup, a merged run): what load_model reads, as opposed to a converted folder (whose config.json
+    has a "format")."""
+    path = Path(path)
+    if (path / CHECKPOINTS).is_dir() or (path / STATE_FILE).is_file():
+        return True
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "model" in config and "train" in config and (path / MODEL_FILE).is_file()
+
+
 def resolve_checkpoint(path: Path) -> Path:
     """Accept a run folder, a checkpoint folder or a model.safetensors file; return the weights file."""
     path = Path(path)
@@ -141,10 +155,16 @@ def read_weights(path: Path) -> Dict[str, np.ndarray]:
                               f"use an earlier checkpoint or re-export it") from exc
 
 
-def assign_state(model: nn.Cell, weights: Dict[str, np.ndarray], source: str) -> None:
+def assign_state(model: nn.Cell, weights: Dict[str, np.ndarray], source: str, base: Sequence[str] = ()) -> None:
     """Set every parameter of `model` from `weights` by name, strictly: missing, unexpected or mis-shaped
-    entries raise CheckpointError naming `source` and the parameter."""
+    entries raise CheckpointError naming `source` and the parameter. `base`: the top-level parts (e.g.
+    "vision", "decoder") whose frozen weights the model already holds from their converted folders: their
+    parameters other than LoRA adapters may be absent (a checkpoint stores only what trained)."""
+    from mindvl.cells.linear import is_adapter
+
     params = parameter_paths(model)
+    held = {name for name in params if name.split(".", 1)[0] in base and not is_adapter(name)}
+    params = {name: param for name, param in params.items() if name in weights or name not in held}
     missing = sorted(set(params) - set(weights))
     unexpected = sorted(set(weights) - set(params))
     if missing or unexpected:
@@ -162,8 +182,11 @@ def load_model_weights(model: nn.Cell, path: Path) -> Dict[str, Any]:
     """Load weights into `model` strictly: missing, unexpected or mis-shaped entries are errors.
 
     Returns the train state saved next to the weights ({} when there is none). Any checkpoint format
-    loads: weights are plain safetensors (resuming needs `verify_checkpoint` too).
+    loads: weights are plain safetensors (resuming needs `verify_checkpoint` too). A checkpoint whose
+    state records frozen base weights ("base": converted folders and their sha256) leaves those parts as
+    `model` holds them: load the folders into it first (mindvl.models.load_model and the Trainer do).
     """
     path = resolve_checkpoint(path)
-    assign_state(model, read_weights(path), str(path))
-    return read_state(path.parent) if (path.parent / STATE_FILE).is_file() else {}
+    state = read_state(path.parent) if (path.parent / STATE_FILE).is_file() else {}
+    assign_state(model, read_weights(path), str(path), tuple(state.get("base", {})))
+    return state

@@ -11,8 +11,8 @@ from mindvl.config import ConfigError  # noqa: E402
 
 # the modules of mindvl/cli that register commands, in the order `mindvl --help` lists them; each imports the
 # library only inside its handlers, so building the parser imports no MindSpore
-COMMAND_GROUPS = ("data", "train", "eval", "export", "average", "convert", "generate", "quickstart", "serving", "lite",
-                  "plan", "kernels")
+COMMAND_GROUPS = ("data", "train", "eval", "export", "average", "lora", "convert", "generate", "quickstart", "serving",
+                  "lite", "plan", "kernels")
 
 
 def build_parser() -> argparse.ArgumentParser:

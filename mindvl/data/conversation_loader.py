@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -84,18 +84,22 @@ class ConversationSizes:
     tokens: np.ndarray  # (N,) int
     labels: np.ndarray  # (N,) int
     refused: List[str]
+    kinds: np.ndarray  # (N,) str: where each came from (data.conversation_kinds selects among them)
 
-    def usable(self, rows: np.ndarray) -> np.ndarray:
-        return np.asarray([r for r in rows if not self.refused[r]], np.int64)
+    def usable(self, rows: np.ndarray, kinds: Sequence[str] = ()) -> np.ndarray:
+        """`rows` that can be packed, of `kinds` only when given."""
+        return np.asarray([r for r in rows if not self.refused[r] and (not kinds or self.kinds[r] in kinds)],
+                          np.int64)
 
 
 def conversation_sizes(cfg: Config, split: str, chat: ChatEncoder) -> ConversationSizes:
     """Every conversation of `split`'s table rendered as training renders it, text only."""
     _, files, _ = conversation_files(cfg, split)
     length = int(cfg.data.packing.length)
-    tokens, labels, refused = [], [], []
+    tokens, labels, refused, kinds = [], [], [], []
     for path in files:
-        for row in records.read_table(path, ["conversation", "turns"]):
+        for row in records.read_table(path, ["conversation", "turns", "kind"]):
+            kinds.append(str(row["kind"]))
             turns = conversation_turns(_turns_json(row["turns"]))
             try:
                 rendered = chat.render(turns, placeholder_count(turns, IMAGE_SLOT), placeholder_count(turns, AUDIO_SLOT),
@@ -104,7 +108,7 @@ def conversation_sizes(cfg: Config, split: str, chat: ChatEncoder) -> Conversati
                 tokens.append(0), labels.append(0), refused.append(str(exc))
                 continue
             tokens.append(len(rendered)), labels.append(int(rendered.learn[1:].sum())), refused.append("")
-    return ConversationSizes(np.asarray(tokens), np.asarray(labels), refused)
+    return ConversationSizes(np.asarray(tokens), np.asarray(labels), refused, np.asarray(kinds))
 
 
 def _turns_json(value) -> list:
@@ -185,9 +189,10 @@ def conversation_pipeline(cfg: Config, split: str, files: List[str], rows: np.nd
 
 
 class ConversationStream(ResumableStream):
-    """The generative model's packed training micro-batches over the train split's conversations, resumable
-    exactly like TrainStream (mindvl/data/stream.py); `columns`: CONVERSATION_TRAIN_COLUMNS. `left_out`:
-    the conversations that cannot be packed (conversation id is not kept here: their row and reason)."""
+    """The generative model's packed training micro-batches over the train split's conversations (of
+    data.conversation_kinds, when set), resumable exactly like TrainStream (mindvl/data/stream.py);
+    `columns`: CONVERSATION_TRAIN_COLUMNS. `left_out`: row -> why, for the conversations that cannot be
+    packed."""
 
     columns = CONVERSATION_TRAIN_COLUMNS
 
@@ -197,8 +202,13 @@ class ConversationStream(ResumableStream):
         self.chat = recipe_chat(cfg, image_tokens, audio_tokens)
         sizes = conversation_sizes(cfg, "train", self.chat)
         rows = conversation_rows(cfg, "train")
-        usable = sizes.usable(rows)
-        self.left_out = {int(r): sizes.refused[r] for r in rows if sizes.refused[r]}
+        kinds = list(cfg.data.conversation_kinds)
+        usable = sizes.usable(rows, kinds)
+        if not len(usable):
+            raise ConfigError(f"data.conversation_kinds: {cfg.data.root} has no trainable conversation of the kinds "
+                              f"{kinds} (it has {sorted(set(sizes.kinds.tolist()))}); change the kinds or the data")
+        self.left_out = {int(r): sizes.refused[r] for r in rows
+                         if sizes.refused[r] and (not kinds or sizes.kinds[r] in kinds)}
         super().__init__(cfg, usable, count, "conversations", shard_id, num_shards)
         self.packer = conversation_packer(cfg, self.micro_batch_size, sizes, usable, image_tokens, audio_tokens,
                                           self.chat.pad_id)

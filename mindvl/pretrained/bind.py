@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Set, Tuple
 
 from mindvl.config import AudioConfig, Config, ConfigError, TextConfig, VisionConfig
 
@@ -156,3 +156,46 @@ def load_pretrained(model, cfg: Config) -> int:
                     param.requires_grad = False
                 loaded += int(param.size)
     return loaded
+
+
+def base_weights(model, cfg: Config) -> Tuple[Dict[str, Dict], Set[str]]:
+    """(record, names): the converted folders whose weights `model` holds frozen and unchanged, each with the
+    sha256 of its files (from its config.json, verified), and the paths of those parameters in `model`.
+    A checkpoint stores everything else (projectors, LoRA adapters, any unfrozen part) and this record, so
+    it stays small and still names exactly what it needs (mindvl.runs.load_model_weights). Empty without
+    model.pretrained.freeze: then every weight trains and is stored."""
+    from mindvl.cells.linear import is_adapter
+
+    record: Dict[str, Dict] = {}
+    names: Set[str] = set()
+    if not cfg.model.pretrained.freeze:
+        return record, names
+    parts = {kind: (folder, read_config(folder)) for kind, folder in _folders(cfg).items()}
+    folder = _decoder_folder(cfg)
+    if folder is not None:
+        parts["decoder"] = (folder, read_llm_config(folder)[0])
+    for kind, (folder, config) in parts.items():
+        record[kind] = {"folder": str(folder.resolve()), "files": dict(config["files"])}
+        names |= {f"{kind}.{name}" for name, param in getattr(model, kind).parameters_and_names()
+                  if not is_adapter(name) and not param.requires_grad}
+    return record, names
+
+
+def check_base(record: Dict[str, Dict], cfg: Config) -> None:
+    """The converted folders `cfg` binds are the ones a checkpoint's base `record` names, with the same
+    files: else a ConfigError naming the part, both identities and what to do."""
+    folders = {**{kind: str(folder) for kind, folder in _folders(cfg).items()},
+               **({"decoder": str(_decoder_folder(cfg))} if cfg.model.pretrained.decoder else {})}
+    for kind, expected in record.items():
+        if kind not in folders:
+            raise ConfigError(f"model.pretrained.{kind}: the checkpoint was trained on the frozen {kind} weights of "
+                              f"{expected['folder']}, which this config does not name; set it to that folder")
+        folder = Path(folders[kind])
+        try:
+            files = (read_llm_config(folder)[0] if kind == "decoder" else read_config(folder))["files"]
+        except ConversionError as exc:
+            raise ConfigError(f"model.pretrained.{kind}: {exc}") from exc
+        if files != expected["files"]:
+            raise ConfigError(f"model.pretrained.{kind}: {folder} holds other weights than the checkpoint was "
+                              f"trained on ({expected['folder']}, sha256 {expected['files']}); point it at the "
+                              f"same converted folder (or convert the same source again)")

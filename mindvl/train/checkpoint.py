@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import AbstractSet, Any, Callable, Dict, Optional
 
 import numpy as np
 from mindspore import Tensor, nn
@@ -25,8 +25,8 @@ from mindvl.runs import (BEST_FILE, CHECKPOINT_FORMAT, EXTRA_PREFIX, LATEST_FILE
 from mindvl.version import __version__
 
 
-def model_state(model: nn.Cell) -> Dict[str, np.ndarray]:
-    return {name: param.asnumpy() for name, param in parameter_paths(model).items()}
+def model_state(model: nn.Cell, exclude: AbstractSet[str] = frozenset()) -> Dict[str, np.ndarray]:
+    return {name: param.asnumpy() for name, param in parameter_paths(model).items() if name not in exclude}
 
 
 def _moment_keys(model: nn.Cell, optimizer: nn.Optimizer):
@@ -77,20 +77,21 @@ def _prune(directory: Path, keep: int, new: Path) -> None:
 
 def save_checkpoint(directory: Path, step: int, model: nn.Cell, optimizer: Optional[nn.Optimizer],
                     train_state: Dict[str, Any], extra: Optional[Dict[str, np.ndarray]] = None,
-                    keep: int = 0) -> Path:
+                    keep: int = 0, exclude: AbstractSet[str] = frozenset()) -> Path:
     """Write `<directory>/step_<step>` atomically and point `latest` at it; returns the folder.
 
     `extra`: arrays that must survive a resume besides the optimizer moments (dynamic loss scale,
     learned loss weights), stored in optimizer.safetensors as `extra/<name>` and returned by
     `load_optimizer_state`. `keep` > 0 deletes older step_* folders beyond the newest `keep`, except
-    the one `best` names. Stale temporary folders of a killed writer are removed first.
+    the one `best` names. Stale temporary folders of a killed writer are removed first. `exclude`: the
+    parameters not stored, the frozen base weights `train_state["base"]` identifies (pretrained.bind.base_weights).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmp(directory)
     final = directory / f"step_{step:08d}"
     tmp = work_folder(final)
-    arrays = {"model": model_state(model),
+    arrays = {"model": model_state(model, exclude),
               "optimizer": optimizer_state(model, optimizer) if optimizer is not None else {}}
     for name, value in (extra or {}).items():
         arrays["optimizer"][EXTRA_PREFIX + name] = np.array(value, order="C")  # keeps 0-d scalars 0-d

@@ -22,11 +22,10 @@ import numpy as np
 from mindspore import ParameterTuple, nn, ops
 
 from mindvl.cells import build_cells, count_cell_parameters
-from mindvl.cells.linear import merged_state
 from mindvl.config import STACKS, Config, ConfigError, EncoderConfig
 from mindvl.data.root import load_tokenizer
 from mindvl.data.stream import TrainStream
-from mindvl.models import load_model
+from mindvl.models import load_model, merge_lora
 from mindvl.runs import CHECKPOINTS, assign_state
 from mindvl.train.arguments import TrainingArguments
 from mindvl.train.losses import MultimodalLoss
@@ -158,31 +157,17 @@ def _slice_block(state: Dict[str, np.ndarray], prefix: str, heads: List[int], ch
     state[f"{prefix}mlp.fc2.weight"] = state[f"{prefix}mlp.fc2.weight"][:, channels]
 
 
-def merge_lora(cfg: Config, model: nn.Cell) -> Tuple[Config, nn.Cell]:
-    """(cfg, model) with every LoRA update folded into its weight and lora_rank 0: the same function, with
-    plain projections that can be sliced. Returned unchanged when no stack has LoRA."""
-    if not any(getattr(cfg.model, stack).lora_rank for stack in STACKS):
-        return cfg, model
-    merged_cfg = copy.deepcopy(cfg)
-    for stack in STACKS:
-        getattr(merged_cfg.model, stack).lora_rank = 0
-    merged = build_cells(merged_cfg.model, merged_cfg.preprocess)
-    assign_state(merged, merged_state(model), "the LoRA-merged weights")
-    merged.set_train(False)
-    return merged_cfg, merged
-
-
 def prune_model(cfg: Config, model: nn.Cell, scores: Dict[str, StackImportance], keep_heads: float,
                 keep_mlp: float) -> Tuple[Config, nn.Cell]:
     """(pruned_cfg, pruned_model): every stack keeps round(keep_heads * heads) heads and round(keep_mlp *
     hidden) FFN channels per layer, the most important of each layer (`scores` from `importance`); every
     other weight is copied. pruned_cfg has heads = k, head_dim = the original head size, mlp_ratio =
     m / width, and no model.pretrained folders or cache: the pruned encoders no longer match the converted
-    ones and their weights travel in the model. LoRA must be merged first (`merge_lora`)."""
+    ones and their weights travel in the model. LoRA must be merged first (mindvl.models.merge_lora)."""
     with_lora = [f"model.{stack}" for stack in STACKS if getattr(cfg.model, stack).lora_rank]
     if with_lora:
         raise ConfigError(f"{', '.join(with_lora)}: LoRA adapters (lora_rank > 0) cannot be sliced with their "
-                         f"projections; fold them in first with mindvl.train.prune.merge_lora(cfg, model)")
+                         f"projections; fold them in first with mindvl.models.merge_lora(cfg, model)")
     plans = plan_pruning(cfg.model, scores, keep_heads, keep_mlp)
     pruned_cfg = copy.deepcopy(cfg)
     state = {name: param.asnumpy() for name, param in model.parameters_and_names()}

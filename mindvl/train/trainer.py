@@ -27,9 +27,10 @@ from mindvl.data.loader import MODEL_COLUMNS, split_inputs
 from mindvl.data.packing import PACKED_STREAMS, PackingLog
 from mindvl.data.stream import ResumableStream, TrainStream
 from mindvl.models import bind_config, create_model
+from mindvl.pretrained.bind import base_weights, check_base
 from mindvl.pretrained.tokens import token_cache
 from mindvl.runs import (CHECKPOINTS, CONFIG_FILE, STATE_FILE, CheckpointError, load_model_weights, parameter_paths,
-                         read_state)
+                         read_state, read_weights, resolve_checkpoint)
 from mindvl.train.arguments import TrainingArguments
 from mindvl.train.checkpoint import (check_same_model, find_resumable, load_optimizer_state, mark_best, save_checkpoint,
                                      verify_checkpoint)
@@ -78,6 +79,8 @@ class Trainer:
                     agree=sum_over_ranks if self.world > 1 else None)
         freeze_modules(model, train_cfg)
         self.recomputed = apply_recompute(model, train_cfg)
+        # frozen converted weights are not stored: a checkpoint names their folders and sha256 instead
+        self.base, self.base_parameters = base_weights(model, cfg) if self.generative else ({}, frozenset())
         # frozen encoders' cached states, or None: they run every step
         self.tokens = None if self.generative else token_cache(cfg, model)
         self.stream = training_stream(cfg, model, self.tokens)
@@ -122,6 +125,8 @@ class Trainer:
         resume_point = self._resume_point(args.resume)
         if resume_point is not None:
             self._restore(*resume_point)
+        elif train_cfg.init_from:
+            self._initialise(train_cfg.init_from)
 
     # ------------------------------------------------------------------ setup and resume
 
@@ -177,8 +182,32 @@ class Trainer:
                                   f"--resume auto would return to them. Move them out of {own}, or resume into "
                                   f"another train.output_dir")
 
+    def _initialise(self, source: str) -> None:
+        """train.init_from: every tensor of `source`'s weights the model has (same name and shape) copied in;
+        its frozen base, if it records one, must be this run's."""
+        if not Path(source).exists():
+            raise CheckpointError(f"train.init_from: {source} does not exist; train the run it names first (stage 1 "
+                                  f"of the generative recipe: mindvl train --config vlm-s-align) or set "
+                                  f"train.init_from=''")
+        weights = resolve_checkpoint(Path(source))
+        state = read_state(weights.parent) if (weights.parent / STATE_FILE).is_file() else {}
+        if state.get("base"):
+            check_base(state["base"], self.cfg)
+        params = parameter_paths(self.model)
+        taken = {name: value for name, value in read_weights(weights).items() if name in params}
+        for name, value in taken.items():
+            if tuple(value.shape) != tuple(params[name].shape):
+                raise CheckpointError(f"train.init_from: {weights} holds {name} of shape {value.shape}, this model's "
+                                      f"is {tuple(params[name].shape)}; start from a run of the same model")
+            params[name].set_data(ms.Tensor(value))
+        if not taken:
+            raise CheckpointError(f"train.init_from: {weights} holds none of this model's weights")
+        self._write(f"initialised {len(taken)} of {len(params)} tensors from {weights}")
+
     def _restore(self, checkpoint: Path, state: Dict) -> None:
         check_same_model(checkpoint, state, self.cfg.to_dict()["model"])
+        if state.get("base"):  # the frozen weights it was trained on are the ones this run loaded
+            check_base(state["base"], self.cfg)
         if "data" not in state:
             raise CheckpointError(f"{checkpoint}: its train state has no data position, so the run cannot "
                                   f"continue on the same samples; start a fresh run")
@@ -310,8 +339,10 @@ class Trainer:
         checkpoint = save_checkpoint(directory, step, self.model, self.optimizer,
                                      {"samples": step * self.cfg.data.batch_size, "losses": losses,
                                       "data": self.stream.state(), "model_config": self.cfg.to_dict()["model"],
-                                      "best": self.best, **({"validation": metrics} if metrics else {})},
-                                     extra=self._extra_state(), keep=self.cfg.train.keep_checkpoints)
+                                      "best": self.best, **({"validation": metrics} if metrics else {}),
+                                      **({"base": self.base} if self.base else {})},
+                                     extra=self._extra_state(), keep=self.cfg.train.keep_checkpoints,
+                                     exclude=self.base_parameters)
         if self.best.get("step") == step:
             mark_best(directory, checkpoint, BEST_METRIC, self.best["value"])
         return checkpoint

@@ -15,7 +15,8 @@ from mindvl.models import load_model
 from mindvl.export.graphs import question_inputs
 from mindvl.export.package import count_cell_parameters
 from mindvl.model_package import read_manifest
-from mindvl.train.prune import (RECORD_FILE, head_dim, importance, merge_lora, mlp_hidden,
+from mindvl.models import merge_lora
+from mindvl.train.prune import (RECORD_FILE, head_dim, importance, mlp_hidden,
                                  plan_pruning, prune_and_finetune, prune_model)
 
 ANSWER_INPUTS = [spec.name for spec in question_inputs(PreprocessConfig())]

@@ -96,3 +96,107 @@ def test_mindvl_generate_answers_typed_and_spoken_questions_about_an_image(gener
     assert main(["generate", "--model", result.output_dir, "--image", str(tmp_path / "missing.png"), "x"]) == 2
     assert "--image" in capsys.readouterr().err
 
+
+
+def _frozen_recipe(root, converted, decoder, out, *extra):
+    """Converted DINOv2 and Whisper base and a converted decoder, all frozen, LoRA on the decoder: stage 2 of
+    the recipe at test size (the tiny random-weight Gemma 3 has no chat tokens: the plain template)."""
+    return small_generative_config(
+        root, "preprocess.image_size=56", "preprocess.image_mean=[0.485, 0.456, 0.406]",
+        "preprocess.image_std=[0.229, 0.224, 0.225]", "preprocess.hop_length=160", "preprocess.n_mels=80",
+        "preprocess.max_audio_frames=256", "model.vision.patch_size=14", f"model.pretrained.vision={converted('dinov2')}",
+        f"model.pretrained.audio={converted('whisper-base')}", f"model.pretrained.decoder={decoder}",
+        "model.decoder.lora_rank=4", "model.projector.audio_tokens=8", "model.chat_template=plain",
+        f"train.output_dir={out}", "train.max_steps=6", "train.checkpoint_every=3", "train.warmup_steps=1",
+        "train.log_every=3", *extra)
+
+
+@pytest.mark.slow
+def test_frozen_base_weights_are_named_not_stored_and_come_back_on_load_resume_and_merge(
+        small_cfg, small_report, converted, tiny_llms, tmp_path, capsys):
+    """A checkpoint of stage 2 holds exactly what trained (projectors, LoRA) plus the identity and sha256 of
+    the converted folders it was trained on; loading it rebuilds the whole model, resuming continues to
+    the uninterrupted run's weights, a changed base is refused by name, and `mindvl lora merge` writes
+    weights whose outputs equal the adapted model's."""
+    from mindvl.cli import main
+    from mindvl.config import ConfigError
+    from mindvl.data.conversation_loader import ConversationStream
+    from mindvl.models import create_model, load_model
+    from mindvl.runs import parameter_paths
+    from mindvl.train import Trainer, TrainingArguments
+
+    decoder = tmp_path / "decoder"
+    shutil.copytree(tiny_llms["gemma3_text"], decoder)
+    cfg = _frozen_recipe(small_cfg.data.root, converted, decoder, tmp_path / "run")
+    model = create_model(cfg)
+    trainer = Trainer(model, TrainingArguments(cfg, progress=False))
+    result = trainer.train()
+    assert result.final_losses["lm"] < result.first_losses["lm"]
+    step = Path(result.checkpoint)
+    stored = load_file(str(step / "model.safetensors"))
+    trained = {name for name, param in parameter_paths(model).items() if param.requires_grad}
+    assert set(stored) == trained and all(n.startswith(("image_proj.", "audio_proj.")) or ".lora_" in n for n in trained)
+    base = json.loads((step / "train_state.json").read_text())["base"]
+    assert set(base) == {"vision", "audio", "decoder"} and all(part["files"] for part in base.values())
+
+    _, loaded, _ = load_model(result.output_dir)
+    expected = {name: param.asnumpy() for name, param in parameter_paths(model).items()}
+    for name, param in parameter_paths(loaded).items():
+        np.testing.assert_array_equal(param.asnumpy(), expected[name], err_msg=name)
+
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(step.parent / "step_00000003", resumed_dir / "checkpoints" / "step_00000003")
+    resumed = create_model(_frozen_recipe(small_cfg.data.root, converted, decoder, resumed_dir))
+    again = Trainer(resumed, TrainingArguments(_frozen_recipe(small_cfg.data.root, converted, decoder, resumed_dir),
+                                               resume="auto", progress=False)).train()
+    assert again.start_step == 3
+    for name, value in load_file(str(Path(again.checkpoint) / "model.safetensors")).items():
+        np.testing.assert_array_equal(value, stored[name], err_msg=name)
+
+    assert main(["lora", "merge", result.output_dir, "--out", str(tmp_path / "merged")]) == 0
+    assert "merged model.decoder" in capsys.readouterr().out
+    merged_cfg, merged, _ = load_model(tmp_path / "merged")
+    assert merged_cfg.model.decoder.lora_rank == 0 and not merged_cfg.model.pretrained.decoder
+    assert not any(".lora_" in p.name for p in merged.get_parameters())
+    stream = ConversationStream(cfg, loaded.image_tokens, loaded.audio_tokens)
+    _, batch = next(iter(stream))
+    loaded.set_train(False)
+    np.testing.assert_allclose(merged(*batch[2:]).asnumpy(), loaded(*batch[2:]).asnumpy(), atol=1e-4)
+
+    weights = load_file(str(decoder / "model.safetensors"))  # the base converted again from other weights
+    from safetensors.numpy import save_file
+
+    from mindvl.files import sha256_file
+    save_file({k: v + np.float32(0.01) for k, v in weights.items()}, str(decoder / "model.safetensors"))
+    config = json.loads((decoder / "config.json").read_text())
+    config["files"]["model.safetensors"] = sha256_file(decoder / "model.safetensors")
+    (decoder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="model.pretrained.decoder: .* holds other weights than the checkpoint"):
+        load_model(result.output_dir)
+
+
+def test_a_stage_starts_from_another_runs_weights_on_the_conversation_kinds_it_names(generative_run, tmp_path):
+    """train.init_from copies a run's weights in (stage 2 from stage 1's projectors) and
+    data.conversation_kinds limits the stream (stage 1 aligns on descriptions); bad values are refused."""
+    from mindvl.config import ConfigError
+    from mindvl.data.records import read_split
+    from mindvl.models import create_model
+    from mindvl.runs import CheckpointError, parameter_paths
+    from mindvl.train import Trainer, TrainingArguments
+
+    cfg, reference = generative_run
+    stage = small_generative_config(cfg.data.root, f"train.output_dir={tmp_path / 'stage'}", "train.max_steps=2",
+                                    f"train.init_from={reference.output_dir}", "data.conversation_kinds=[caption]",
+                                    "data.batch_size=4")
+    trainer = Trainer(create_model(stage), TrainingArguments(stage, progress=False))
+    saved = load_file(str(Path(reference.checkpoint) / "model.safetensors"))
+    for name, param in parameter_paths(trainer.model).items():
+        np.testing.assert_array_equal(param.asnumpy(), saved[name], err_msg=name)
+    kinds = [str(r["kind"]) for r in read_split(cfg.data.root, "conversations-train", ["kind"])]
+    assert {kinds[r] for r in trainer.stream.rows} == {"caption"}
+    with pytest.raises(ConfigError, match=r"data.conversation_kinds\[\]: expected one of"):
+        small_generative_config(cfg.data.root, "data.conversation_kinds=[captions]")
+    missing = small_generative_config(cfg.data.root, f"train.output_dir={tmp_path / 'other'}",
+                                      f"train.init_from={tmp_path / 'nowhere'}")
+    with pytest.raises(CheckpointError, match="train.init_from: .* does not exist; train the run it names first"):
+        Trainer(create_model(missing), TrainingArguments(missing, progress=False))
