@@ -200,3 +200,35 @@ def test_a_stage_starts_from_another_runs_weights_on_the_conversation_kinds_it_n
                                       f"train.init_from={tmp_path / 'nowhere'}")
     with pytest.raises(CheckpointError, match="train.init_from: .* does not exist; train the run it names first"):
         Trainer(create_model(missing), TrainingArguments(missing, progress=False))
+
+
+PEAK_RSS_LIMIT_GB = 8.0  # issue 24: a LoRA step at batch 8 and the recipe's 256-token rows within 8 GB
+
+
+@pytest.mark.slow
+def test_the_real_weight_recipe_trains_a_few_steps_within_its_memory_bound(small_cfg, small_report, converted,
+                                                                         gemma3_folder, tmp_path):
+    """vlm-s (DINOv2 ViT-S/14, Whisper base and Gemma 3 270M frozen, projectors + LoRA r8) for 2 steps of
+    batch 8 through `mindvl train`, in a process of its own whose peak RSS is checked."""
+    import os
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    settings = [f"data.root={small_cfg.data.root}", f"model.pretrained.vision={converted('dinov2')}",
+                f"model.pretrained.audio={converted('whisper-base')}", f"model.pretrained.decoder={gemma3_folder}",
+                f"train.output_dir={run}", "train.init_from=''", "train.max_steps=2", "train.log_every=1",
+                "data.num_workers=1"]
+    command = [sys.executable, "-m", "mindvl.cli", "train", "--config", "vlm-s",
+               *(arg for setting in settings for arg in ("--set", setting))]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "GLOG_v": "3"})
+    output = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, output[-3000:]
+    peak_gb = usage.ru_maxrss / 1e6  # kB on Linux
+    assert peak_gb < PEAK_RSS_LIMIT_GB, f"peak RSS {peak_gb:.2f} GB"
+    result = json.loads((run / "train_result.json").read_text())
+    assert result["steps"] == 2 and np.isfinite(result["final_losses"]["lm"])
+    stored = load_file(str(Path(result["checkpoint"]) / "model.safetensors"))
+    assert all(n.startswith(("image_proj.", "audio_proj.")) or ".lora_" in n for n in stored)
