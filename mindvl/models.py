@@ -1,13 +1,16 @@
 """Making models: the one factory every caller uses to build a model from a recipe or load a trained one.
 
     create_model(config)        the model a recipe describes, sized to its data set, seeded, holding its
-                                pretrained encoder weights (what training starts from)
+                                pretrained weights (what training starts from); a MultimodalLM for a
+                                generative recipe (model.decoder)
     create_generative_model(config)
-                                the same for a generative recipe: a MultimodalLM holding its converted
-                                encoders' and decoder's weights
+                                the MultimodalLM of a generative recipe bound from its converted folders
     load_model(path, ...)       a trained run's model with its weights, in eval mode, plus the config it
                                 belongs to and where the weights came from (what eval, export, averaging,
-                                distillation, pruning, the data build's alignment filter and serving tools use)
+                                distillation, pruning, the data build's alignment filter and serving tools use);
+                                a checkpoint that names frozen base folders gets them loaded first
+    build_model(config)         the cells of a bound config, random weights
+    merge_lora(config, model)   the same model with its LoRA adapters folded into their weights
 
 Both build through `mindvl.cells.build_cells`; the sizes a recipe leaves at 0 come from the data set
 (`bind_config`), so a config always says exactly what was built. Training imports this module, never
