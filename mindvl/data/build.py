@@ -366,20 +366,30 @@ def _inspect_images(work: Path, src: SourceSplit, rows: Dict[int, List[_Row]], p
         except OSError as exc:
             quarantine.add(src.name, ref, "image_missing", f"{type(exc).__name__}: {exc.strerror or exc}")
             continue
-        try:
-            facts = cleaning.inspect_image(data, clean.hash, name="image")
-            P.decode_image(data, pre, name="image")  # exactly what the loader will do
-        except P.InputError as exc:
-            copy = _quarantine_copy(work, f"{src.name}_{image_id}{path.suffix or '.bin'}", data)
-            quarantine.add(src.name, ref, "bad_image", str(exc), copy=copy)
-            continue
-        problem = cleaning.image_quality_problem(facts, clean)
-        if problem is not None:
-            quarantine.add(src.name, ref, *problem)
+        facts = _checked_image(work, src.name, ref, data, f"{src.name}_{image_id}{path.suffix or '.bin'}", "image",
+                               clean, pre, quarantine)
+        if facts is None:
             continue
         kept[image_id] = _Image(image_id, ref, data, hashlib.sha256(data).hexdigest(), facts,
                                 list(rows.get(image_id, [])))
     return kept
+
+
+def _checked_image(work: Path, source: str, ref: str, data: bytes, copy_name: str, name: str, clean, pre,
+                   quarantine: Quarantine):
+    """An image's facts if the loader can decode it and it passes the quality checks; else None, the reason
+    quarantined (an undecodable file copied aside as `copy_name`)."""
+    try:
+        facts = cleaning.inspect_image(data, clean.hash, name=name)
+        P.decode_image(data, pre, name=name)  # exactly what the loader will do
+    except P.InputError as exc:
+        quarantine.add(source, ref, "bad_image", str(exc), copy=_quarantine_copy(work, copy_name, data))
+        return None
+    problem = cleaning.image_quality_problem(facts, clean)
+    if problem is not None:
+        quarantine.add(source, ref, *problem)
+        return None
+    return facts
 
 
 def _caption_images(split: str, images: Dict[int, _Image], texts: _TextCleaner, quarantine: Quarantine) -> None:
@@ -645,18 +655,10 @@ def _user_conversations(work: Path, cfg: Config, src: SourceSplit, quarantine: Q
         if sample.id in seen:
             quarantine.add(src.name, ref, "bad_conversation", f"id {sample.id!r} already used by {seen[sample.id]}")
             continue
-        if sample.image is not None:
-            try:
-                facts = cleaning.inspect_image(sample.image, clean.hash, name=f"{ref} image")
-                P.decode_image(sample.image, pre, name=f"{ref} image")  # exactly what the loader will do
-            except P.InputError as exc:
-                copy = _quarantine_copy(work, f"{src.name}_{_slug(ref)}_{Path(obj['image']).name}", sample.image)
-                quarantine.add(src.name, ref, "bad_image", str(exc), copy=copy)
-                continue
-            problem = cleaning.image_quality_problem(facts, clean)
-            if problem is not None:
-                quarantine.add(src.name, ref, *problem)
-                continue
+        if sample.image is not None and _checked_image(
+                work, src.name, ref, sample.image, f"{src.name}_{_slug(ref)}_{Path(obj['image']).name}", f"{ref} image",
+                clean, pre, quarantine) is None:
+            continue
         if sample.audio is not None:
             name = f"{ref} {obj['audio']}"
             try:
