@@ -4,7 +4,8 @@ Each row becomes one rendered conversation (mindvl.chat: the recipe's template a
 image and audio placeholders as the model's slot counts, limited to data.packing.length tokens), its image
 decoded (augmented in training, as the classifier's loader does), its audio as a padded log-mel: the
 conversation's own recording, or for a spoken easy-VQA question one of its clips, drawn per (seed, epoch,
-sample id) in training and fixed in the test split, which hears only voices training never heard. A batch
+sample id) in training and fixed in the test split, which hears only voices training never heard; in
+training both are speed / pitch / noise perturbed when data.augment asks for it (Stage.spoken). A batch
 of them is packed by ConversationPacker into rows of data.packing.length tokens, and the columns are what
 MultimodalLMLoss takes: CONVERSATION_TRAIN_COLUMNS.
 
@@ -18,6 +19,11 @@ count its tokens and labels. One whose attachments do not fit a row cannot be tr
 out, counted and named in a warning, never a crash mid-epoch. The row and label buckets are calibrated
 from those sizes (calibrate_rows over drawn batches), with the largest possible batch as the last
 bucket, so every batch has a shape and graph mode compiles once per bucket met.
+
+Frozen encoders' cached states (model.pretrained.cache, mindvl.pretrained.tokens): the stage then hands on
+each image's vision states and each clip's audio states in the attachment columns instead of pixels and
+mels (zeros for a missing attachment; the frame mask stays), what MultimodalLM.construct_from_tokens takes.
+`conversation_inputs` lists what the cache is filled with.
 
 Validation: with data.validation_fraction > 0 the conversations of the classifier's held-out images
 (mindvl.data.splits.validation_images) form the "validation" split and training never reads them, so
@@ -41,7 +47,7 @@ from mindvl.data.order import epoch_order
 from mindvl.data.packing import CALIBRATION_BATCHES, calibrate_rows, pack_rows
 from mindvl.data.root import load_meta
 from mindvl.data.splits import image_ids_of, open_split, validation_images
-from mindvl.data.stages import Stage
+from mindvl.data.stages import Stage, Tables, voices_of
 from mindvl.data.stream import ResumableStream
 
 ATTACHMENT_COLUMNS = ("image", "mel", "frame_mask")
@@ -139,34 +145,53 @@ def _aligned(count: int) -> int:
     return max(LABEL_ALIGN, -(-count // LABEL_ALIGN) * LABEL_ALIGN)
 
 
-class ConversationStage(Stage):
-    """Batch op: conversation rows -> sample ids and CONVERSATION_TRAIN_COLUMNS (module docstring)."""
+def conversation_inputs(cfg: Config, split: str = "train") -> Tuple[List[bytes], List, List[bytes]]:
+    """What the generative model's encoders see over a split's conversation table, each distinct input once
+    (mindvl.data.loader.split_inputs' counterpart, for EncoderTokens.fill): the encoded images, no texts (the
+    decoder reads them), and the int16 clips: every clip of a spoken question in the split's voices (training
+    draws among them per epoch) and each conversation's own recording. The whole table, validation rows
+    included, so one cache serves training and validation."""
+    root, files, _ = conversation_files(cfg, split)
+    rows = [row for path in files for row in records.read_table(path, ["image", "question_id", "pcm"])]
+    images = list({records.as_bytes(row["image"]): None for row in rows if records.as_bytes(row["image"])})
+    questions = sorted({int(row["question_id"]) for row in rows if int(row["question_id"]) >= 0})
+    clips = list({records.as_bytes(row["pcm"]): None for row in rows if records.as_bytes(row["pcm"])})
+    if questions:
+        voices = voices_of(split)
+        tables = Tables(root, cfg.preprocess, voices)
+        clips += [tables.pcm[clip] for qid in questions for clip in tables.clip_of(voices, qid)]
+    return images, [], clips
 
-    def __init__(self, root, cfg: Config, split: str, epoch: int, chat: ChatEncoder, packer: ConversationPacker):
-        super().__init__(root, cfg, split, epoch)
+
+class ConversationStage(Stage):
+    """Batch op: conversation rows -> sample ids and CONVERSATION_TRAIN_COLUMNS (module docstring); with
+    `tokens`, the encoders' cached states in the attachment columns."""
+
+    def __init__(self, root, cfg: Config, split: str, epoch: int, chat: ChatEncoder, packer: ConversationPacker,
+                 tokens=None):
+        super().__init__(root, cfg, split, epoch, tokens)
         self.chat = chat
         self.packer = packer
 
     def __call__(self, sample_ids, turns, images, question_ids, pcms, batch_info=None):
         rendered, pixels, mels, masks = [], [], [], []
         tables = None
-        empty_mel = np.zeros((self.pre.n_mels, self.pre.max_audio_frames), np.float32)
         for sample_id, text, image, question_id, pcm in zip(sample_ids, turns, images, question_ids, pcms):
             sample_id, question_id = int(sample_id), int(question_id)
             conversation = conversation_turns(_turns_json(text))
             image, pcm = records.as_bytes(image), records.as_bytes(pcm)
-            pixels.append(self.pixels(image, sample_id) if image
-                          else np.zeros((3, self.pre.image_size, self.pre.image_size), np.float32))
+            pixels.append(self.pixels(image, sample_id) if image else self._no_image())
             if question_id >= 0:
                 tables = tables or self.tables
-                mel, mask = tables.mel(self.clip(tables, question_id, sample_id))
+                clip = self.clip(tables, question_id, sample_id)
+                if self.tokens is not None:
+                    mel, mask = self.tokens.clip(tables.pcm[clip], tables.names[clip]), tables.mel(clip)[1]
+                else:
+                    mel, mask = self.spoken(tables, clip, sample_id)
             elif pcm:
-                from mindvl.data.speech import from_pcm16
-
-                name = f"{self.split} conversation {sample_id} audio"
-                mel, mask = P.pad_mel(P.log_mel(from_pcm16(pcm), self.pre, name=name), self.pre, name=name)
+                mel, mask = self._recording(pcm, sample_id)
             else:
-                mel, mask = empty_mel, np.zeros(self.pre.max_audio_frames, np.float32)
+                mel, mask = self._no_audio()
             mels.append(mel)
             masks.append(mask)
             rendered.append(self.chat.render(conversation, int(bool(image)), int(question_id >= 0 or bool(pcm)),
@@ -174,15 +199,40 @@ class ConversationStage(Stage):
         packed = self.packer(rendered)
         return (np.asarray(sample_ids), *packed.arrays, np.stack(pixels), np.stack(mels), np.stack(masks))
 
+    def _recording(self, pcm: bytes, sample_id: int) -> Tuple[np.ndarray, np.ndarray]:
+        """A conversation's own clip -> its padded log-mel (perturbed as a question clip is in training; or
+        its cached states) and frame mask."""
+        from mindvl.data.speech import from_pcm16
+
+        name = f"{self.split} conversation {sample_id} audio"
+        audio = from_pcm16(pcm)
+        perturbed = self.perturbed_mel(audio, name, sample_id) if self.perturbs_audio else None
+        if perturbed is not None:
+            return perturbed
+        mel, mask = P.pad_mel(P.log_mel(audio, self.pre, name=name), self.pre, name=name)
+        return (mel if self.tokens is None else self.tokens.clip(pcm, name)), mask
+
+    def _no_image(self) -> np.ndarray:
+        if self.tokens is not None:
+            return self.tokens.blank("vision")
+        return np.zeros((3, self.pre.image_size, self.pre.image_size), np.float32)
+
+    def _no_audio(self) -> Tuple[np.ndarray, np.ndarray]:
+        mask = np.zeros(self.pre.max_audio_frames, np.float32)
+        if self.tokens is not None:
+            return self.tokens.blank("audio"), mask
+        return np.zeros((self.pre.n_mels, self.pre.max_audio_frames), np.float32), mask
+
 
 def conversation_pipeline(cfg: Config, split: str, files: List[str], rows: np.ndarray, epoch: int, batch_size: int,
-                          drop_remainder: bool, chat: ChatEncoder, packer: ConversationPacker):
-    """The mindspore.dataset pipeline over `rows` (in that order); columns sample_id + CONVERSATION_TRAIN_COLUMNS."""
+                          drop_remainder: bool, chat: ChatEncoder, packer: ConversationPacker, tokens=None):
+    """The mindspore.dataset pipeline over `rows` (in that order); columns sample_id + CONVERSATION_TRAIN_COLUMNS
+    (the attachments as cached encoder states with `tokens`)."""
     import mindspore.dataset as ds
 
     workers = max(1, min(int(cfg.data.num_workers), os.cpu_count() or 1))
     data = ds.MindDataset(files, columns_list=list(_TABLE_COLUMNS), sampler=ds.SubsetSampler([int(i) for i in rows]))
-    stage = ConversationStage(Path(cfg.data.root), cfg, split, epoch, chat, packer)
+    stage = ConversationStage(Path(cfg.data.root), cfg, split, epoch, chat, packer, tokens)
     return data.batch(batch_size, drop_remainder=drop_remainder, per_batch_map=stage,
                       input_columns=list(_TABLE_COLUMNS), output_columns=["sample_id", *CONVERSATION_TRAIN_COLUMNS],
                       num_parallel_workers=workers, python_multiprocessing=False)
@@ -192,13 +242,14 @@ class ConversationStream(ResumableStream):
     """The generative model's packed training micro-batches over the train split's conversations (of
     data.conversation_kinds, when set), resumable exactly like TrainStream (mindvl/data/stream.py);
     `columns`: CONVERSATION_TRAIN_COLUMNS. `left_out`: row -> why, for the conversations that cannot be
-    packed."""
+    packed. With `tokens` (EncoderTokens filled with conversation_inputs) the attachments are cached states."""
 
     columns = CONVERSATION_TRAIN_COLUMNS
 
     def __init__(self, cfg: Config, image_tokens: int, audio_tokens: int, shard_id: Optional[int] = None,
-                 num_shards: Optional[int] = None, state: Optional[Dict] = None) -> None:
+                 num_shards: Optional[int] = None, state: Optional[Dict] = None, tokens=None) -> None:
         _, self.files, count = conversation_files(cfg, "train")
+        self.tokens = tokens
         self.chat = recipe_chat(cfg, image_tokens, audio_tokens)
         sizes = conversation_sizes(cfg, "train", self.chat)
         rows = conversation_rows(cfg, "train")
@@ -217,7 +268,7 @@ class ConversationStream(ResumableStream):
 
     def _pipeline(self, rows: np.ndarray, epoch: int):
         return conversation_pipeline(self.cfg, "train", self.files, rows, epoch, self.micro_batch_size, True,
-                                     self.chat, self.packer)
+                                     self.chat, self.packer, self.tokens)
 
 
 def create_conversation_dataset(cfg: Config, split: str, image_tokens: int, audio_tokens: int,

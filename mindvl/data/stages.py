@@ -6,7 +6,7 @@ import os
 import threading
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -145,6 +145,30 @@ class Stage:
                             generator(self.seed, self.epoch, sample_id, IMAGE))
         return P.image_to_array(img, self.pre)
 
+    @property
+    def perturbs_audio(self) -> bool:
+        a = self.augment
+        return self.augmenting and (a.speed != [1.0, 1.0] or a.pitch > 0 or a.noise > 0)
+
+    def perturbed_mel(self, audio: np.ndarray, name: str, sample_id: int) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """Speed / pitch / noise on a waveform (drawn from (seed, epoch, sample id)) -> its padded log-mel and
+        frame mask, or None when the perturbed clip no longer fits max_audio_frames: the caller keeps the
+        unperturbed one (the build only admits clips that fit)."""
+        from mindvl.data.augment import augment_waveform
+
+        audio = augment_waveform(audio, self.augment, self.pre.sample_rate,
+                                 generator(self.seed, self.epoch, sample_id, AUDIO))
+        try:
+            return P.pad_mel(P.log_mel(audio, self.pre, name=name), self.pre, name=name)
+        except P.InputError:
+            return None
+
+    def spoken(self, tables: Tables, clip: int, sample_id: int) -> Tuple[np.ndarray, np.ndarray]:
+        """A question clip's padded log-mel and frame mask, speed / pitch / noise perturbed in training when
+        data.augment asks for it."""
+        perturbed = self.perturbed_mel(tables.waveform(clip), tables.names[clip], sample_id) if self.perturbs_audio else None
+        return perturbed or tables.mel(clip)
+
     def clip(self, tables: Tables, question_id: int, sample_id: int) -> int:
         """Which of the question's clips the sample hears: drawn per (seed, epoch, sample id) in training
         (voice augmentation), fixed by the sample id otherwise (test: only unseen voices)."""
@@ -175,27 +199,10 @@ class AudioStage(Stage):
             if self.tokens is not None:
                 mel, mask = self.tokens.clip(tables.pcm[clip], tables.names[clip]), tables.mel(clip)[1]
             else:
-                mel, mask = self._perturbed(tables, clip, sample_id) if self._perturbs() else tables.mel(clip)
+                mel, mask = self.spoken(tables, clip, sample_id)
             mels.append(mel)
             masks.append(mask)
         return sample_ids, question_ids, np.stack(mels), np.stack(masks)
-
-    def _perturbs(self) -> bool:
-        a = self.augment
-        return self.augmenting and (a.speed != [1.0, 1.0] or a.pitch > 0 or a.noise > 0)
-
-    def _perturbed(self, tables: Tables, clip: int, sample_id: int) -> Tuple[np.ndarray, np.ndarray]:
-        """Speed / pitch / noise on the waveform; a clip that no longer fits max_audio_frames keeps its
-        unperturbed mel (the build only admits clips that fit)."""
-        from mindvl.data.augment import augment_waveform
-
-        audio = augment_waveform(tables.waveform(clip), self.augment, self.pre.sample_rate,
-                                 generator(self.seed, self.epoch, sample_id, AUDIO))
-        name = tables.names[clip]
-        try:
-            return P.pad_mel(P.log_mel(audio, self.pre, name=name), self.pre, name=name)
-        except P.InputError:
-            return tables.mel(clip)
 
 
 class TextStage(Stage):

@@ -1,13 +1,16 @@
 """The frozen encoders' token outputs over a data root's training split, so each encoder runs once per input.
 
-With `model.pretrained.cache: DIR`, a run whose three encoders are converted, frozen and without LoRA
-adapters trains from cached states instead of running DINOv2, MiniLM and Whisper at every step:
-`fill` runs each encoder once over every distinct image, question, caption and training clip (inputs
-equal in bytes are computed once) and stores its token states through the FeatureCache (keyed by the
-converted weights' sha256, the input settings and the input's bytes, so another checkpoint, image size
-or front end can never read a stale entry); the loader then reads them per batch (`image`, `text`,
-`clip`) and the trainer runs `TokenInputModel`, which shares the model's weights. Evaluation and export
-keep the full model.
+With `model.pretrained.cache: DIR`, a run whose encoders are converted, frozen and without LoRA adapters
+trains from cached states instead of running DINOv2, MiniLM and Whisper at every step: `fill` runs each
+encoder once over every distinct image, question, caption and training clip (inputs equal in bytes are
+computed once) and stores its token states through the FeatureCache (keyed by the converted weights'
+sha256, the input settings and the input's bytes, so another checkpoint, image size or front end can never
+read a stale entry); the loader then reads them per batch (`image`, `text`, `clip`) and the trainer runs
+`TokenInputModel`, which shares the model's weights. Evaluation and export keep the full model.
+
+The classifier has three encoders; the generative model (cells.multimodal_lm) two, vision and audio (its
+text goes through the decoder, which trains or carries LoRA): `encoder_kinds`. Its inputs are the
+conversation tables' images and clips (mindvl.data.conversation_loader.conversation_inputs).
 
 What the cache cannot hold, it refuses (`token_cache`): an encoder that trains (not pretrained, not
 frozen, or with LoRA adapters) and augmentation of the encoders' inputs (their outputs would differ
@@ -17,7 +20,7 @@ float16 (|error| < 1e-3 relative to the float32 states) and only for valid token
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -28,6 +31,12 @@ from .cache import CacheStats, FeatureCache
 from .features import pad_batch
 
 KINDS = ("vision", "text", "audio")
+GENERATIVE_KINDS = ("vision", "audio")
+
+
+def encoder_kinds(cfg: Config) -> Tuple[str, ...]:
+    """The encoders whose states a recipe's cache holds: the generative model has no text encoder."""
+    return GENERATIVE_KINDS if cfg.model.generative else KINDS
 
 
 def token_cache(cfg: Config, model) -> Optional["EncoderTokens"]:
@@ -37,21 +46,22 @@ def token_cache(cfg: Config, model) -> Optional["EncoderTokens"]:
     pretrained = cfg.model.pretrained
     if not pretrained.cache:
         return None
+    kinds = encoder_kinds(cfg)
     problems = [f"model.pretrained.{kind} is empty (that encoder trains from scratch)"
-                for kind in KINDS if not getattr(pretrained, kind)]
+                for kind in kinds if not getattr(pretrained, kind)]
     if not pretrained.freeze:
         problems.append("model.pretrained.freeze is false (the encoders train)")
     problems += [f"model.{kind}.lora_rank is {getattr(cfg.model, kind).lora_rank} (its adapters train)"
-                 for kind in KINDS if getattr(cfg.model, kind).lora_rank]
+                 for kind in kinds if getattr(cfg.model, kind).lora_rank]
     if cfg.data.augment.enabled:
         problems.append("data.augment.enabled is true (augmented inputs give other outputs every epoch; "
                         "set it false)")
     if problems:
-        raise ConfigError(f"model.pretrained.cache: the encoders' outputs can be cached only when all three are "
-                          f"pretrained, frozen, without LoRA and fed unaugmented inputs, but "
+        raise ConfigError(f"model.pretrained.cache: the encoders' outputs can be cached only when all of them "
+                          f"({', '.join(kinds)}) are pretrained, frozen, without LoRA and fed unaugmented inputs, but "
                           f"{'; '.join(problems)}. Fix those, or set model.pretrained.cache: '' to run the "
                           f"encoders at every step")
-    return EncoderTokens(Path(pretrained.cache), model, cfg.preprocess)
+    return EncoderTokens(Path(pretrained.cache), model, cfg.preprocess, kinds=kinds)
 
 
 class MissingTokens(RuntimeError):
@@ -59,11 +69,12 @@ class MissingTokens(RuntimeError):
 
 
 class EncoderTokens:
-    """Cached encoder states under `root`, one FeatureCache namespace per encoder of `model` (keyed by
-    the weights it holds now) and input settings. Holds no reference to the model: it travels to the
-    loader's workers."""
+    """Cached encoder states under `root`, one FeatureCache namespace per encoder of `model` named in
+    `kinds` (keyed by the weights it holds now) and input settings. Holds no reference to the model: it
+    travels to the loader's workers."""
 
-    def __init__(self, root: Path, model, pre: PreprocessConfig, batch_size: int = 32) -> None:
+    def __init__(self, root: Path, model, pre: PreprocessConfig, batch_size: int = 32,
+                 kinds: Sequence[str] = KINDS) -> None:
         self.root = Path(root)
         self.pre = pre
         self.batch_size = batch_size
@@ -75,7 +86,10 @@ class EncoderTokens:
             "audio": {key: getattr(pre, key) for key in ("sample_rate", "n_fft", "hop_length", "n_mels",
                                                          "max_audio_frames")}}
         self.caches = {kind: FeatureCache(self.root, getattr(model, kind), {"output": "token states", **settings[kind]},
-                                          batch_size=batch_size) for kind in KINDS}
+                                          batch_size=batch_size) for kind in kinds}
+        # what a sample without an image or a clip reads (the generative model's text-only conversations)
+        self.blank_shapes = {"vision": (1 + model.vision.num_patches, model.vision.width),
+                             "audio": (pre.max_audio_frames // 2, model.audio.width)}
         self._texts: Dict[bytes, np.ndarray] = {}  # few distinct texts: kept in memory once read
 
     def __getstate__(self):
@@ -106,18 +120,23 @@ class EncoderTokens:
         """int16 clip -> (max_audio_frames / 2, audio width) float32 states, zero past its tokens."""
         return _pad(self._read("audio", pcm16, what), self.pre.max_audio_frames // 2)
 
+    def blank(self, kind: str) -> np.ndarray:
+        """Zero states in the shape `image` ("vision") or `clip` ("audio") returns: a missing attachment."""
+        return np.zeros(self.blank_shapes[kind], np.float32)
+
     # -- filling (the trainer, before the first step) ---------------------------------------------
     def fill(self, model, images: Sequence[bytes], texts: Sequence[np.ndarray], clips: Sequence[bytes],
              log: Optional[Callable[[str], None]] = None, progress: bool = False) -> Dict[str, CacheStats]:
         """Compute and store the states `model`'s encoders give for every input not cached yet.
 
-        images: encoded images; texts: (ids, mask) pairs; clips: int16 mono clips at pre.sample_rate.
+        images: encoded images; texts: (ids, mask) pairs (none for the generative model); clips: int16
+        mono clips at pre.sample_rate.
         `log` receives one line per encoder; `progress` shows a bar over the computations.
         Returns the per-encoder hits, computations and damaged entries (also in `stats`)."""
         from mindspore import Tensor
 
         pre, batch = self.pre, self.batch_size
-        encoders = [model.vision, model.text, model.audio]
+        encoders = [getattr(model, kind) for kind in self.caches]
         modes = [cell.training for cell in encoders]
         for cell in encoders:
             cell.set_train(False)
@@ -146,6 +165,8 @@ class EncoderTokens:
                   "audio": list(clips)}
         try:
             for kind, compute in (("vision", vision), ("text", text), ("audio", audio)):
+                if kind not in self.caches:
+                    continue
                 cache = self.caches[kind]
                 cache.stats = CacheStats()
                 cache.fill(inputs[kind], compute, progress=f"token cache {kind}" if progress else "")

@@ -22,7 +22,7 @@ from mindvl.cells import TokenInputModel
 from mindvl.cells.kernels import use_kernels
 from mindvl.config import Config, ConfigError
 from mindvl.data import load_tokenizer
-from mindvl.data.conversation_loader import ConversationStream
+from mindvl.data.conversation_loader import ConversationStream, conversation_inputs
 from mindvl.data.loader import MODEL_COLUMNS, split_inputs
 from mindvl.data.packing import PACKED_STREAMS, PackingLog
 from mindvl.data.stream import ResumableStream, TrainStream
@@ -82,7 +82,7 @@ class Trainer:
         # frozen converted weights are not stored: a checkpoint names their folders and sha256 instead
         self.base, self.base_parameters = base_weights(model, cfg) if self.generative else ({}, frozenset())
         # frozen encoders' cached states, or None: they run every step
-        self.tokens = None if self.generative else token_cache(cfg, model)
+        self.tokens = token_cache(cfg, model)
         self.stream = training_stream(cfg, model, self.tokens)
         if getattr(self.stream, "left_out", None):
             row, reason = next(iter(self.stream.left_out.items()))
@@ -95,7 +95,8 @@ class Trainer:
         self.token_cache_seconds = 0.0
         if self.tokens is not None:
             start = time.perf_counter()
-            self.tokens.fill(model, *split_inputs(cfg, "train"), log=self._write, progress=self.progress)
+            inputs = conversation_inputs(cfg, "train") if self.generative else split_inputs(cfg, "train")
+            self.tokens.fill(model, *inputs, log=self._write, progress=self.progress)
             self.token_cache_seconds = round(time.perf_counter() - start, 1)
             network = TokenInputModel(model)
         if self.generative:
@@ -404,9 +405,9 @@ class Trainer:
 def training_stream(cfg: Config, model: nn.Cell, tokens=None, shard_id: Optional[int] = None,
                     num_shards: Optional[int] = None) -> ResumableStream:
     """The recipe's training stream: the conversations for a generative model (slots sized by `model`), the
-    examples (from cached encoder states with `tokens`) for the classifier."""
+    examples for the classifier; from cached encoder states with `tokens`."""
     if cfg.model.generative:
-        return ConversationStream(cfg, model.image_tokens, model.audio_tokens, shard_id, num_shards)
+        return ConversationStream(cfg, model.image_tokens, model.audio_tokens, shard_id, num_shards, tokens=tokens)
     return TrainStream(cfg, shard_id, num_shards, tokens=tokens)
 
 

@@ -115,3 +115,25 @@ def test_conversations_too_long_for_a_row_are_left_out_and_named(small_cfg):
     assert "multi" in {kinds[r] for r in stream.rows.tolist()}
     _, batch = next(iter(stream))
     assert batch[stream.columns.index("ids")].shape[1] == 36
+
+
+def test_spoken_questions_are_speed_perturbed_in_training_the_same_way_for_the_same_epoch(small_cfg):
+    """data.augment's speed / noise reach the conversations' clips in training: a spoken question's mel is none
+    of its clean clips' mels, the same for the same (seed, epoch), and the clean one with augmentation off."""
+    perturbed = small_generative_config(small_cfg.data.root, "data.augment.speed=[0.8, 1.25]", "data.augment.noise=1.0")
+    clean = small_generative_config(small_cfg.data.root, "data.augment.enabled=false")
+    tables = Tables(Path(small_cfg.data.root), clean.preprocess, "train")
+    rows = {int(r["sample_id"]): r for r in read_split(small_cfg.data.root, "conversations-train",
+                                                       ["sample_id", "kind", "question_id"])}
+
+    def spoken(cfg):
+        return {int(sid): mel for batch in _epoch(cfg, "train", batch_size=8)
+                for sid, mel in zip(batch["sample_id"], batch["mel"]) if str(rows[int(sid)]["kind"]) == "spoken"}
+
+    first, again, plain = spoken(perturbed), spoken(perturbed), spoken(clean)
+    assert first and first.keys() == again.keys() == plain.keys()
+    for sid, mel in first.items():
+        np.testing.assert_array_equal(mel, again[sid])
+        clips = [tables.mel(c)[0] for c in tables.clip_of("train", int(rows[sid]["question_id"]))]
+        assert not any(np.array_equal(mel, c) for c in clips)
+        assert any(np.array_equal(plain[sid], c) for c in clips)

@@ -112,3 +112,39 @@ def test_the_states_are_keyed_by_the_weights_the_encoders_hold(trainer):
         param.set_data(Tensor(value))
     assert after["vision"] != before["vision"] and (after["text"], after["audio"]) == (before["text"], before["audio"])
     assert before == {kind: cache.folder for kind, cache in trainer.tokens.caches.items()}
+
+
+def test_the_generative_model_trains_from_the_cached_states_of_its_two_encoders(small_cfg, small_report, converted,
+                                                                              tmp_path):
+    """A generative recipe with converted DINOv2 and Whisper frozen (a small decoder over the data's tokenizer):
+    the cache holds the two encoders' states over the conversation tables' images and clips, a cached batch
+    gives the loss the full model gives on the same conversations, and training steps run from it."""
+    from mindvl.data.conversation_loader import ConversationStream, conversation_inputs
+    from mindvl.train import Trainer, TrainingArguments, create_model
+    from mindvl.train.losses import GenerativeLoss
+
+    cfg = load_config("vlm-tiny", [
+        f"data.root={small_cfg.data.root}", f"train.output_dir={tmp_path / 'run'}",
+        f"model.pretrained.cache={tmp_path / 'cache'}", f"model.pretrained.vision={converted('dinov2')}",
+        f"model.pretrained.audio={converted('whisper-base')}", "model.pretrained.freeze=true",
+        "model.vision.patch_size=14", "preprocess.image_size=56", "preprocess.image_mean=[0.485, 0.456, 0.406]",
+        "preprocess.image_std=[0.229, 0.224, 0.225]", "preprocess.hop_length=160", "preprocess.n_mels=80",
+        "preprocess.max_audio_frames=256", "data.augment.enabled=false", "data.batch_size=8", "data.num_workers=1",
+        "model.decoder.width=64", "train.kernels=fused", "train.max_steps=2", "train.warmup_steps=1",
+        "train.checkpoint_every=2"])
+    trainer = Trainer(create_model(cfg), TrainingArguments(cfg, progress=False))
+    assert set(trainer.tokens.caches) == {"vision", "audio"}  # no text encoder: the decoder reads the text
+    images, texts, clips = conversation_inputs(cfg, "train")
+    assert texts == [] and len(images) == len(set(images)) == 8 and len(clips) == len(set(clips)) > 0
+    stats = trainer.tokens.stats
+    assert (stats["vision"].computed, stats["audio"].computed) == (len(images), len(clips))
+
+    cached_ids, cached = next(iter(trainer.stream))
+    full_ids, full = next(iter(ConversationStream(cfg, trainer.model.image_tokens, trainer.model.audio_tokens)))
+    np.testing.assert_array_equal(cached_ids, full_ids)
+    assert cached[-3].shape == (8, 1 + 4 * 4, 384) and cached[-2].shape == (8, 128, 512)  # states, not pixels/mels
+    cached_loss, _ = trainer.loss_net(*cached)
+    full_loss, _ = GenerativeLoss(trainer.model)(*full)
+    assert cached_loss.asnumpy() == pytest.approx(full_loss.asnumpy(), rel=2e-3)
+    result = trainer.train()
+    assert result.steps == 2 and np.isfinite(result.final_losses["lm"])

@@ -228,7 +228,8 @@ def test_the_real_weight_recipe_trains_a_few_steps_within_its_memory_bound(small
     run, peak = tmp_path / "run", tmp_path / "peak_kb"
     settings = [f"data.root={small_cfg.data.root}", f"model.pretrained.vision={converted('dinov2')}",
                 f"model.pretrained.audio={converted('whisper-base')}", f"model.pretrained.decoder={gemma3_folder}",
-                f"train.output_dir={run}", "train.init_from=''", "train.max_steps=2", "train.log_every=1",
+                f"train.output_dir={run}", f"model.pretrained.cache={tmp_path / 'cache'}", "train.init_from=''",
+                "train.max_steps=2", "train.log_every=1",
                 "data.num_workers=1"]
     command = [sys.executable, "-c", _TRAIN_AND_REPORT_PEAK, str(peak), "train", "--config", "vlm-s",
                *(arg for setting in settings for arg in ("--set", setting))]
