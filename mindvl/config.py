@@ -750,6 +750,16 @@ def recipe_names() -> List[str]:
     return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
 
 
+def recipes_writing(output_dir: str) -> List[str]:
+    """The shipped recipes whose runs land in `output_dir` (train.output_dir): what to train when a later
+    stage's train.init_from names a run that does not exist yet."""
+    def written(name: str) -> Path:
+        train = _load_mapping(RECIPE_DIR / f"{name}.yaml").get("train", {})
+        return Path(train.get("output_dir", TrainConfig.output_dir)).resolve()
+
+    return [name for name in recipe_names() if written(name) == Path(output_dir).resolve()]
+
+
 def _resolve(name_or_path: str, relative_to: Optional[Path] = None) -> Path:
     candidates = [Path(name_or_path)]
     if relative_to is not None:

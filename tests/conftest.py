@@ -71,8 +71,10 @@ def trained_run(small_cfg, small_report, tmp_path_factory):
 
 
 # The generative recipe (vlm-tiny) at test size: small encoders, a 2-layer decoder over the data's tokenizer.
+# Its stage 1 (a tiny run, train.init_from) is trained_run where a test needs the recipe's trained encoders
+# (generative_run); the tests of plumbing alone start from scratch.
 SMALL_GENERATIVE = ["model.vision.width=32", "model.audio.width=32", "model.vision.layers=1", "model.audio.layers=1",
-                    "model.decoder.width=64", "model.decoder.heads=4", "train.kernels=fused"]
+                    "model.decoder.width=64", "model.decoder.heads=4", "train.kernels=fused", "train.init_from=''"]
 
 
 def small_generative_config(root, *extra):
@@ -86,13 +88,16 @@ GENERATIVE_RUN = ["train.max_steps=30", "train.warmup_steps=5", "train.log_every
 
 
 @pytest.fixture(scope="session")
-def generative_run(small_cfg, small_report, tmp_path_factory):
+def generative_run(trained_run, tmp_path_factory):
     """(config, TrainResult) of 30 steps of the generative recipe on the small data set's conversations (2 of its
-    8 training images held out), with a checkpoint and a validation of its generated answers every 10 steps."""
+    8 training images held out), its encoders from trained_run (stage 1) with the vision encoder frozen, as the
+    recipe does, with a checkpoint and a validation of its generated answers every 10 steps."""
     from mindvl.train import train
 
     out = tmp_path_factory.mktemp("generative")
-    cfg = small_generative_config(small_cfg.data.root, f"train.output_dir={out}", *GENERATIVE_RUN)
+    stage1 = trained_run[1].output_dir
+    cfg = small_generative_config(trained_run[0].data.root, f"train.output_dir={out}", f"train.init_from={stage1}",
+                                  *GENERATIVE_RUN)
     return cfg, train(cfg, progress=False)
 
 

@@ -15,7 +15,7 @@ import string
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from tqdm import tqdm
 
@@ -67,23 +67,25 @@ class GenerativeEvaluator:
         self.generator = MultimodalGenerator(model, self.chat.tokenizer, self.chat, cfg.preprocess,
                                              cache_len=int(cfg.data.packing.length) + CAPTION_TOKENS)
 
-    def evaluate(self, split: str = "test", captions: bool = True, progress: bool = True) -> Dict[str, Any]:
+    def evaluate(self, split: str = "test", captions: bool = True, progress: bool = True,
+                 limit: int = 0) -> Dict[str, Any]:
         """{"vqa_text", "vqa_audio": accuracy, accuracy_<kind>, count; "caption": bleu4, cider_d, count,
-        examples; "baseline": the majority answer and its accuracy on the typed questions; "seconds"}."""
+        examples; "baseline": the majority answer and its accuracy on the typed questions; "seconds"}.
+        `limit` > 0: only the split's first `limit` typed questions, spoken questions and descriptions (a
+        bounded look, as the quickstart of a pretrained decoder takes; 0: all)."""
         start = time.perf_counter()
-        samples = read_conversation_table(self.cfg.data.root, "test" if split == "test" else "train")
-        rows = set(conversation_rows(self.cfg, split).tolist())
-        chosen = [(row, s) for row, s in enumerate(samples) if row in rows]
+        chosen = self._chosen(split)
         stage = Stage(Path(self.cfg.data.root), self.cfg, split, 0)
         report: Dict[str, Any] = {}
         for modality, kind in (("text", "vqa"), ("audio", "spoken")):
-            items = [(row, s) for row, s in chosen if s.kind == kind]
+            items = [(row, s) for row, s in chosen if s.kind == kind][:limit or None]
             answers = self._generate([self._prompt(stage, row, s) for row, s in items], ANSWER_TOKENS,
                                      f"eval {split} ({modality})", progress)
             report[f"vqa_{modality}"] = _vqa_scores([s.turns[1].parts[0] for _, s in items], answers)
-        report["baseline"] = majority_answer(self._training(), [s for _, s in chosen if s.kind == "vqa"])
+        typed = [s for _, s in chosen if s.kind == "vqa"][:limit or None]
+        report["baseline"] = majority_answer(self._training(), typed)
         if captions:
-            items = [(row, s) for row, s in chosen if s.kind == "caption"]
+            items = [(row, s) for row, s in chosen if s.kind == "caption"][:limit or None]
             written = self._generate([self._prompt(stage, row, s) for row, s in items], CAPTION_TOKENS,
                                      f"eval {split} (captions)", progress)
             references = {i: [s.turns[1].parts[0]] for i, (_, s) in enumerate(items)}
@@ -92,6 +94,21 @@ class GenerativeEvaluator:
                                               for (_, s), text in list(zip(items, written))[:3]]}
         report["seconds"] = round(time.perf_counter() - start, 1)
         return report
+
+    def questions(self, split: str, count: int) -> List[Tuple[ConversationSample, Any]]:
+        """The split's first `count` questions, alternately typed and spoken, each with its prompt."""
+        chosen = self._chosen(split)
+        kinds = (("vqa", "spoken") * count)[:count]
+        pools = {kind: iter([(row, s) for row, s in chosen if s.kind == kind]) for kind in set(kinds)}
+        stage = Stage(Path(self.cfg.data.root), self.cfg, split, 0)
+        return [(sample, self._prompt(stage, row, sample)) for row, sample in
+                (next(pools[kind], (None, None)) for kind in kinds) if sample is not None]
+
+    def _chosen(self, split: str) -> List[Tuple[int, ConversationSample]]:
+        """(row, sample) of the split's conversations that evaluation uses."""
+        samples = read_conversation_table(self.cfg.data.root, "test" if split == "test" else "train")
+        rows = set(conversation_rows(self.cfg, split).tolist())
+        return [(row, s) for row, s in enumerate(samples) if row in rows]
 
     def _training(self) -> List[ConversationSample]:
         rows = set(conversation_rows(self.cfg, "train").tolist())
@@ -136,7 +153,8 @@ def majority_answer(training: List[ConversationSample], evaluated: List[Conversa
     return {"answer": majority, "accuracy": sum(hits) / max(len(hits), 1)}
 
 
-def evaluate_generative(cfg: Config, model, progress: bool = True, split: str = "test") -> Dict[str, Any]:
+def evaluate_generative(cfg: Config, model, progress: bool = True, split: str = "test",
+                        limit: int = 0) -> Dict[str, Any]:
     """`mindvl eval` for a generative run."""
-    return GenerativeEvaluator(cfg, model).evaluate(split, progress=progress)
+    return GenerativeEvaluator(cfg, model).evaluate(split, progress=progress, limit=limit)
 

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from mindvl.cells import TokenInputModel
 from mindvl.cells.kernels import use_kernels
-from mindvl.config import Config, ConfigError
+from mindvl.config import Config, ConfigError, recipes_writing
 from mindvl.data import load_tokenizer
 from mindvl.data.conversation_loader import ConversationStream, conversation_inputs
 from mindvl.data.loader import MODEL_COLUMNS, split_inputs
@@ -187,9 +187,12 @@ class Trainer:
         """train.init_from: every tensor of `source`'s weights the model has (same name and shape) copied in;
         its frozen base, if it records one, must be this run's."""
         if not Path(source).exists():
-            raise CheckpointError(f"train.init_from: {source} does not exist; train the run it names first (stage 1 "
-                                  f"of the generative recipe: mindvl train --config vlm-s-align) or set "
-                                  f"train.init_from=''")
+            stages = recipes_writing(source)
+            first = (f"mindvl train --config {stages[0]} --set data.root={self.cfg.data.root}" if stages else
+                     "the recipe whose train.output_dir it is")
+            raise CheckpointError(f"train.init_from: {source} does not exist; train the run it names first "
+                                  f"({first}), point train.init_from at such a run, or set train.init_from='' "
+                                  f"to start from scratch")
         weights = resolve_checkpoint(Path(source))
         state = read_state(weights.parent) if (weights.parent / STATE_FILE).is_file() else {}
         if state.get("base"):

@@ -125,7 +125,7 @@ def test_the_generative_model_trains_from_the_cached_states_of_its_two_encoders(
 
     cfg = load_config("vlm-tiny", [
         f"data.root={small_cfg.data.root}", f"train.output_dir={tmp_path / 'run'}",
-        f"model.pretrained.cache={tmp_path / 'cache'}", f"model.pretrained.vision={converted('dinov2')}",
+        f"model.pretrained.cache={tmp_path / 'cache'}", "train.init_from=''", f"model.pretrained.vision={converted('dinov2')}",
         f"model.pretrained.audio={converted('whisper-base')}", "model.pretrained.freeze=true",
         "model.vision.patch_size=14", "preprocess.image_size=56", "preprocess.image_mean=[0.485, 0.456, 0.406]",
         "preprocess.image_std=[0.229, 0.224, 0.225]", "preprocess.hop_length=160", "preprocess.n_mels=80",

@@ -3,6 +3,7 @@ loss falls, validation scores the generated answers, the checkpoint loads back a
 generates through the chat template (API and `mindvl generate`), and a run resumed from a checkpoint ends with exactly the uninterrupted run's
 weights and data position."""
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -50,7 +51,8 @@ def test_a_generative_run_resumed_from_a_checkpoint_ends_with_the_uninterrupted_
     cfg, reference = generative_run
     run = tmp_path / "run"
     shutil.copytree(Path(reference.output_dir) / "checkpoints" / "step_00000010", run / "checkpoints" / "step_00000010")
-    resumed_cfg = small_generative_config(cfg.data.root, f"train.output_dir={run}", *GENERATIVE_RUN)
+    resumed_cfg = small_generative_config(cfg.data.root, f"train.output_dir={run}", f"train.init_from={cfg.train.init_from}",
+                                          *GENERATIVE_RUN)
     result = train(resumed_cfg, progress=False, resume="auto")
     assert result.start_step == 10
     got = load_file(str(run / "checkpoints" / "step_00000030" / "model.safetensors"))
@@ -175,9 +177,11 @@ def test_frozen_base_weights_are_named_not_stored_and_come_back_on_load_resume_a
         load_model(result.output_dir)
 
 
-def test_a_stage_starts_from_another_runs_weights_on_the_conversation_kinds_it_names(generative_run, tmp_path):
+def test_a_stage_starts_from_another_runs_weights_on_the_conversation_kinds_it_names(generative_run, tmp_path,
+                                                                                      monkeypatch):
     """train.init_from copies a run's weights in (stage 2 from stage 1's projectors) and
-    data.conversation_kinds limits the stream (stage 1 aligns on descriptions); bad values are refused."""
+    data.conversation_kinds limits the stream (stage 1 aligns on descriptions); bad values are refused, and a
+    missing stage 1 of a shipped recipe is named with the command that trains it."""
     from mindvl.config import ConfigError
     from mindvl.data.records import read_split
     from mindvl.models import create_model
@@ -200,6 +204,12 @@ def test_a_stage_starts_from_another_runs_weights_on_the_conversation_kinds_it_n
                                       f"train.init_from={tmp_path / 'nowhere'}")
     with pytest.raises(CheckpointError, match="train.init_from: .* does not exist; train the run it names first"):
         Trainer(create_model(missing), TrainingArguments(missing, progress=False))
+    monkeypatch.chdir(tmp_path)  # the recipe's own stage 1, runs/tiny, is not there: its command is named
+    recipe = small_generative_config(cfg.data.root, f"train.output_dir={tmp_path / 'recipe'}",
+                                     "train.init_from=runs/tiny")
+    named = f"runs/tiny does not exist; train the run it names first (mindvl train --config tiny --set data.root="
+    with pytest.raises(CheckpointError, match=re.escape(f"{named}{cfg.data.root})")):
+        Trainer(create_model(recipe), TrainingArguments(recipe, progress=False))
 
 
 PEAK_RSS_LIMIT_GB = 8.0  # issue 24: a LoRA step at batch 8 and the recipe's 256-token rows within 8 GB

@@ -1,6 +1,6 @@
-"""`mindvl quickstart`: build data, train the tiny recipe, evaluate, write and verify the model package (with its
-Lite 2.0 graphs), serve it and query it over REST and gRPC, answer on the device runtime and through the
-edge-cloud cascade, then summarise."""
+"""The classifier's quickstart (the tiny recipe): build data, train, evaluate, write and verify the model
+package (with its Lite 2.0 graphs), serve it and query it over REST and gRPC, answer on the device runtime and
+through the edge-cloud cascade, then summarise."""
 import json
 import shutil
 import statistics
@@ -10,14 +10,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
-from mindvl.config import load_config
+from mindvl.config import Config
+
+from .report import nonzero, pct, stage, table
 
 QUESTIONS = 8  # asked of the server, the device and the cascade: half typed, half spoken
 CALIBRATION_QUESTIONS = 300  # the cascade's calibration: the test questions after the asked ones
 
 
-def run_quickstart(workdir: str = "mindvl_quickstart", config: str = "tiny", overrides: Sequence[str] = (),
-                   progress: bool = True) -> Dict[str, Any]:
+def run_classifier_quickstart(work: Path, cfg: Config, progress: bool = True) -> Dict[str, Any]:
+    """The whole path of a classifier recipe in `work` (cfg's data.root and train.output_dir lie inside it)."""
     from mindvl.data.build import build_dataset
     from mindvl.data.examples import query_examples
     from mindvl.eval import evaluate
@@ -26,16 +28,14 @@ def run_quickstart(workdir: str = "mindvl_quickstart", config: str = "tiny", ove
     from mindvl.train import train
 
     start = time.perf_counter()
-    work = Path(workdir)
-    cfg = load_config(config, [f"data.root={work / 'data'}", f"train.output_dir={work / 'run'}", *overrides])
-    _stage("1/6 build data")
+    stage("1/6 build data")
     report = build_dataset(cfg, progress=progress)
-    _stage("2/6 train")
+    stage("2/6 train")
     result = train(cfg, progress=progress)
-    _stage("3/6 evaluate")
+    stage("3/6 evaluate")
     cfg, model, _ = load_model(result.output_dir)
     metrics = evaluate(cfg, model, progress=progress)
-    _stage("4/6 export the model package (+ its Lite 2.0 graphs) and verify it")
+    stage("4/6 export the model package (+ its Lite 2.0 graphs) and verify it")
     cfg, model, source = load_model(result.output_dir)
     check = package_and_check(cfg, model, source, work / "package",
                               PackageOptions(force=True, progress=progress, lite2_batch=1))
@@ -43,9 +43,9 @@ def run_quickstart(workdir: str = "mindvl_quickstart", config: str = "tiny", ove
     asked = [{"image": e.image, "question": e.question if i % 2 == 0 else "", "audio": b"" if i % 2 == 0 else e.audio}
              for i, e in enumerate(examples[:QUESTIONS])]
     with _served(work / "package", work / "servables") as (server, version):
-        _stage("5/6 serve the package (mindvl serve) and query it over REST and gRPC")
+        stage("5/6 serve the package (mindvl serve) and query it over REST and gRPC")
         served = query_server(server, version, asked, examples[:QUESTIONS])
-        _stage("6/6 answer on the device (MindSpore Lite 2.0, C++ runner) and through the edge-cloud cascade")
+        stage("6/6 answer on the device (MindSpore Lite 2.0, C++ runner) and through the edge-cloud cascade")
         device = run_on_device(work / "package", cfg.data.root, server.rest_url, asked, examples,
                                served["answers"]["rest"])
     summary = {"data": report.to_dict(), "train": asdict(result), "eval": metrics, "export": check,
@@ -143,18 +143,6 @@ def _runner_answers(package: Path, instances: Sequence[dict], device_answers: Se
             "median_predict_ms": round(statistics.median(r["predict_ms"] for r in results), 2)}
 
 
-def _stage(text: str) -> None:
-    print(f"\n== {text}", flush=True)
-
-
-def _nonzero(counts: Dict[str, int]) -> str:
-    return ", ".join(f"{reason} {count}" for reason, count in counts.items() if count) or "none"
-
-
-def _pct(value: float) -> str:
-    return f"{100 * value:.1f}%"
-
-
 def format_summary(summary: Dict[str, Any]) -> str:
     data, train, metrics, export, serve, device = (summary[k] for k in ("data", "train", "eval", "export", "serve",
                                                                        "device"))
@@ -165,17 +153,17 @@ def format_summary(summary: Dict[str, Any]) -> str:
     rows: List[List[str]] = [
         ["data", f"train {data['counts']['train']['examples']} / test {data['counts']['test']['examples']} "
                  f"examples, {data['counts']['speech']['clips']} speech clips, "
-                 f"{sum(data['skips'].values())} skipped ({_nonzero(data['skips'])})"],
+                 f"{sum(data['skips'].values())} skipped ({nonzero(data['skips'])})"],
         ["compile", f"{train['compile_seconds']:.1f} s (first step)"],
         ["train", f"{train['steps']} steps, {train['train_seconds']:.0f} s, {train['samples_per_second']:.0f} samples/s, "
                   f"loss {train['first_losses'].get('loss', float('nan')):.3f} -> {train['final_losses'].get('loss', float('nan')):.3f}"],
-        ["VQA, text question", f"{_pct(metrics['vqa_text']['accuracy'])} "
-                               f"(generated answer {_pct(metrics['vqa_text']['generated_accuracy'])})"],
-        ["VQA, spoken question", f"{_pct(metrics['vqa_audio']['accuracy'])} "
-                                 f"(generated answer {_pct(metrics['vqa_audio']['generated_accuracy'])}), unseen voices"],
-        ["majority baseline", f"{_pct(baseline['accuracy'])} (always '{baseline['answer']}')"],
-        ["image -> caption", f"R@1 {_pct(metrics['image_to_caption']['R@1'])}, R@5 {_pct(metrics['image_to_caption']['R@5'])}"],
-        ["speech -> text", f"R@1 {_pct(metrics['audio_to_text']['R@1'])}, R@5 {_pct(metrics['audio_to_text']['R@5'])}"],
+        ["VQA, text question", f"{pct(metrics['vqa_text']['accuracy'])} "
+                               f"(generated answer {pct(metrics['vqa_text']['generated_accuracy'])})"],
+        ["VQA, spoken question", f"{pct(metrics['vqa_audio']['accuracy'])} "
+                                 f"(generated answer {pct(metrics['vqa_audio']['generated_accuracy'])}), unseen voices"],
+        ["majority baseline", f"{pct(baseline['accuracy'])} (always '{baseline['answer']}')"],
+        ["image -> caption", f"R@1 {pct(metrics['image_to_caption']['R@1'])}, R@5 {pct(metrics['image_to_caption']['R@5'])}"],
+        ["speech -> text", f"R@1 {pct(metrics['audio_to_text']['R@1'])}, R@5 {pct(metrics['audio_to_text']['R@5'])}"],
         ["model package", f"{export['package']}: {len({c['graph'] for c in checks}) - lite2} MindIR graphs + {lite2} "
                           f"Lite 2.0 graphs verified, max |diff| {max(c['max_abs_diff'] for c in checks):.1e}"
                           + "".join(f"; {note}" for note in export["verify"].get("notes", []))],
@@ -194,7 +182,4 @@ def format_summary(summary: Dict[str, Any]) -> str:
                     f"{cascade['correct']} right"],
         ["wall time", f"{summary['wall_seconds']:.0f} s"],
     ]
-    width = max(len(r[0]) for r in rows)
-    lines = ["", "mindvl quickstart summary", "-" * (width + 60)]
-    lines += [f"{name.ljust(width)}  {value}" for name, value in rows]
-    return "\n".join(lines)
+    return table("mindvl quickstart summary", rows)
