@@ -111,8 +111,7 @@ class GenerativeEvaluator:
         return [(row, s) for row, s in enumerate(samples) if row in rows]
 
     def _training(self) -> List[ConversationSample]:
-        rows = set(conversation_rows(self.cfg, "train").tolist())
-        return [s for row, s in enumerate(read_conversation_table(self.cfg.data.root, "train")) if row in rows]
+        return [s for _, s in self._chosen("train")]
 
     def _prompt(self, stage: Stage, row: int, sample: ConversationSample):
         """The sample's first user turn as a user would send it: the image, the typed question or the clip."""

@@ -45,7 +45,7 @@ def run_generative_quickstart(work: Path, config: str, overrides: Sequence[str] 
     """The whole generative path of `config` in `work`; `max_steps` bounds every stage (0: the recipes' own,
     None: PRETRAINED_STEPS for a pretrained decoder, the recipes' own otherwise)."""
     from mindvl.data.build import build_dataset
-    from mindvl.eval.generative import evaluate_generative
+    from mindvl.eval.generative import GenerativeEvaluator
     from mindvl.models import load_model
     from mindvl.train import train
 
@@ -71,9 +71,10 @@ def run_generative_quickstart(work: Path, config: str, overrides: Sequence[str] 
     stage("4/5 evaluate the generated answers and descriptions"
           + (f" (the first {EVAL_LIMIT} of each kind)" if pretrained else ""))
     cfg, model, _ = load_model(previous)
-    metrics = evaluate_generative(cfg, model, progress=progress, limit=EVAL_LIMIT if pretrained else 0)
+    evaluator = GenerativeEvaluator(cfg, model)  # one generator (its compiled graphs) for both steps
+    metrics = evaluator.evaluate("test", progress=progress, limit=EVAL_LIMIT if pretrained else 0)
     stage(f"5/5 answer {QUESTIONS} test questions (half spoken) about their images")
-    answers = answer_questions(cfg, model, QUESTIONS)
+    answers = answer_questions(evaluator, QUESTIONS)
     summary = {"recipe": config, "data": report.to_dict(), "train": trained, "eval": metrics, "answers": answers,
                "wall_seconds": round(time.perf_counter() - start, 1)}
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -109,12 +110,9 @@ def convert_missing(configs: Sequence[Config], folder: Path) -> List[str]:
     return overrides
 
 
-def answer_questions(cfg: Config, model, count: int) -> List[Dict[str, str]]:
+def answer_questions(evaluator, count: int) -> List[Dict[str, str]]:
     """The first `count` test images' questions, alternately typed and spoken (unseen voices), answered by
-    greedy generation as `mindvl generate` answers them."""
-    from mindvl.eval.generative import GenerativeEvaluator
-
-    evaluator = GenerativeEvaluator(cfg, model)
+    the evaluator's generator greedily, as `mindvl generate` answers them."""
     asked = evaluator.questions("test", count)
     written = [answer.text for answer in evaluator.generator.generate([prompt for _, prompt in asked],
                                                                       max_new_tokens=8)]
