@@ -158,13 +158,23 @@ class MultimodalPrefill(nn.Cell):
 
 class MultimodalLMLoss(nn.Cell):
     """Mean next-token cross-entropy over the labelled positions: construct(labels (L,) int32, weight (L,)
-    float32 (1 at a real label, 0 at the bucket's padding), *the model's inputs) -> loss."""
+    float32 (1 at a real label, 0 at the bucket's padding), *the model's inputs) -> loss.
 
-    def __init__(self, model: MultimodalLM):
+    `rank_mean` (data parallelism: mindvl.train.distributed.RankMean) turns the label count into the ranks'
+    mean count, so each rank's loss is its share of the global batch's token mean (world x its sum over all
+    labels): the ranks' mean gradient, which the gradient reducer takes, is then exactly the global token
+    mean's, however unevenly the labels fall on the ranks. The count carries no gradient."""
+
+    def __init__(self, model: MultimodalLM, rank_mean: nn.Cell = None):
         super().__init__(auto_prefix=False)
         self.model = model
+        self.rank_mean = rank_mean
         self.ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="none")
 
     def construct(self, labels, weight, *inputs):
         per_token = self.ce(self.model(*inputs), labels)
-        return (per_token * weight).sum() / ops.maximum(weight.sum(), 1.0)
+        count = ops.stop_gradient(weight.sum())
+        if self.rank_mean is not None:
+            count = self.rank_mean(count)
+        # a count of 0 has a sum of 0; a mean count is a multiple of 1/world, above this floor
+        return (per_token * weight).sum() / ops.maximum(count, 1e-6)

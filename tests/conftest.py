@@ -20,12 +20,15 @@ TRAIN_VOICES = ["en-us", "en-gb-scotland+m3"]
 TEST_VOICES = ["en-us+f4"]
 
 
+def small_overrides(root, *extra):
+    """The overrides of the small data set at `root` (as `--set` takes them), then `extra`."""
+    return [f"data.root={root}", f"data.train_voices=[{', '.join(TRAIN_VOICES)}]",
+            f"data.test_voices=[{', '.join(TEST_VOICES)}]", "data.speech_rates=[175]", "data.limit=8",
+            "data.batch_size=8", "data.num_workers=1", *extra]
+
+
 def small_config(root, recipe="tiny", **extra):
-    overrides = [f"data.root={root}", f"data.train_voices=[{', '.join(TRAIN_VOICES)}]",
-                 f"data.test_voices=[{', '.join(TEST_VOICES)}]", "data.speech_rates=[175]", "data.limit=8",
-                 "data.batch_size=8", "data.num_workers=1"]
-    overrides += [f"{k.replace('__', '.')}={v}" for k, v in extra.items()]
-    return load_config(recipe, overrides)
+    return load_config(recipe, small_overrides(root, *(f"{k.replace('__', '.')}={v}" for k, v in extra.items())))
 
 
 @pytest.fixture(scope="session")
@@ -77,10 +80,14 @@ SMALL_GENERATIVE = ["model.vision.width=32", "model.audio.width=32", "model.visi
                     "model.decoder.width=64", "model.decoder.heads=4", "train.kernels=fused", "train.init_from=''"]
 
 
+def small_generative_overrides(root, *extra):
+    """vlm-tiny's overrides for the small data set (its conversation tables), at test size, then `extra`."""
+    return small_overrides(root, *SMALL_GENERATIVE, *extra)
+
+
 def small_generative_config(root, *extra):
     """vlm-tiny over the small data set (its conversation tables), at test size."""
-    return small_config(root, "vlm-tiny", **{key.replace(".", "__"): value for key, value in
-                                             (item.split("=", 1) for item in [*SMALL_GENERATIVE, *extra])})
+    return load_config("vlm-tiny", small_generative_overrides(root, *extra))
 
 
 GENERATIVE_RUN = ["train.max_steps=30", "train.warmup_steps=5", "train.log_every=5", "train.checkpoint_every=10",

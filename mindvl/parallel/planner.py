@@ -11,19 +11,22 @@ module runs with (dp_m, mp_m) inside its pipeline stage (s tokens, w width, i = 
 h = FFN width, a heads, c bytes of the compute dtype):
 
   parameters     float32 master weights (4 B); per block the q/k/v/fc1 weights and biases are column-split
-                 and out/fc2 weights row-split over mp (Megatron), norms and out/fc2 biases replicated;
-                 embedding tables split over mp only with vocab_emb_dp false; everything else replicated.
+                 and out/fc2 weights row-split over mp (Megatron), norms and out/fc2 biases replicated
+                 (a decoder's k/v too when mp does not divide its kv heads); embedding tables split over
+                 mp only with vocab_emb_dp false; everything else replicated.
   gradients      4 B per trainable parameter on the rank (frozen parameters have none).
   optimizer      AdamWeightDecay: two float32 moments per trainable parameter (8 B), divided by the shard
                  size (dp, or optimizer_weight_shard_size) with enable_parallel_optimizer.
   activations    kept for backward per block and sample (each op's saved inputs in cells/transformer.py):
                  s (4w + 4i/mp + 2h/mp [+ 2w LayerScale]) c + (a/mp) s^2 c_softmax; a decoder block keeps
-                 s (4w [+ 2w sandwich norms] + (2i + 2 kv)/mp + 4h/mp gated) c + the same score term.
+                 s (4w [+ 2w sandwich norms] + (2i + 2 kv)/mp + 4h/mp gated) c + the same score term
+                 (2 kv whole, not over mp, when its kv heads are replicated).
                  select_recompute drops the s^2 term; recompute keeps only the block input s w c plus one
                  block's full set while it is recomputed. Times b and the in-flight micro-batches of 1F1B:
                  stage k of pp holds min(m, pp - k). Frozen encoders keep none; cached ones do not run.
   FLOPs          forward per block and sample: 2 s (3 w i + i w + 2 w h) + 4 s^2 i; training = 3x forward
-                 (+1x with recompute, + the score matmul with select_recompute); frozen encoders 1x.
+                 (+1x with recompute, + the score matmul with select_recompute); frozen encoders 1x; a
+                 frozen module that gradients cross (a frozen decoder behind trained projectors) 2x.
   communication  per step and rank: data-parallel gradient all-reduce of the rank's gradient bytes (as
                  reduce-scatter + all-gather with the parallel optimizer); tensor parallel 2 all-reduces
                  forward + 2 backward per block of b s w c bytes (each a reduce-scatter + all-gather);
@@ -43,7 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from mindvl.config import MODULES, STACKS, AudioConfig, Config, ConfigError, TextConfig, VisionConfig
+from mindvl.config import (MODULES, STACKS, AudioConfig, Config, ConfigError, DecoderConfig, TextConfig, VisionConfig,
+                           build_dataclass)
 
 from .hardware import Hardware
 from .strategy import ParallelStrategy, RecomputeConfig, pipeline_blocks, validate_strategy
@@ -65,6 +69,13 @@ PUBLISHED_ENCODERS = {
     "audio": dict(width=512, layers=6, heads=8, mlp_ratio=4.0, pre_norm=True, norm_eps=1e-5),  # Whisper base
 }
 MINILM_VOCAB = 30522 + 2  # MiniLM's WordPiece + [BOS], [EOS] the data's tokenizer appends
+# The decoder `mindvl convert llm` writes from the installed Gemma 3 270M GGUF (268,098,176 parameters; the
+# tests check it against a converted folder), planned when a recipe's model.pretrained.decoder is absent.
+PUBLISHED_DECODER = dict(width=640, layers=18, heads=4, head_dim=256, kv_heads=1, mlp_ratio=3.2, vocab_size=262144,
+                         activation="gelu_tanh", norm="rms", norm_eps=1e-6, qk_norm=True, gated_mlp=True,
+                         sandwich_norm=True, attention_scale=0.0625, rope_theta=1e6, local_rope_theta=1e4,
+                         sliding_window=512, layer_types=(["local"] * 5 + ["global"]) * 3,
+                         embed_scale=640 ** 0.5, tie_embeddings=True, max_positions=32768)
 
 
 # ----------------------------------------------------------------------------- the config as planned
@@ -95,7 +106,25 @@ def planning_config(cfg: Config) -> Config:
         setattr(model, kind, cls(**shape))
     if model.text.vocab_size <= 0:
         model.text.vocab_size = _data_vocab(cfg) or PLANNING_VOCAB
+    if model.pretrained.decoder:
+        model.decoder = _planned_decoder(Path(model.pretrained.decoder), model.decoder)
+    if model.generative and model.decoder.vocab_size <= 0:  # a decoder over the data's word tokenizer
+        model.decoder.vocab_size = model.text.vocab_size
     return cfg
+
+
+def _planned_decoder(folder: Path, current: DecoderConfig) -> DecoderConfig:
+    """The decoder of a converted LLM folder (its config.json, files not hashed: planning reads shapes only),
+    or PUBLISHED_DECODER when the folder is absent or unreadable; the recipe's LoRA settings kept."""
+    import json
+
+    shape = dict(PUBLISHED_DECODER)
+    try:
+        shape = dict(json.loads((folder / "config.json").read_text())["decoder"])
+    except (OSError, ValueError, KeyError):
+        pass
+    shape.update(lora_rank=current.lora_rank, lora_alpha=current.lora_alpha)
+    return build_dataclass(DecoderConfig, shape, "model.decoder")
 
 
 def _data_vocab(cfg: Config) -> int:
@@ -138,23 +167,33 @@ class StackShape:
     norm_params: int = 0  # parameters of one norm; 0: a LayerNorm's 2 x width
     norms: int = 2  # per block (sandwich norms: 4)
     qk_norm_params: int = 0  # the per-head query and key norms
+    kv_heads: int = 0  # of grouped-query attention; 0: heads
 
     @property
     def kv(self) -> int:
         return self.kv_inner or self.inner
+
+    def kv_replicated(self, mp: int) -> bool:
+        """Fewer kv heads than mp: k and v are held whole on every rank (apply._decoder_block)."""
+        return (self.kv_heads or self.heads) % mp != 0
 
     @property
     def mlp_inputs(self) -> int:
         """Products from the block's width into the FFN's: gate and up, or fc1."""
         return 2 if self.gated else 1
 
-    def block_params(self) -> Tuple[int, int, int]:
-        """(split over mp, replicated, LoRA) parameters of one block."""
+    def block_params(self, mp: int = 1) -> Tuple[int, int, int]:
+        """(split over mp, replicated, LoRA) parameters of one block under model_parallel `mp`."""
         w, i, h, kv, ins = self.width, self.inner, self.hidden, self.kv, self.mlp_inputs
-        split = w * i + 2 * w * kv + i * w + ins * w * h + h * w  # q, k, v, out; fc1 (gate, up), fc2 (down)
-        split += (i + 2 * kv if self.qkv_bias else 0) + (ins * h if self.mlp_bias else 0)
+        kv_params = 2 * w * kv + (2 * kv if self.qkv_bias else 0)  # k and v
+        split = w * i + i * w + ins * w * h + h * w  # q, out; fc1 (gate, up), fc2 (down)
+        split += (i if self.qkv_bias else 0) + (ins * h if self.mlp_bias else 0)
         replicated = self.norms * (self.norm_params or 2 * w) + self.qk_norm_params
         replicated += (w if self.out_bias else 0) + (w if self.mlp_bias else 0) + (2 * w if self.layer_scale else 0)
+        if self.kv_replicated(mp):
+            replicated += kv_params
+        else:
+            split += kv_params
         lora = self.lora_rank * ((w + i) + (w + kv)) if self.lora_rank else 0  # on q and v
         return split, replicated, lora
 
@@ -173,9 +212,10 @@ class StackShape:
         if recompute.recompute:
             return self.sequences * s * w * compute
         extra = (2 * w if self.layer_scale else 0) + (self.norms - 2) * w
-        attention = 2 * i + 2 * self.kv  # q, k, v and the weighted sum
+        kv = 2 * self.kv  # k and v, whole on every rank when replicated
+        attention = 2 * i + (0 if self.kv_replicated(mp) else kv)  # q, the weighted sum (and k, v) split over mp
         mlp = 4 * h if self.gated else 2 * h  # gate, up, act(gate), their product; fc1 and act(fc1)
-        kept = s * (4 * w + extra + (attention + mlp) / mp) * compute
+        kept = s * (4 * w + extra + (attention + mlp) / mp + (kv if self.kv_replicated(mp) else 0)) * compute
         if not recompute.select_recompute:
             kept += a / mp * s * s * softmax
         return self.sequences * kept
@@ -194,7 +234,8 @@ def decoder_stack(dec, tokens: int) -> StackShape:
     head_dim = dec.head_dim or dec.width // dec.heads
     return StackShape("fusion", dec.width, dec.heads * head_dim, int(round(dec.width * dec.mlp_ratio)), dec.heads,
                       dec.layers, tokens, 1, True, False, dec.lora_rank,
-                      kv_inner=(dec.kv_heads or dec.heads) * head_dim, gated=dec.gated_mlp,
+                      kv_inner=(dec.kv_heads or dec.heads) * head_dim, kv_heads=dec.kv_heads or dec.heads,
+                      gated=dec.gated_mlp,
                       qkv_bias=dec.attention_bias, out_bias=dec.output_bias, mlp_bias=dec.mlp_bias,
                       norm_params=_decoder_norm_params(dec), norms=4 if dec.sandwich_norm else 2,
                       qk_norm_params=2 * head_dim if dec.qk_norm else 0)
@@ -219,6 +260,16 @@ class ModuleShape:
     runs: bool  # False: a frozen encoder whose outputs are cached, never run in training
     output_bytes_per_sample: float = 0.0  # states handed downstream (pipeline boundaries)
     vocabulary_split: bool = False  # its outputs (an LM head's logits) split over mp with vocab_emb_dp false
+    # of other_params, the part another train.modules entry governs (a generative model's projectors, which
+    # train with "heads"), and whether that part trains
+    separate_params: int = 0
+    separate_trainable: bool = False
+    # gradients flow through its blocks to something trained before them even when none of its own weights
+    # train (a frozen decoder behind trained projectors): it keeps activations and runs a backward pass
+    backward_through: bool = False
+    # its LoRA adapters train while its base weights are frozen (model.pretrained.freeze); train.modules.<m>.frozen
+    # fixes them too
+    adapters_trainable: bool = True
 
     @property
     def block_params(self) -> int:
@@ -230,22 +281,25 @@ class ModuleShape:
 
     @property
     def trainable_params(self) -> int:
-        if self.trainable:
-            return self.params
-        return self.stack.layers * self.stack.block_params()[2] if self.stack else 0  # LoRA adapters
+        adapters = self.stack.layers * self.stack.block_params()[2] if self.stack and self.adapters_trainable else 0
+        own = self.params - self.separate_params if self.trainable else adapters
+        return own + (self.separate_params if self.separate_trainable else 0)
 
     @property
     def needs_backward(self) -> bool:
-        return self.runs and self.trainable_params > 0
+        return self.runs and (self.trainable_params > 0 or self.backward_through)
 
 
 def model_shapes(cfg: Config) -> Dict[str, ModuleShape]:
     """Every module's shape from a planning config (`planning_config`)."""
     m, pre = cfg.model, cfg.preprocess
-    frozen = {name: getattr(cfg.train.modules, name).frozen for name in MODULES}
+    held = {name: getattr(cfg.train.modules, name).frozen for name in MODULES}  # adapters included
+    frozen = dict(held)  # base weights
     for kind in ENCODERS:
         if getattr(m.pretrained, kind) and m.pretrained.freeze:
             frozen[kind] = True
+    if m.pretrained.decoder and m.pretrained.freeze:
+        frozen["fusion"] = True  # the converted decoder stands in the fusion module's place
     compute = DTYPE_BYTES[cfg.train.precision.compute]
 
     def stack(name, enc, tokens, sequences=1):
@@ -268,19 +322,19 @@ def model_shapes(cfg: Config) -> Dict[str, ModuleShape]:
     shapes["vision"] = ModuleShape(
         "vision", stack("vision", m.vision, v_tokens),
         other_params=_linear(3 * p * p, vw) + vw + v_tokens * vw + final_norm(m.vision), table_params=0,
-        other_forward_flops=2 * patches * 3 * p * p * vw, trainable=not frozen["vision"],
+        other_forward_flops=2 * patches * 3 * p * p * vw, trainable=not frozen["vision"], adapters_trainable=not held["vision"],
         runs=not (frozen["vision"] and cached and not m.vision.lora_rank), output_bytes_per_sample=v_tokens * vw * compute)
     shapes["text"] = ModuleShape(
         "text", stack("text", m.text, t_tokens, sequences=2),
         other_params=2 * tw + 2 * tw + final_norm(m.text), table_params=(vocab + m.text.max_positions) * tw,
-        other_forward_flops=0.0, trainable=not frozen["text"],
+        other_forward_flops=0.0, trainable=not frozen["text"], adapters_trainable=not held["text"],
         runs=not (frozen["text"] and cached and not m.text.lora_rank), output_bytes_per_sample=2 * t_tokens * tw * compute)
     frames = pre.max_audio_frames
     shapes["audio"] = ModuleShape(
         "audio", stack("audio", m.audio, a_tokens),
         other_params=_linear(pre.n_mels * 3, aw) + _linear(aw * 3, aw) + final_norm(m.audio), table_params=0,
         other_forward_flops=2 * frames * pre.n_mels * 3 * aw + 2 * a_tokens * 3 * aw * aw,
-        trainable=not frozen["audio"], runs=not (frozen["audio"] and cached and not m.audio.lora_rank),
+        trainable=not frozen["audio"], adapters_trainable=not held["audio"], runs=not (frozen["audio"] and cached and not m.audio.lora_rank),
         output_bytes_per_sample=a_tokens * aw * compute)
     shapes["fusion"] = ModuleShape(
         "fusion", stack("fusion", m.fusion, fusion_tokens),
@@ -288,9 +342,11 @@ def model_shapes(cfg: Config) -> Dict[str, ModuleShape]:
         + final_norm(m.fusion),
         table_params=vocab * fw,
         other_forward_flops=2 * (v_tokens * vw + t_tokens * tw + a_tokens * aw) * fw,
-        trainable=not frozen["fusion"], runs=True, output_bytes_per_sample=fusion_tokens * fw * compute)
+        trainable=not frozen["fusion"], adapters_trainable=not held["fusion"], runs=True,
+        output_bytes_per_sample=fusion_tokens * fw * compute)
     if m.generative:
-        shapes.update(_generative_shapes(cfg, frozen, compute, v_tokens, a_tokens))
+        upstream = any(shapes[kind].trainable_params for kind in ("vision", "audio"))
+        shapes.update(_generative_shapes(cfg, frozen, not held["fusion"], upstream, compute))
         del shapes["text"]  # the question's text enters the decoder as tokens
         return shapes
     answers = m.num_answers
@@ -303,24 +359,33 @@ def model_shapes(cfg: Config) -> Dict[str, ModuleShape]:
     return shapes
 
 
-def _generative_shapes(cfg: Config, frozen: Dict[str, bool], compute: int, vision_tokens: int,
-                       audio_tokens: int) -> Dict[str, ModuleShape]:
+def _generative_shapes(cfg: Config, frozen: Dict[str, bool], adapters_trainable: bool, encoders_train: bool,
+                       compute: int) -> Dict[str, ModuleShape]:
     """The decoder in the fusion module's place and its LM head, for a sample of data.packing.length
-    tokens (one packed row, every position labelled: an upper bound on the head's cost). The fusion
-    module also holds the projectors, LLaVA's two-layer MLP from each encoder's width into the decoder's."""
+    tokens (one packed row, every position labelled: an upper bound on the head's cost; the model runs it
+    at the labelled positions only). The fusion module also holds the projectors, LLaVA's two-layer MLP from
+    each encoder's pooled tokens into the decoder's width, which train with train.modules.heads (as
+    mindvl.train.optim.module_of assigns them); the LM head is the decoder's (train.modules.fusion)."""
+    from mindvl.cells.multimodal_lm import modality_tokens
+
     m, dec = cfg.model, cfg.model.decoder
     tokens, dw = cfg.data.packing.length, dec.width
-    projectors = _linear(m.vision.width, dw) + _linear(m.audio.width, dw) + 2 * _linear(dw, dw)
-    into_decoder = vision_tokens * m.vision.width + audio_tokens * m.audio.width  # first layers' inputs
+    hidden = m.projector.hidden or dw
+    projectors = (_linear(m.vision.width, hidden) + _linear(hidden, dw)) + (_linear(m.audio.width, hidden)
+                                                                           + _linear(hidden, dw))
+    _, _, image_tokens, _, clip_tokens = modality_tokens(m, cfg.preprocess)
+    into_decoder = image_tokens * m.vision.width + clip_tokens * m.audio.width  # the projectors' first layers
     return {
         "fusion": ModuleShape(
             "fusion", decoder_stack(dec, tokens), other_params=projectors + _decoder_norm_params(dec),
             table_params=dec.vocab_size * dw,
-            other_forward_flops=2 * into_decoder * dw + 2 * (vision_tokens + audio_tokens) * dw * dw,
-            trainable=not frozen["fusion"], runs=True, output_bytes_per_sample=tokens * dw * compute),
+            other_forward_flops=2 * into_decoder * hidden + 2 * (image_tokens + clip_tokens) * hidden * dw,
+            trainable=not frozen["fusion"], runs=True, output_bytes_per_sample=tokens * dw * compute,
+            separate_params=projectors, separate_trainable=not frozen["heads"],
+            backward_through=not frozen["heads"] or encoders_train, adapters_trainable=adapters_trainable),
         "heads": ModuleShape(
             "heads", None, other_params=0 if dec.tie_embeddings else dec.vocab_size * dw, table_params=0,
-            other_forward_flops=2 * tokens * dw * dec.vocab_size, trainable=not frozen["heads"], runs=True,
+            other_forward_flops=2 * tokens * dw * dec.vocab_size, trainable=not frozen["fusion"], runs=True,
             output_bytes_per_sample=tokens * dec.vocab_size * 4 * 2, vocabulary_split=True),
     }
 
@@ -355,11 +420,13 @@ def block_costs(shapes: Dict[str, ModuleShape], recompute: RecomputeConfig = Rec
 
 
 def _training_factor(module: ModuleShape, recompute: RecomputeConfig) -> float:
+    """Training FLOPs per forward FLOP: forward, the input gradients, and the weight gradients where the
+    module's weights train (LoRA adapters' are negligible); recompute adds a forward."""
     if not module.runs:
         return 0.0
     if not module.needs_backward:
         return 1.0  # frozen at the input: forward only
-    return 4.0 if recompute.recompute else 3.0
+    return (3.0 if module.trainable else 2.0) + (1.0 if recompute.recompute else 0.0)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -457,9 +524,9 @@ def _ring(nbytes: float, n: int, link, phases: int = 2) -> float:
 def plan(cfg: Config, strategy: ParallelStrategy, hardware: Hardware = Hardware(), devices: Optional[int] = None,
          validate: bool = True) -> Plan:
     """The plan of training `cfg`'s model with `strategy` (checked with validate_strategy first)."""
+    cfg = planning_config(cfg)  # the converted parts' shapes, which the strategy must divide
     if validate:
         validate_strategy(strategy, cfg, devices)
-    cfg = planning_config(cfg)
     shapes = model_shapes(cfg)
     s = strategy
     pp, m = s.pipeline_stage, s.micro_batch_num
@@ -495,12 +562,13 @@ def plan(cfg: Config, strategy: ParallelStrategy, hardware: Hardware = Hardware(
             dp_m, mp_m = split.data_parallel, split.model_parallel
             dp_group = max(dp_group, dp_m)
             samples = batch / (m * dp_m)  # per rank per micro-batch
-            sp, rp, lora = stack.block_params()
+            sp, rp, lora = stack.block_params(mp_m)
             block = sp / mp_m + rp + lora
             extra = extra_trainable = 0.0
             if index == 0:
                 extra += module.other_params + module.table_params / (1 if s.vocab_emb_dp else mp_m)
-                extra_trainable += extra if module.trainable else 0.0
+                extra_trainable += ((extra - module.separate_params if module.trainable else 0.0)
+                                    + (module.separate_params if module.separate_trainable else 0.0))
             if index == stack.layers - 1 and name == "fusion":
                 heads = shapes["heads"]
                 head = heads.params / (s.module("heads").model_parallel
@@ -508,7 +576,7 @@ def plan(cfg: Config, strategy: ParallelStrategy, hardware: Hardware = Hardware(
                 extra += head
                 extra_trainable += head if heads.trainable else 0.0
             params += block + extra
-            trainable += (block if module.trainable else lora) + extra_trainable
+            trainable += (block if module.trainable else lora if module.adapters_trainable else 0) + extra_trainable
             flops += costs[b] * samples / mp_m
             if module.needs_backward:
                 scale = samples * hardware.activation_overhead

@@ -170,6 +170,18 @@ def check_strategy(strategy: ParallelStrategy, devices: Optional[int] = None) ->
 
 # ----------------------------------------------------------------------------- against a model
 
+def kv_split_problem(cfg, mp: int) -> str:
+    """Why a decoder's grouped-query attention cannot split over `mp` ranks, or "": the kv heads split over mp,
+    or, fewer than that, are replicated while each kv head's group of query heads splits over mp."""
+    kv_heads = cfg.kv_heads or cfg.heads
+    group = cfg.heads // kv_heads
+    if kv_heads % mp == 0 or group % mp == 0:
+        return ""
+    return (f"kv_heads {kv_heads} is not divisible by model_parallel={mp}, nor is the group of {group} query "
+            f"heads per kv head (grouped-query attention splits over kv heads, or replicates them and splits "
+            f"each group); use a model_parallel that divides either (or 1)")
+
+
 def pipeline_blocks(cfg: Config) -> List[str]:
     """The blocks a pipeline cuts, in order: each encoder's layers, then the fusion (or decoder) layers."""
     return [f"{module}.{i}" for module in cfg.model.stacks() for i in range(cfg.model.stack(module).layers)]
@@ -186,16 +198,17 @@ def validate_strategy(strategy: ParallelStrategy, cfg: Config, devices: Optional
         section = "decoder" if encoder is model.decoder else name
         sizes = {"width": encoder.width, "heads": encoder.heads,
                  "FFN width": round(encoder.width * encoder.mlp_ratio)}
-        if section == "decoder":
-            sizes["kv_heads"] = encoder.kv_heads or encoder.heads
         if name in ("text", "fusion") and getattr(encoder, "vocab_size", 0) and not s.vocab_emb_dp:
             sizes["vocab_size"] = encoder.vocab_size
+        key = f"modules.{name}.model_parallel" if getattr(s.modules, name).model_parallel else "model_parallel"
         for what, size in sizes.items():
             if size % mp:
-                key = f"modules.{name}.model_parallel" if getattr(s.modules, name).model_parallel else "model_parallel"
                 raise ConfigError(f"{key}: model.{section} {what} {size} is not divisible by model_parallel={mp}; "
                                   f"use a divisor of {size} for {name} (modules.{name}.model_parallel) or resize "
                                   f"the model")
+        problem = kv_split_problem(encoder, mp) if section == "decoder" else ""
+        if problem:
+            raise ConfigError(f"{key}: model.decoder {problem}")
     heads_mp = s.module("heads").model_parallel
     if model.embed_dim % heads_mp:
         raise ConfigError(f"model_parallel: model.embed_dim {model.embed_dim} is not divisible by the heads' "

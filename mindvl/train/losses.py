@@ -147,17 +147,18 @@ class MultimodalLoss(nn.Cell):
 
 class GenerativeLoss(nn.Cell):
     """The generative model's objective as the train step takes it: (loss, parts (1,)), the mean next-token
-    cross-entropy over the assistant's tokens (cells.multimodal_lm.MultimodalLMLoss). It is a mean over a
-    micro-batch's labels, which accumulation and data parallelism average: the global batch's token mean
-    when the micro-batches hold equal label counts, close to it otherwise. construct takes
+    cross-entropy over the assistant's tokens (cells.multimodal_lm.MultimodalLMLoss). Under data parallelism
+    (`rank_mean`) each rank divides by the ranks' mean label count, so the reduced gradient is the global
+    batch's token mean exactly. Gradient accumulation averages the micro-batches' means: the global token
+    mean when they hold equal label counts, close to it otherwise. construct takes
     mindvl.data.conversation_loader.CONVERSATION_TRAIN_COLUMNS, in order."""
 
     part_names = ("lm",)
     weighting = None  # one objective: nothing to weight
 
-    def __init__(self, network):
+    def __init__(self, network, rank_mean: nn.Cell = None):
         super().__init__(auto_prefix=False)
-        self.loss = MultimodalLMLoss(network)
+        self.loss = MultimodalLMLoss(network, rank_mean)
 
     def objectives(self):
         return (self.loss.ce,)

@@ -100,7 +100,8 @@ class Trainer:
             self.token_cache_seconds = round(time.perf_counter() - start, 1)
             network = TokenInputModel(model)
         if self.generative:
-            self.loss_net = GenerativeLoss(apply_precision(network, train_cfg.precision))
+            self.loss_net = GenerativeLoss(apply_precision(network, train_cfg.precision),
+                                           RankMean(self.world) if self.world > 1 else None)
         else:
             self.loss_net = MultimodalLoss(apply_precision(network, train_cfg.precision), train_cfg.loss_weights,
                                            load_tokenizer(cfg.data.root).pad_id, train_cfg.loss_weighting,
@@ -416,11 +417,9 @@ def training_stream(cfg: Config, model: nn.Cell, tokens=None, shard_id: Optional
 
 def _check_generative_recipe(cfg: Config) -> None:
     """What the generative model does not train with yet: refused before any work, naming the setting."""
-    unsupported = {"train.distill.teacher": cfg.train.distill.teacher, "train.parallel": cfg.train.parallel}
-    for key, value in unsupported.items():
-        if value:
-            raise ConfigError(f"{key}: not available for a generative recipe yet (model.decoder); remove it "
-                              f"to train the generative model")
+    if cfg.train.distill.teacher:
+        raise ConfigError("train.distill.teacher: not available for a generative recipe yet (model.decoder); "
+                          "remove it to train the generative model")
 
 
 def first_batch_forward(cfg: Config, model: nn.Cell) -> None:

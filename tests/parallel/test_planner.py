@@ -1,5 +1,6 @@
 """mindvl.parallel.planner against the model built on CPU, and its formulas and search."""
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -7,7 +8,8 @@ import pytest
 from mindvl.config import ConfigError, load_config
 from mindvl.parallel.planner import (ADAM_STATES, PARAM_BYTES, PUBLISHED_ENCODERS, bubble_fraction,
                                      count_config_parameters, count_config_trainable_parameters, plan, search)
-from mindvl.parallel.strategy import ParallelStrategy, RecomputeConfig, validate_strategy
+from mindvl.parallel.strategy import (ModuleStrategies, ModuleStrategy, ParallelStrategy, RecomputeConfig,
+                                     validate_strategy)
 
 VOCAB = 64
 VARIANT = ["model.vision.layer_scale=0.1", "model.text.pre_norm=false", "model.audio.lora_rank=4",
@@ -253,3 +255,78 @@ def test_plan_search_finds_strategies_for_the_8b_decoder(capsys):
     assert args.func(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 3 and float(lines[1].split()[1]) <= 64
+
+
+# ----------------------------------------------------------------------------- the generative model
+
+def vlm_tiny(*extra):
+    """vlm-tiny planned without data: the decoder over a VOCAB-word tokenizer."""
+    return load_config("vlm-tiny", [f"model.text.vocab_size={VOCAB}", f"model.decoder.vocab_size={VOCAB}",
+                                    "train.init_from=''", *extra])
+
+
+@pytest.mark.parametrize("extra", [[], ["model.decoder.lora_rank=4", "train.modules.fusion.frozen=true",
+                                        "train.modules.audio.frozen=true"]], ids=["recipe", "frozen-decoder-lora"])
+def test_a_generative_recipe_plans_the_parameters_and_gradients_of_the_built_model(extra):
+    """Encoders, projectors and decoder as build_model makes them, frozen as the trainer freezes them (the
+    recipe freezes vision; the projectors train with train.modules.heads)."""
+    from mindvl.models import build_model
+    from mindvl.parallel.planner import planning_config
+    from mindvl.train.optim import freeze_modules
+
+    cfg = vlm_tiny(*extra)
+    model = build_model(planning_config(cfg))
+    freeze_modules(model, cfg.train)
+    assert count_config_parameters(cfg) == sum(p.size for p in model.get_parameters())
+    assert count_config_trainable_parameters(cfg) == sum(p.size for p in model.trainable_params())
+    result = plan(cfg, ParallelStrategy())
+    assert result.gradient_bytes == sum(p.size * p.itemsize for p in model.trainable_params())
+    assert result.parameter_bytes == sum(p.size * p.itemsize for p in model.get_parameters())
+
+
+def test_a_frozen_decoder_behind_trained_projectors_keeps_activations_for_their_gradients():
+    """vlm-s-align trains only the projectors, which sit before Gemma 3's 18 frozen blocks: their gradients
+    cross every block, so the blocks keep activations and run a backward pass (2x forward, not 1x)."""
+    from mindvl.parallel.planner import block_costs, model_shapes, planning_config
+
+    cfg = planning_config(load_config("vlm-s-align", ["model.pretrained.decoder=absent/gemma3"]))
+    shapes = model_shapes(cfg)
+    decoder = shapes["fusion"]
+    assert decoder.trainable_params == decoder.separate_params > 0 and decoder.needs_backward
+    costs = block_costs(shapes)
+    assert costs[-2] == pytest.approx(2 * decoder.stack.block_forward_flops())  # a middle decoder block
+    result = plan(cfg, ParallelStrategy())
+    assert result.activation_bytes > 0
+    assert result.trainable_parameter_count == decoder.separate_params  # the encoders and the decoder are frozen
+    frozen_projectors = plan(load_config("vlm-s-align", ["model.pretrained.decoder=absent/gemma3",
+                                                         "train.modules.heads.frozen=true"]), ParallelStrategy())
+    assert frozen_projectors.trainable_parameter_count == 0 and frozen_projectors.activation_bytes == 0
+
+
+def test_the_published_decoder_is_the_one_convert_llm_writes(gemma3_folder):
+    """A recipe whose converted Gemma 3 270M is absent is planned with the shape its folder would have."""
+    from mindvl.parallel.planner import decoder_parameters, planning_config
+
+    present = planning_config(load_config("vlm-s", [f"model.pretrained.decoder={gemma3_folder}"])).model.decoder
+    absent = planning_config(load_config("vlm-s", ["model.pretrained.decoder=absent/gemma3"])).model.decoder
+    assert absent == present and present.lora_rank == 8  # the recipe's LoRA kept
+    without_lora = dataclasses.replace(absent, lora_rank=0)
+    assert decoder_parameters(without_lora) == json.loads((gemma3_folder / "config.json").read_text())["parameters"]
+
+
+def test_gemma3s_single_kv_head_is_replicated_under_tensor_parallelism():
+    """Gemma 3 270M has 4 query heads over 1 kv head: under model_parallel 2 or 4 its k and v stay whole on
+    every rank and only q, out and the MLP split; 8 does not divide its query heads and is refused by name."""
+    cfg = load_config("vlm-s", ["model.pretrained.decoder=absent/gemma3", "data.batch_size=8"])
+    encoders_dp = ModuleStrategies(vision=ModuleStrategy(8, 1), audio=ModuleStrategy(8, 1))  # DINOv2's 6 heads
+    one = plan(cfg, ParallelStrategy(data_parallel=8), devices=8)
+    two = plan(cfg, ParallelStrategy(data_parallel=4, model_parallel=2, modules=encoders_dp), devices=8)
+    four = plan(cfg, ParallelStrategy(data_parallel=2, model_parallel=4, modules=encoders_dp), devices=8)
+    assert four.parameter_bytes < two.parameter_bytes < one.parameter_bytes
+    from mindvl.parallel.planner import model_shapes, planning_config
+    stack = model_shapes(planning_config(cfg))["fusion"].stack
+    split, replicated, _ = stack.block_params(4)
+    assert replicated - stack.block_params(1)[1] == 2 * 640 * 256  # k and v, whole
+    assert split == stack.block_params(1)[0] - 2 * 640 * 256
+    with pytest.raises(ConfigError, match=r"model_parallel: model.decoder heads 4 is not divisible by model_parallel=8"):
+        plan(cfg, ParallelStrategy(data_parallel=1, model_parallel=8, modules=encoders_dp), devices=8)

@@ -189,5 +189,14 @@ def test_decoder_strategy_splits_heads_kv_heads_and_the_vocabulary():
     assert strategies["blocks.0.attn.core.qk_matmul"] == ((2, 2, 1, 1), (2, 2, 1, 1))
     assert strategies["blocks.1.post_mlp_norm.rms_norm.mul"] == ((2, 1, 1), (2, 1, 1))
     assert strategies["gather"] == ((2, 1), (2, 1)) and strategies["head_matmul"] == ((2, 1), (2, 1))
-    with pytest.raises(ConfigError, match=r"kv_heads 2 is not divisible by model_parallel=4; grouped-query"):
-        apply_decoder_strategy(CausalLM(cfg, cache_len=8), dp=1, mp=4)
+    # 2 kv heads over 4 ranks: each rank holds the keys and values whole and 1 of each group's 4 query heads
+    replicated = CausalLM(cfg, cache_len=8)
+    apply_decoder_strategy(replicated, dp=1, mp=4)
+    strategies = primitive_strategies(replicated)
+    assert strategies["blocks.0.attn.q_proj.matmul"] == ((1, 1), (4, 1))
+    assert strategies["blocks.0.attn.k_proj.matmul"] == strategies["blocks.0.attn.v_proj.matmul"] == ((1, 1), (1, 1))
+    assert strategies["blocks.0.attn.k_norm.rms_norm.square"] == ((1, 1, 1, 1),)
+    assert strategies["blocks.0.attn.q_norm.rms_norm.square"] == ((1, 1, 4, 1),)
+    assert strategies["blocks.0.attn.core.qk_matmul"] == ((1, 1, 4, 1), (1, 1, 1, 1))  # query rows, group-major
+    with pytest.raises(ConfigError, match=r"kv_heads 2 is not divisible by model_parallel=8, nor is the group of 4"):
+        apply_decoder_strategy(CausalLM(cfg, cache_len=8), dp=1, mp=8)
