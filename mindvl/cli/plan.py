@@ -100,6 +100,10 @@ def render(name: str, p) -> str:
         f"{p.devices} devices, {s['micro_batch_num']} micro-batches, parallel optimizer "
         f"{'on' if s['enable_parallel_optimizer'] else 'off'}, recompute {recompute}",
         f"model: {p.parameter_count:,} parameters ({p.trainable_parameter_count:,} trainable)",
+        *([f"sample: one conversation of {p.sample_tokens} tokens, {p.sample_labels} of them labelled"
+           + (" (a whole packed row: the data set or the decoder's tokenizer is not here, an upper bound)"
+              if p.sample_tokens == p.sample_labels else " (means over the built data set's training conversations)")]
+          if p.sample_tokens else []),
         "per rank (the most loaded stage):",
         f"  parameters            {p.parameter_bytes / GB:10.3f} GB",
         f"  gradients             {p.gradient_bytes / GB:10.3f} GB",

@@ -279,12 +279,12 @@ def apply_loss_strategy(loss: nn.Cell, strategy: ParallelStrategy) -> None:
     data parallelism), log-softmax and the cross-entropies row-wise. Classes are not split: the answer set
     is small, and a vocabulary-parallel cross-entropy for the LM head is not built (vocab_emb_dp false
     still splits only its embedding table). A generative model's loss (GenerativeLoss) is one cross-entropy
-    over the labelled positions' logits, split over those rows (the head's vocabulary split is gathered for
-    it)."""
-    dp = strategy.module("heads").data_parallel
-    if isinstance(getattr(loss, "loss", None), MultimodalLMLoss):  # GenerativeLoss: over the labelled positions
-        _cross_entropy(loss.loss.ce, dp)
+    over the labelled positions' logits from the decoder's head, split over those rows with the decoder's
+    (fusion's) dp (the head's vocabulary split is gathered for it)."""
+    if isinstance(getattr(loss, "loss", None), MultimodalLMLoss):  # GenerativeLoss: the decoder's logits
+        _cross_entropy(loss.loss.ce, strategy.module("fusion").data_parallel)
         return
+    dp = strategy.module("heads").data_parallel
     loss.contrastive.matmul.shard(((dp, 1), (1, 1)))
     loss.contrastive.log_softmax.log_softmax.shard(((dp, 1),))
     for ce in (loss.answer_loss.ce, loss.lm_loss.ce):

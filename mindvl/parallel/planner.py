@@ -359,17 +359,47 @@ def model_shapes(cfg: Config) -> Dict[str, ModuleShape]:
     return shapes
 
 
+_MEASURED_SIZES: Dict[tuple, Tuple[int, int]] = {}
+
+
+def conversation_sizes(cfg: Config) -> Tuple[int, int]:
+    """(tokens, labelled positions) of one training sample of a generative recipe: the means over the built
+    data set's training conversations (of data.conversation_kinds) as the recipe's chat template renders
+    them, or a whole packed row of data.packing.length tokens, every one labelled (an upper bound), when the
+    data set or the decoder's tokenizer is not on this machine. Measured once per data set and recipe."""
+    from mindvl.cells.multimodal_lm import modality_tokens
+    from mindvl.chat import recipe_chat
+    from mindvl.data.conversation_loader import conversation_rows
+    from mindvl.data.conversation_loader import conversation_sizes as rendered_sizes
+    from mindvl.data.root import DataRootError
+    from mindvl.preprocess import InputError
+
+    length = int(cfg.data.packing.length)
+    _, _, image_tokens, _, audio_tokens = modality_tokens(cfg.model, cfg.preprocess)
+    key = (str(Path(cfg.data.root).resolve()), cfg.model.pretrained.decoder, cfg.model.chat_template, length,
+           image_tokens, audio_tokens, tuple(cfg.data.conversation_kinds), float(cfg.data.validation_fraction))
+    if key not in _MEASURED_SIZES:
+        try:
+            sizes = rendered_sizes(cfg, "train", recipe_chat(cfg, image_tokens, audio_tokens))
+            rows = sizes.usable(conversation_rows(cfg, "train"), list(cfg.data.conversation_kinds))
+            measured = (int(round(sizes.tokens[rows].mean())), max(1, int(round(sizes.labels[rows].mean()))))
+        except (ConfigError, DataRootError, InputError, OSError, ValueError):
+            measured = (length, length)
+        _MEASURED_SIZES[key] = measured if len(measured) == 2 and measured[0] > 0 else (length, length)
+    return _MEASURED_SIZES[key]
+
+
 def _generative_shapes(cfg: Config, frozen: Dict[str, bool], adapters_trainable: bool, encoders_train: bool,
                        compute: int) -> Dict[str, ModuleShape]:
-    """The decoder in the fusion module's place and its LM head, for a sample of data.packing.length
-    tokens (one packed row, every position labelled: an upper bound on the head's cost; the model runs it
-    at the labelled positions only). The fusion module also holds the projectors, LLaVA's two-layer MLP from
-    each encoder's pooled tokens into the decoder's width, which train with train.modules.heads (as
-    mindvl.train.optim.module_of assigns them); the LM head is the decoder's (train.modules.fusion)."""
+    """The decoder in the fusion module's place and its LM head, for one conversation (conversation_sizes:
+    its tokens through the decoder, its labelled positions through the head, which the model runs there
+    only). The fusion module also holds the projectors, LLaVA's two-layer MLP from each encoder's pooled
+    tokens into the decoder's width, which train with train.modules.heads (as mindvl.train.optim.module_of
+    assigns them); the LM head is the decoder's (train.modules.fusion)."""
     from mindvl.cells.multimodal_lm import modality_tokens
 
     m, dec = cfg.model, cfg.model.decoder
-    tokens, dw = cfg.data.packing.length, dec.width
+    (tokens, labels), dw = conversation_sizes(cfg), dec.width
     hidden = m.projector.hidden or dw
     projectors = (_linear(m.vision.width, hidden) + _linear(hidden, dw)) + (_linear(m.audio.width, hidden)
                                                                            + _linear(hidden, dw))
@@ -385,8 +415,8 @@ def _generative_shapes(cfg: Config, frozen: Dict[str, bool], adapters_trainable:
             backward_through=not frozen["heads"] or encoders_train, adapters_trainable=adapters_trainable),
         "heads": ModuleShape(
             "heads", None, other_params=0 if dec.tie_embeddings else dec.vocab_size * dw, table_params=0,
-            other_forward_flops=2 * tokens * dw * dec.vocab_size, trainable=not frozen["fusion"], runs=True,
-            output_bytes_per_sample=tokens * dec.vocab_size * 4 * 2, vocabulary_split=True),
+            other_forward_flops=2 * labels * dw * dec.vocab_size, trainable=not frozen["fusion"], runs=True,
+            output_bytes_per_sample=labels * dec.vocab_size * 4 * 2, vocabulary_split=True),
     }
 
 
@@ -508,6 +538,9 @@ class Plan:
     bubble_fraction: float
     stage_imbalance: float  # slowest / mean stage time
     stages: List[Dict] = field(default_factory=list)
+    # a generative recipe's sample (conversation_sizes): its tokens and labelled positions; 0 for the classifier
+    sample_tokens: int = 0
+    sample_labels: int = 0
 
     def to_dict(self) -> Dict:
         return dataclasses.asdict(self)
@@ -543,6 +576,7 @@ def plan(cfg: Config, strategy: ParallelStrategy, hardware: Hardware = Hardware(
     shard = 1
     if s.enable_parallel_optimizer:
         shard = s.data_parallel if s.optimizer_weight_shard_size == -1 else s.optimizer_weight_shard_size
+    head_module = "fusion" if cfg.model.generative else "heads"  # a decoder's LM head is split with the decoder
     mp_link = hardware.link(s.model_parallel, 1)
     pp_link = hardware.link(2, s.data_parallel * s.model_parallel)
 
@@ -571,7 +605,7 @@ def plan(cfg: Config, strategy: ParallelStrategy, hardware: Hardware = Hardware(
                                     + (module.separate_params if module.separate_trainable else 0.0))
             if index == stack.layers - 1 and name == "fusion":
                 heads = shapes["heads"]
-                head = heads.params / (s.module("heads").model_parallel
+                head = heads.params / (s.module(head_module).model_parallel
                                        if heads.vocabulary_split and not s.vocab_emb_dp else 1)
                 extra += head
                 extra_trainable += head if heads.trainable else 0.0
@@ -587,7 +621,7 @@ def plan(cfg: Config, strategy: ParallelStrategy, hardware: Hardware = Hardware(
                 peak_block = max(peak_block, full if s.recompute_config.recompute else 0.0)
                 if index == stack.layers - 1 and name == "fusion":
                     heads = shapes["heads"]
-                    split = s.module("heads").model_parallel if heads.vocabulary_split and not s.vocab_emb_dp else 1
+                    split = s.module(head_module).model_parallel if heads.vocabulary_split and not s.vocab_emb_dp else 1
                     act += heads.output_bytes_per_sample * samples / split
                     act_no_rc += heads.output_bytes_per_sample * samples / split
             if mp_m > 1 and module.runs:
@@ -655,7 +689,8 @@ def plan(cfg: Config, strategy: ParallelStrategy, hardware: Hardware = Hardware(
         total_bytes=memory(worst), comm_bytes=comm, comm_s=comm_s, step_time_s=step,
         samples_per_s=batch / step if step else float("inf"),
         bubble_fraction=bubble_fraction(pp, m), stage_imbalance=slowest / mean if mean else 1.0,
-        stages=[{**dataclasses.asdict(st), "time_s": st.time_s, "memory_bytes": memory(st)} for st in stage_plans])
+        stages=[{**dataclasses.asdict(st), "time_s": st.time_s, "memory_bytes": memory(st)} for st in stage_plans],
+        **dict(zip(("sample_tokens", "sample_labels"), conversation_sizes(cfg) if cfg.model.generative else (0, 0))))
 
 
 def bubble_fraction(stages: int, micro_batches: int) -> float:

@@ -330,3 +330,16 @@ def test_gemma3s_single_kv_head_is_replicated_under_tensor_parallelism():
     assert split == stack.block_params(1)[0] - 2 * 640 * 256
     with pytest.raises(ConfigError, match=r"model_parallel: model.decoder heads 4 is not divisible by model_parallel=8"):
         plan(cfg, ParallelStrategy(data_parallel=1, model_parallel=8, modules=encoders_dp), devices=8)
+
+
+def test_a_generative_recipe_is_planned_per_conversation_of_its_built_data(small_cfg, small_report, tmp_path):
+    """With the data set built, a sample is one training conversation as the chat template renders it and the
+    LM head runs at its labelled positions only; without it, a whole packed row with every position labelled."""
+    from conftest import small_generative_config
+
+    built = plan(small_generative_config(small_cfg.data.root), ParallelStrategy())
+    bound = plan(small_generative_config(tmp_path / "not_built"), ParallelStrategy())
+    length = load_config("vlm-tiny").data.packing.length
+    assert bound.sample_tokens == bound.sample_labels == length
+    assert 0 < built.sample_labels < built.sample_tokens < length
+    assert built.activation_bytes < bound.activation_bytes and built.step_time_s < bound.step_time_s

@@ -200,3 +200,64 @@ def test_decoder_strategy_splits_heads_kv_heads_and_the_vocabulary():
     assert strategies["blocks.0.attn.core.qk_matmul"] == ((1, 1, 4, 1), (1, 1, 1, 1))  # query rows, group-major
     with pytest.raises(ConfigError, match=r"kv_heads 2 is not divisible by model_parallel=8, nor is the group of 4"):
         apply_decoder_strategy(CausalLM(cfg, cache_len=8), dp=1, mp=8)
+
+
+# ----------------------------------------------------------------------------- the generative model
+
+def test_the_shipped_strategies_apply_to_the_generative_model():
+    """vlm-tiny under dp2-mp2-pp2: its vision and audio blocks, projectors and decoder carry their splits,
+    the decoder's blocks end the pipeline, and the projectors sit on the stage of the decoder block that
+    reads their tokens."""
+    vlm = load_config("vlm-tiny", ["data.batch_size=16", "train.init_from=''"])
+    dumped = dump_strategy(vlm, create_strategy("dp2-mp2-pp2"))
+    assert list(dumped["stages"]) == ["vision.0", "vision.1", "audio.0", "audio.1", "fusion.0", "fusion.1"]
+    assert dumped["stages"]["fusion.1"] == 1
+    primitives = dumped["primitives"]
+    assert primitives["decoder.blocks.1.attn.q_proj.matmul"] == [[2, 1], [2, 1]]
+    assert primitives["decoder.blocks.1.mlp.fc2.matmul"] == [[2, 2], [1, 2]]
+    assert primitives["decoder.head_matmul"] == [[2, 1], [2, 1]]  # the logits over the vocabulary
+    assert primitives["image_proj.fc1.matmul"] == [[2, 1], [2, 1]]
+    assert primitives["audio_proj.fc2.matmul"] == [[2, 2], [1, 2]]
+    assert primitives["vision.encoder.blocks.0.attn.core.qk_matmul"] == [[2, 2, 1, 1], [2, 2, 1, 1]]
+
+    from mindvl.models import build_model
+    from mindvl.parallel.planner import planning_config
+
+    planned = planning_config(vlm)
+    model = build_model(planned)
+    stages = apply_strategy(model, planned, create_strategy("dp2-mp2-pp2"))
+    assert model.image_proj.pipeline_stage == model.audio_proj.pipeline_stage == stages["fusion.0"]
+    assert model.decoder.blocks[1].pipeline_stage == 1
+
+
+def test_the_generative_loss_is_split_over_the_labelled_positions():
+    from mindvl.cells import MultimodalLM
+    from mindvl.parallel.apply import apply_loss_strategy
+    from mindvl.parallel.planner import planning_config
+    from mindvl.train.losses import GenerativeLoss
+
+    planned = planning_config(load_config("vlm-tiny", ["train.init_from=''"]))
+    loss = GenerativeLoss(MultimodalLM(planned.model, planned.preprocess))
+    strategy = create_strategy("dp2-mp4")
+    strategy.modules.fusion.data_parallel, strategy.modules.fusion.model_parallel = 4, 2
+    apply_loss_strategy(loss, strategy)
+    assert loss.loss.ce.sparse_softmax_cross_entropy.attrs["in_strategy"] == ((4, 1), (4,))  # the decoder's dp
+
+
+def test_a_generative_recipe_refuses_tensor_splits_on_the_cpu_naming_the_plan():
+    vlm = load_config("vlm-tiny", ["data.batch_size=16", "train.parallel=dp2-mp2-pp2", "train.init_from=''"])
+    with pytest.raises(ConfigError, match=r"model_parallel, pipeline_stage need MindSpore's semi-auto-parallel"):
+        prepare_training(vlm, None, 8)
+    recompute = load_config("vlm-tiny", ["train.parallel=" + str(_full_recompute_dp2()), "train.init_from=''"])
+    prepare_training(recompute, None, 2)
+    assert recompute.train.modules.fusion.recompute == [0, 1]  # the decoder's blocks, not model.fusion's
+    assert recompute.train.modules.vision.recompute == [0, 1]
+
+
+def _full_recompute_dp2():
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp()) / "dp2-recompute.yaml"
+    path.write_text("data_parallel: 2\nrecompute_config: {recompute: true}\n")
+    return path
