@@ -73,3 +73,33 @@ def test_training_killed_twice_and_resumed_ends_with_the_uninterrupted_weights(t
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
              if "loss" in json.loads(line)]
     assert steps == [5, 10, 15, 20, 25, 30]  # each step logged once despite the repeated 11..15
+
+
+@pytest.mark.slow
+def test_a_generative_run_killed_and_resumed_ends_with_the_uninterrupted_weights(generative_run, tmp_path):
+    """vlm-tiny (stage 2, from the session's tiny run) SIGKILLed between checkpoints and resumed with --resume
+    auto: the stored tensors (everything that trains, the frozen vision encoder too) and the data position
+    are the uninterrupted run's."""
+    _, reference = generative_run
+    config = Path(reference.output_dir) / "config.json"
+    run = tmp_path / "run"
+    checkpoints = run / "checkpoints"
+
+    first = _start(config, run)
+    _wait_for(first, lambda: _logged_step(run, 15), "step 15")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert (checkpoints / "latest").read_text() == "step_00000010"
+
+    second = _start(config, run, resume="auto")
+    output, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, output[-3000:]
+    assert json.loads((run / "train_result.json").read_text())["start_step"] == 10
+    got = load_file(str(checkpoints / "step_00000030" / "model.safetensors"))
+    want = load_file(str(Path(reference.checkpoint) / "model.safetensors"))
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=TOLERANCE, err_msg=name)
+    final = json.loads((checkpoints / "step_00000030" / "train_state.json").read_text())
+    assert final["data"] == json.loads((Path(reference.checkpoint) / "train_state.json").read_text())["data"]
+    assert final["best"] == json.loads((Path(reference.checkpoint) / "train_state.json").read_text())["best"]
