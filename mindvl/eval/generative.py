@@ -56,16 +56,19 @@ def normalise_caption(text: str) -> str:
 
 class GenerativeEvaluator:
     """Evaluates a MultimodalLM (trained or loaded) on a recipe's conversations; built once per model, so its
-    prefill and decode graphs compile once for every validation of a training run."""
+    prefill and decode graphs compile once for every validation of a training run. `kernels`: the
+    generator's (MultimodalGenerator): "standard" keeps a training model's own, "fused" for a loaded model
+    (what `mindvl eval` and the quickstart use: with MindSpore's operators 16 prompts of vlm-s need ~25 GB)."""
 
-    def __init__(self, cfg: Config, model, batch_size: int = 16) -> None:
+    def __init__(self, cfg: Config, model, batch_size: int = 16, kernels: str = "standard") -> None:
         from mindvl.generation.multimodal import MultimodalGenerator
 
         self.cfg = cfg
         self.chat = recipe_chat(cfg, model.image_tokens, model.audio_tokens)
         self.batch_size = int(batch_size)
         self.generator = MultimodalGenerator(model, self.chat.tokenizer, self.chat, cfg.preprocess,
-                                             cache_len=int(cfg.data.packing.length) + CAPTION_TOKENS)
+                                             cache_len=int(cfg.data.packing.length) + CAPTION_TOKENS,
+                                             kernels=kernels)
 
     def evaluate(self, split: str = "test", captions: bool = True, progress: bool = True,
                  limit: int = 0) -> Dict[str, Any]:
@@ -154,6 +157,6 @@ def majority_answer(training: List[ConversationSample], evaluated: List[Conversa
 
 def evaluate_generative(cfg: Config, model, progress: bool = True, split: str = "test",
                         limit: int = 0) -> Dict[str, Any]:
-    """`mindvl eval` for a generative run."""
-    return GenerativeEvaluator(cfg, model).evaluate(split, progress=progress, limit=limit)
+    """`mindvl eval` for a generative run (a loaded model: mindvl's fused CPU kernels)."""
+    return GenerativeEvaluator(cfg, model, kernels="fused").evaluate(split, progress=progress, limit=limit)
 

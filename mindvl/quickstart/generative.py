@@ -71,7 +71,7 @@ def run_generative_quickstart(work: Path, config: str, overrides: Sequence[str] 
     stage("4/5 evaluate the generated answers and descriptions"
           + (f" (the first {EVAL_LIMIT} of each kind)" if pretrained else ""))
     cfg, model, _ = load_model(previous)
-    evaluator = GenerativeEvaluator(cfg, model)  # one generator (its compiled graphs) for both steps
+    evaluator = GenerativeEvaluator(cfg, model, kernels="fused")  # one generator (its graphs) for both steps
     metrics = evaluator.evaluate("test", progress=progress, limit=EVAL_LIMIT if pretrained else 0)
     stage(f"5/5 answer {QUESTIONS} test questions (half spoken) about their images")
     answers = answer_questions(evaluator, QUESTIONS)

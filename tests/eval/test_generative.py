@@ -32,3 +32,25 @@ def test_mindvl_eval_scores_the_generated_answers_and_descriptions_of_a_generati
     assert report["caption"]["count"] > 0 and report["caption"]["cider_d"] >= 0
     assert 0 <= report["caption"]["bleu4"] <= 1 and len(report["caption"]["examples"]) <= 3
     assert 0 < report["baseline"]["accuracy"] < 1
+
+
+def test_the_fused_kernels_write_the_standard_operators_answers(generative_run):
+    """`mindvl eval` generates with mindvl's CPU kernels swapped into the whole loaded model (the memory of
+    MindSpore's operators in these graphs does not fit 16 prompts of vlm-s): the same tokens."""
+    from mindvl.cells.kernels import fused_cells, library
+    from mindvl.eval.generative import GenerativeEvaluator
+    from mindvl.models import load_model
+
+    if library() is None:
+        pytest.skip("the fused CPU kernels cannot be built on this machine (no C++ compiler)")
+    _, result = generative_run
+    answers = {}
+    for kernels in ("standard", "fused"):
+        cfg, model, _ = load_model(result.output_dir)
+        evaluator = GenerativeEvaluator(cfg, model, kernels=kernels)
+        swapped = {module: any(isinstance(c, fused_cells()) for _, c in getattr(model, module).cells_and_names())
+                   for module in ("vision", "audio", "decoder")}
+        assert set(swapped.values()) == {kernels == "fused"}
+        asked = evaluator.questions("test", 6)
+        answers[kernels] = [a.tokens for a in evaluator.generator.generate([p for _, p in asked], max_new_tokens=6)]
+    assert answers["fused"] == answers["standard"]
