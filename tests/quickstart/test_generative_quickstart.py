@@ -19,7 +19,7 @@ def test_a_generative_recipe_s_stages_are_found_from_its_init_from():
 
 
 @pytest.mark.slow
-def test_the_generative_quickstart_trains_its_stages_evaluates_and_answers(tmp_path, capsys):
+def test_the_generative_quickstart_trains_its_stages_evaluates_and_answers(tmp_path, capfd):
     from mindvl.cli import main
 
     overrides = ["data.limit=6", "data.batch_size=8", "data.num_workers=1", "train.warmup_steps=2",
@@ -29,7 +29,7 @@ def test_the_generative_quickstart_trains_its_stages_evaluates_and_answers(tmp_p
     work = tmp_path / "qs"
     args = ["quickstart", "--config", "vlm-tiny", "--workdir", str(work), "--max-steps", "12"]
     assert main([*args, *(arg for override in overrides for arg in ("--set", override))]) == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out  # the stages train in processes of their own
     for line in ("train tiny", "train vlm-tiny", "VQA, typed question", "VQA, spoken question", "majority baseline",
                  "descriptions", "answer"):
         assert line in out, out[-3000:]

@@ -38,6 +38,17 @@ def _logged_step(run: Path, step: int) -> bool:
                                   if line.endswith("}"))
 
 
+def _assert_same_end(checkpoint: Path, reference: Path) -> None:
+    """`checkpoint` holds the tensors, data position and best validation of the uninterrupted `reference`."""
+    got = load_file(str(checkpoint / "model.safetensors"))
+    want = load_file(str(reference / "model.safetensors"))
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=TOLERANCE, err_msg=name)
+    final, expected = (json.loads((folder / "train_state.json").read_text()) for folder in (checkpoint, reference))
+    assert final["data"] == expected["data"] and final["best"] == expected["best"]
+
+
 @pytest.mark.slow
 def test_training_killed_twice_and_resumed_ends_with_the_uninterrupted_weights(trained_run, tmp_path):
     cfg, reference = trained_run
@@ -63,13 +74,7 @@ def test_training_killed_twice_and_resumed_ends_with_the_uninterrupted_weights(t
     result = json.loads((run / "train_result.json").read_text())
     assert result["start_step"] == 20 and result["steps"] == 30
 
-    got = load_file(str(checkpoints / "step_00000030" / "model.safetensors"))
-    want = load_file(str(Path(reference.checkpoint) / "model.safetensors"))
-    assert got.keys() == want.keys()
-    for name in want:
-        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=TOLERANCE, err_msg=name)
-    final = json.loads((checkpoints / "step_00000030" / "train_state.json").read_text())
-    assert final["data"] == json.loads((Path(reference.checkpoint) / "train_state.json").read_text())["data"]
+    _assert_same_end(checkpoints / "step_00000030", Path(reference.checkpoint))
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
              if "loss" in json.loads(line)]
     assert steps == [5, 10, 15, 20, 25, 30]  # each step logged once despite the repeated 11..15
@@ -95,11 +100,4 @@ def test_a_generative_run_killed_and_resumed_ends_with_the_uninterrupted_weights
     output, _ = second.communicate(timeout=300)
     assert second.returncode == 0, output[-3000:]
     assert json.loads((run / "train_result.json").read_text())["start_step"] == 10
-    got = load_file(str(checkpoints / "step_00000030" / "model.safetensors"))
-    want = load_file(str(Path(reference.checkpoint) / "model.safetensors"))
-    assert got.keys() == want.keys()
-    for name in want:
-        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=TOLERANCE, err_msg=name)
-    final = json.loads((checkpoints / "step_00000030" / "train_state.json").read_text())
-    assert final["data"] == json.loads((Path(reference.checkpoint) / "train_state.json").read_text())["data"]
-    assert final["best"] == json.loads((Path(reference.checkpoint) / "train_state.json").read_text())["best"]
+    _assert_same_end(checkpoints / "step_00000030", Path(reference.checkpoint))
