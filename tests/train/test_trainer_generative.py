@@ -1,7 +1,7 @@
 """The Trainer on the generative recipe (vlm-tiny at test size, the small data set's conversation tables): the
 loss falls, validation scores the generated answers, the checkpoint loads back as the MultimodalLM and
-generates through the chat template (API and `mindvl generate`), and a run resumed from a checkpoint ends with exactly the uninterrupted run's
-weights and data position."""
+generates through the chat template (API and `mindvl generate`); resuming is tests/train/test_kill_resume.py's (a
+run killed with SIGKILL and resumed ends with the uninterrupted run's weights and data position)."""
 import json
 import re
 import shutil
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from conftest import GENERATIVE_RUN, small_generative_config
+from conftest import small_generative_config
 
 
 def test_a_generative_run_lowers_the_loss_and_loads_back_as_a_model_that_answers(generative_run):
@@ -42,26 +42,6 @@ def test_a_generative_run_lowers_the_loss_and_loads_back_as_a_model_that_answers
     answer = generator.generate(MultimodalPrompt(question, P.decode_image(sample.image, run_cfg.preprocess)),
                                 max_new_tokens=8)
     assert answer.finish == "stop" and answer.tokens[-1] == chat.stop_id and answer.text.strip()
-
-
-@pytest.mark.slow
-def test_a_generative_run_resumed_from_a_checkpoint_ends_with_the_uninterrupted_weights(generative_run, tmp_path):
-    from mindvl.train import train
-
-    cfg, reference = generative_run
-    run = tmp_path / "run"
-    shutil.copytree(Path(reference.output_dir) / "checkpoints" / "step_00000010", run / "checkpoints" / "step_00000010")
-    resumed_cfg = small_generative_config(cfg.data.root, f"train.output_dir={run}", f"train.init_from={cfg.train.init_from}",
-                                          *GENERATIVE_RUN)
-    result = train(resumed_cfg, progress=False, resume="auto")
-    assert result.start_step == 10
-    got = load_file(str(run / "checkpoints" / "step_00000030" / "model.safetensors"))
-    want = load_file(str(Path(reference.checkpoint) / "model.safetensors"))
-    assert got.keys() == want.keys()
-    for name in want:
-        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-    state = json.loads((run / "checkpoints" / "step_00000030" / "train_state.json").read_text())
-    assert state["data"] == json.loads((Path(reference.checkpoint) / "train_state.json").read_text())["data"]
 
 
 def test_what_the_generative_recipe_does_not_train_with_yet_is_refused_by_name(small_cfg, small_report, tmp_path):
