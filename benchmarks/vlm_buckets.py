@@ -1,17 +1,18 @@
 """Compile time, step time, samples/s and peak memory per packing bucket of a generative recipe's training, on
-this CPU: the real Trainer (`mindvl train`'s TrainStep, the recipe's kernels, frozen encoders' token cache)
-over the recipe's own data stream, each optimizer step's time recorded under its batch's shape.
+this CPU: the real Trainer's TrainStep (`mindvl train`'s graph, the recipe's kernels, the frozen encoders'
+token cache) on the recipe's own data stream, its batches packed into each bucket in turn.
 
     python benchmarks/vlm_buckets.py --config vlm-s --set data.root=R --set model.pretrained.vision=DIR \\
-        --set model.pretrained.audio=DIR --set model.pretrained.decoder=DIR [--steps 40]
+        --set model.pretrained.audio=DIR --set model.pretrained.decoder=DIR [--repeats 4]
     python benchmarks/vlm_buckets.py --config vlm-tiny --set data.root=R --set train.init_from=RUN
 
 Graph mode compiles one graph per input shape. A generative batch's shape is its bucket: the packed rows
 (ConversationPacker's row buckets, data.packing.length tokens each) and the labelled positions the LM head
-runs at (its label buckets). The first step of a bucket pays its compilation; the later ones are its step
-time. Peak RSS is the process's high-water mark (VmHWM) after that bucket's first step, so it grows as
-buckets are met; the whole run's peak is the last. Buckets the steps did not meet are listed as such (the
-largest row bucket, one conversation a row, is rare: it exists so that any batch has a shape).
+runs at (its label buckets), calibrated from the data so that most batches take the smallest and any batch
+has one. Here each bucket is forced in turn (the packer offered that bucket and the largest, for a batch
+that does not fit): its first step pays the compilation, `--repeats` more give its step time. Peak RSS is
+the process's high-water mark (VmHWM) after that bucket's first step, so it grows as graphs accumulate;
+the whole run's peak is the last.
 """
 import argparse
 import json
@@ -30,40 +31,50 @@ def vm_hwm_gb() -> float:
     return float("nan")
 
 
-def measure(config: str, overrides, steps: int) -> dict:
-    """Train `steps` steps of `config`, timing each optimizer step under its (rows, labels) bucket."""
+def measure(config: str, overrides, repeats: int, limit: int) -> dict:
+    """Build `config`'s Trainer, then for every (rows, labels) bucket of its packer run its TrainStep on the
+    stream's batches packed into that bucket: its first call (compilation) and `repeats` more."""
+    import mindspore.dataset as ds
+
     from mindvl.config import load_config
     from mindvl.train import Trainer, TrainingArguments, create_model
 
+    ds.config.set_prefetch_size(1)  # few batches packed ahead with the previous bucket
     out = tempfile.mkdtemp(prefix="vlm_buckets_")
-    cfg = load_config(config, [*overrides, f"train.output_dir={out}", f"train.max_steps={steps}",
-                               f"train.checkpoint_every={steps}", "train.eval_every=0", "train.warmup_steps=1"])
+    # more steps than any bucket loop takes: the optimizer's learning-rate table has one entry per step
+    cfg = load_config(config, [*overrides, f"train.output_dir={out}", "train.eval_every=0", "train.grad_accumulation=1",
+                               "train.max_steps=100000"])
     start = time.perf_counter()
     trainer = Trainer(create_model(cfg), TrainingArguments(cfg, progress=False))
     setup_s = time.perf_counter() - start
-    columns = trainer.stream.columns
-    ids, labels = columns.index("ids"), columns.index("labels")
-    step = trainer.train_step
+    stream, packer = trainer.stream, trainer.stream.packer
+    ids, labels = stream.columns.index("ids"), stream.columns.index("labels")
+    rows_all, labels_all = list(packer.row_buckets), list(packer.label_buckets)
     buckets = {}
-
-    def timed(apply, *batch):
-        key = (int(batch[ids].shape[0]), int(batch[labels].shape[0]))
-        begin = time.perf_counter()
-        outputs = step(apply, *batch)
-        outputs[0].asnumpy()  # the step has run
-        seconds = time.perf_counter() - begin
-        seen = buckets.setdefault(key, {"first_s": seconds, "steps_s": [], "peak_rss_gb": vm_hwm_gb()})
-        if seen["first_s"] != seconds:
-            seen["steps_s"].append(seconds)
-        return outputs
-
-    trainer.train_step = timed
-    result = trainer.train()
-    packer = trainer.stream.packer
-    return {"config": config, "setup_s": round(setup_s, 1), "token_cache_s": result.token_cache_seconds,
-            "micro_batch": trainer.stream.micro_batch_size, "length": packer.length,
-            "row_buckets": list(packer.row_buckets), "label_buckets": list(packer.label_buckets),
-            "buckets": {f"{rows}x{labels}": value for (rows, labels), value in sorted(buckets.items())},
+    batches = iter(stream)
+    trainer.train_step.set_train(True)
+    for rows in rows_all:
+        for count in labels_all:
+            # the stage packs with the packer it was given: from here on a batch takes this bucket, or the largest
+            # when it does not fit (a few batches already packed ahead keep the earlier buckets)
+            packer.row_buckets, packer.label_buckets = sorted({rows, rows_all[-1]}), sorted({count, labels_all[-1]})
+            for _ in range(limit):
+                if len(buckets.get((rows, count), {}).get("steps_s", ())) >= repeats:
+                    break
+                _, batch = next(batches)
+                key = (int(batch[ids].shape[0]), int(batch[labels].shape[0]))
+                begin = time.perf_counter()
+                trainer.train_step(True, *batch)[0].asnumpy()
+                seconds = time.perf_counter() - begin
+                if key in buckets:
+                    buckets[key]["steps_s"].append(seconds)
+                else:
+                    buckets[key] = {"first_s": seconds, "steps_s": [], "peak_rss_gb": vm_hwm_gb()}
+    batches.close()
+    return {"config": config, "setup_s": round(setup_s, 1), "token_cache_s": trainer.token_cache_seconds,
+            "micro_batch": stream.micro_batch_size, "length": packer.length, "row_buckets": rows_all,
+            "label_buckets": labels_all,
+            "buckets": {f"{r}x{n}": value for (r, n), value in sorted(buckets.items())},
             "peak_rss_gb": round(vm_hwm_gb(), 2)}
 
 
@@ -81,7 +92,8 @@ def render(report: dict) -> str:
                      f"{batch / median if steps else float('nan'):>9.1f} {value['peak_rss_gb']:>11.2f}")
     met = {tuple(int(x) for x in name.split("x")) for name in report["buckets"]}
     unmet = [f"{r}x{l}" for r in report["row_buckets"] for l in report["label_buckets"] if (r, l) not in met]
-    lines.append(f"not met in these steps: {', '.join(unmet) or 'none'}; whole run's peak RSS {report['peak_rss_gb']} GB")
+    lines.append(f"not reached (the data's batches do not fit them): {', '.join(unmet) or 'none'}; the whole run's "
+                 f"peak RSS {report['peak_rss_gb']} GB")
     return "\n".join(lines)
 
 
@@ -89,14 +101,15 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="vlm-tiny")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=4, help="timed steps per bucket after its first")
+    parser.add_argument("--limit", type=int, default=12, help="batches drawn at most to reach a bucket")
     parser.add_argument("--json", help="also write every figure to this file")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from mindvl.cells.kernels.machine import describe
 
     print(f"machine: {describe(os.environ.get('MINDVL_KERNEL_ARCH', 'native'))}", flush=True)
-    report = measure(args.config, args.overrides, args.steps)
+    report = measure(args.config, args.overrides, args.repeats, args.limit)
     print(render(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
