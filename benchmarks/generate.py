@@ -231,7 +231,6 @@ def main(argv=None) -> None:
     if args.peer:
         return run_peer(args)
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from mindvl.cells.kernels.machine import describe
     from mindvl.pretrained.llm import convert_gguf, installed_gguf
 

@@ -17,7 +17,6 @@ the whole run's peak is the last.
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -105,7 +104,6 @@ def main(argv=None) -> None:
     parser.add_argument("--limit", type=int, default=12, help="batches drawn at most to reach a bucket")
     parser.add_argument("--json", help="also write every figure to this file")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from mindvl.cells.kernels.machine import describe
 
     print(f"machine: {describe(os.environ.get('MINDVL_KERNEL_ARCH', 'native'))}", flush=True)

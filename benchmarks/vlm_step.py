@@ -118,7 +118,6 @@ def main(argv=None) -> None:
         print("RESULT " + json.dumps(run_batch(args)), flush=True)
         return
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from mindvl.cells.kernels.machine import describe
 
     print(f"machine: {describe(os.environ.get('MINDVL_KERNEL_ARCH', 'native'))}; {args.threads} threads")
