@@ -11,14 +11,17 @@ Graph mode compiles one graph per input shape. A generative batch's shape is its
 runs at (its label buckets), calibrated from the data so that most batches take the smallest and any batch
 has one. Here each bucket is forced in turn (the packer offered that bucket and the largest, for a batch
 that does not fit): its first step pays the compilation, `--repeats` more give its step time. Peak RSS is
-the process's high-water mark (VmHWM) after that bucket's first step, so it grows as graphs accumulate;
-the whole run's peak is the last.
+the process's high-water mark (VmHWM) after that bucket's first step, so it grows as graphs accumulate
+(MindSpore keeps each graph's memory for the process's life); the whole run's peak is the last. Last, the
+batches of one epoch are counted per bucket (packed from the conversations' sizes, no step): the graphs a
+whole training run meets, and so its memory.
 """
 import argparse
 import json
 import os
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 
@@ -39,42 +42,58 @@ def measure(config: str, overrides, repeats: int, limit: int) -> dict:
     from mindvl.train import Trainer, TrainingArguments, create_model
 
     ds.config.set_prefetch_size(1)  # few batches packed ahead with the previous bucket
-    out = tempfile.mkdtemp(prefix="vlm_buckets_")
-    # more steps than any bucket loop takes: the optimizer's learning-rate table has one entry per step
-    cfg = load_config(config, [*overrides, f"train.output_dir={out}", "train.eval_every=0", "train.grad_accumulation=1",
-                               "train.max_steps=100000"])
-    start = time.perf_counter()
-    trainer = Trainer(create_model(cfg), TrainingArguments(cfg, progress=False))
-    setup_s = time.perf_counter() - start
-    stream, packer = trainer.stream, trainer.stream.packer
-    ids, labels = stream.columns.index("ids"), stream.columns.index("labels")
-    rows_all, labels_all = list(packer.row_buckets), list(packer.label_buckets)
-    buckets = {}
-    batches = iter(stream)
-    trainer.train_step.set_train(True)
-    for rows in rows_all:
-        for count in labels_all:
-            # the stage packs with the packer it was given: from here on a batch takes this bucket, or the largest
-            # when it does not fit (a few batches already packed ahead keep the earlier buckets)
-            packer.row_buckets, packer.label_buckets = sorted({rows, rows_all[-1]}), sorted({count, labels_all[-1]})
-            for _ in range(limit):
-                if len(buckets.get((rows, count), {}).get("steps_s", ())) >= repeats:
-                    break
-                _, batch = next(batches)
-                key = (int(batch[ids].shape[0]), int(batch[labels].shape[0]))
-                begin = time.perf_counter()
-                trainer.train_step(True, *batch)[0].asnumpy()
-                seconds = time.perf_counter() - begin
-                if key in buckets:
-                    buckets[key]["steps_s"].append(seconds)
-                else:
-                    buckets[key] = {"first_s": seconds, "steps_s": [], "peak_rss_gb": vm_hwm_gb()}
-    batches.close()
-    return {"config": config, "setup_s": round(setup_s, 1), "token_cache_s": trainer.token_cache_seconds,
-            "micro_batch": stream.micro_batch_size, "length": packer.length, "row_buckets": rows_all,
-            "label_buckets": labels_all,
-            "buckets": {f"{r}x{n}": value for (r, n), value in sorted(buckets.items())},
-            "peak_rss_gb": round(vm_hwm_gb(), 2)}
+    with tempfile.TemporaryDirectory(prefix="vlm_buckets_") as out:  # the run's checkpoints, never kept
+        # more steps than any bucket loop takes: the optimizer's learning-rate table has one entry per step
+        cfg = load_config(config, [*overrides, f"train.output_dir={out}", "train.eval_every=0",
+                                   "train.grad_accumulation=1", "train.max_steps=100000"])
+        start = time.perf_counter()
+        trainer = Trainer(create_model(cfg), TrainingArguments(cfg, progress=False))
+        setup_s = time.perf_counter() - start
+        stream, packer = trainer.stream, trainer.stream.packer
+        ids, labels = stream.columns.index("ids"), stream.columns.index("labels")
+        rows_all, labels_all = list(packer.row_buckets), list(packer.label_buckets)
+        buckets = {}
+        batches = iter(stream)
+        trainer.train_step.set_train(True)
+        for rows in rows_all:
+            for count in labels_all:
+                # the stage packs with the packer it was given: from here on a batch takes this bucket, or the
+                # largest when it does not fit (a few batches already packed ahead keep the earlier buckets)
+                packer.row_buckets = sorted({rows, rows_all[-1]})
+                packer.label_buckets = sorted({count, labels_all[-1]})
+                for _ in range(limit):
+                    if len(buckets.get((rows, count), {}).get("steps_s", ())) >= repeats:
+                        break
+                    _, batch = next(batches)
+                    key = (int(batch[ids].shape[0]), int(batch[labels].shape[0]))
+                    begin = time.perf_counter()
+                    trainer.train_step(True, *batch)[0].asnumpy()
+                    seconds = time.perf_counter() - begin
+                    if key in buckets:
+                        buckets[key]["steps_s"].append(seconds)
+                    else:
+                        buckets[key] = {"first_s": seconds, "steps_s": [], "peak_rss_gb": vm_hwm_gb()}
+        batches.close()
+        packer.row_buckets, packer.label_buckets = rows_all, labels_all
+        return {"config": config, "setup_s": round(setup_s, 1), "token_cache_s": trainer.token_cache_seconds,
+                "micro_batch": stream.micro_batch_size, "length": packer.length, "row_buckets": rows_all,
+                "label_buckets": labels_all, "epoch_hits": epoch_hits(cfg, stream),
+                "buckets": {f"{r}x{n}": value for (r, n), value in sorted(buckets.items())},
+                "peak_rss_gb": round(vm_hwm_gb(), 2)}
+
+
+def epoch_hits(cfg, stream) -> dict:
+    """How many batches of one epoch (a shuffle of the stream's conversations, packed as training packs
+    them) take each bucket: the graphs, and so the memory, a whole run meets."""
+    import numpy as np
+
+    from mindvl.data.conversation_loader import conversation_sizes
+
+    sizes, packer, batch = conversation_sizes(cfg, "train", stream.chat), stream.packer, stream.micro_batch_size
+    order = np.random.default_rng(cfg.data.seed).permutation(stream.rows)
+    draws = (order[i:i + batch] for i in range(0, len(order) - batch + 1, batch))
+    hits = Counter(packer.bucket(sizes.tokens[rows].tolist(), int(sizes.labels[rows].sum())) for rows in draws)
+    return {f"{r}x{n}": count for (r, n), count in sorted(hits.items())}
 
 
 def render(report: dict) -> str:
@@ -91,6 +110,8 @@ def render(report: dict) -> str:
                      f"{batch / median if steps else float('nan'):>9.1f} {value['peak_rss_gb']:>11.2f}")
     met = {tuple(int(x) for x in name.split("x")) for name in report["buckets"]}
     unmet = [f"{r}x{l}" for r in report["row_buckets"] for l in report["label_buckets"] if (r, l) not in met]
+    hits = ", ".join(f"{name} {count}" for name, count in report["epoch_hits"].items())
+    lines.append(f"one epoch's batches per bucket: {hits}")
     lines.append(f"not reached (the data's batches do not fit them): {', '.join(unmet) or 'none'}; the whole run's "
                  f"peak RSS {report['peak_rss_gb']} GB")
     return "\n".join(lines)

@@ -84,6 +84,12 @@ class ConversationPacker:
         return (f"conversation packing: rows of {self.length} tokens, row buckets {self.row_buckets}, "
                 f"label buckets {self.label_buckets}")
 
+    def bucket(self, lengths: Sequence[int], labels: int) -> Tuple[int, int]:
+        """The (rows, labels) bucket a batch of conversations of `lengths` tokens with `labels` learnt positions
+        takes: its graph."""
+        return (_bucket(len(pack_rows(lengths, self.length)), self.row_buckets, "rows"),
+                _bucket(labels, self.label_buckets, "labels"))
+
     def __call__(self, batch: Sequence[Rendered]) -> PackedConversations:
         count = len(batch)
         for index, sample in enumerate(batch):
@@ -95,10 +101,9 @@ class ConversationPacker:
                     raise InputError(f"conversation {index}: {sample.count(kind)} "
                                      f"{'image' if kind == IMAGE_SLOT else 'audio'} slots, but the model gives "
                                      f"{per} tokens per attachment")
-        bins = pack_rows([len(sample) for sample in batch], self.length)
-        rows = _bucket(len(bins), self.row_buckets, "rows")
-        learnt = sum(int(sample.learn[1:].sum()) for sample in batch)
-        labels_n = _bucket(learnt, self.label_buckets, "labels")
+        lengths = [len(sample) for sample in batch]
+        bins = pack_rows(lengths, self.length)
+        rows, labels_n = self.bucket(lengths, sum(int(sample.learn[1:].sum()) for sample in batch))
         shape = (rows, self.length)
         ids = np.full(shape, self.pad_id, np.int32)
         segment = np.zeros(shape, np.int32)

@@ -65,6 +65,16 @@ def test_conversations_share_rows_when_they_fit(batch):
     assert packed.fill == pytest.approx(sum(len(s) for s in batch) / 256)
 
 
+def test_the_bucket_a_batch_takes_is_the_shape_it_is_packed_into(batch):
+    """ConversationPacker.bucket (the graph a batch meets, counted by benchmarks/vlm_buckets.py over an epoch)
+    from sizes alone equals the packed batch's (rows, labels)."""
+    learnt = sum(int(s.learn[1:].sum()) for s in batch)
+    for length, rows in ((96, [1, 2, 4]), (256, [1, 3]), (64, [2, 3, 4])):
+        packer = ConversationPacker(length, rows, [4, 16, 32], IMAGE_TOKENS, AUDIO_TOKENS)
+        packed = packer(batch)
+        assert packer.bucket([len(s) for s in batch], learnt) == (packed.shape[0], packed.shape[2])
+
+
 def test_a_batch_past_the_buckets_or_a_row_is_refused_by_name(batch):
     with pytest.raises(InputError, match=r"needs \d+ rows but the largest bucket is 1"):
         ConversationPacker(70, [1], [32], IMAGE_TOKENS, AUDIO_TOKENS)(batch)
