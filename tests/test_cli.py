@@ -26,6 +26,11 @@ def test_missing_run_folder_exits_2_with_the_fix(tmp_path):
     assert "no checkpoint found" in result.stderr and "mindvl train" in result.stderr
 
 
+def test_a_negative_eval_limit_exits_2_naming_it(tmp_path):
+    result = run_cli("eval", "--run", str(tmp_path), "--limit", "-3")
+    assert result.returncode == 2 and "-3: a count of questions" in result.stderr
+
+
 def test_training_without_built_data_tells_how_to_build_it(tmp_path):
     result = run_cli("train", "--set", f"data.root={tmp_path / 'missing'}")
     assert result.returncode == 2

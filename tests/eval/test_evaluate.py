@@ -48,3 +48,13 @@ def test_retrieval_ranks_distinct_items(report):
     assert metrics["image_to_caption"]["queries"] == len(images)
     for task in ("image_to_caption", "audio_to_text"):
         assert 0.0 <= metrics[task]["R@1"] <= metrics[task]["R@5"] <= 1.0
+
+
+def test_a_classifier_run_refuses_an_evaluation_limit_by_name(trained_run, capsys):
+    """`mindvl eval --limit` bounds generated answers; a classifier's evaluation is one batched pass over the
+    whole split, so a limit there is refused (exit 2) rather than silently ignored."""
+    from mindvl.cli import main
+
+    _, result = trained_run
+    assert main(["eval", "--run", result.output_dir, "--limit", "2"]) == 2
+    assert "is a classifier" in capsys.readouterr().err

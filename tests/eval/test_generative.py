@@ -32,6 +32,9 @@ def test_mindvl_eval_scores_the_generated_answers_and_descriptions_of_a_generati
     assert report["caption"]["count"] > 0 and report["caption"]["cider_d"] >= 0
     assert 0 <= report["caption"]["bleu4"] <= 1 and len(report["caption"]["examples"]) <= 3
     assert 0 < report["baseline"]["accuracy"] < 1
+    assert main(["eval", "--run", result.output_dir, "--limit", "1"]) == 0  # the first question of each kind
+    first = json.loads(capsys.readouterr().out)
+    assert first["vqa_text"]["count"] == first["vqa_audio"]["count"] == first["caption"]["count"] == 1
 
 
 def test_the_fused_kernels_write_the_standard_operators_answers(generative_run):
