@@ -103,6 +103,9 @@ def deploy(package: PathLike, servable_dir: PathLike, name: str) -> Tuple[int, P
     if outside:
         raise PackageError(f"{package / MANIFEST}: lists {outside[0]!r}, outside the package; re-export the package")
     check_files(package, manifest)
+    if Path(servable_dir).exists() and not Path(servable_dir).is_dir():
+        raise ServableError(f"servable directory {servable_dir}: a file, not a folder; name a folder (created when "
+                            f"missing) with --servable-dir")
     folder = _inside(Path(servable_dir) / check_name(name), servable_dir, f"servable {name}")
     folder.mkdir(parents=True, exist_ok=True)
     _install_config(folder / CONFIG_FILE, manifest, package)

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mindvl.config import ConfigError, build_dataclass
-from mindvl.model_package import PackageError, read_key
+from mindvl.model_package import MANIFEST, PackageError, read_key
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.batching import Batcher
 from mindvl.serving.catalog import Catalog, NotAvailable
@@ -37,6 +37,7 @@ from mindvl.serving.protocol import (MAX_VERSION, InstanceError, ProtocolError, 
                                      parse_request, parse_url)
 from mindvl.serving.register import ServableError
 from mindvl.serving.runtime import MAX_GRAPH_BATCH, MethodNotFound
+from mindvl.serving.servable import CONFIG_FILE, list_servables
 
 LOG = logging.getLogger("mindvl.serving")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -67,9 +68,16 @@ class ServeConfig:
     def validate(self) -> "ServeConfig":
         if not self.servable_dir:
             raise ConfigError("servable_dir: required; pass --servable-dir DIR (fill it with `mindvl deploy`)")
-        if not Path(self.servable_dir).is_dir():
-            raise ConfigError(f"servable_dir: {self.servable_dir} is not a folder; create it with "
-                              f"`mindvl deploy PKG --servable-dir {self.servable_dir} --name NAME`")
+        folder = Path(self.servable_dir)
+        if not folder.is_dir():
+            raise ConfigError(f"servable_dir: {folder} is not a folder; create it with "
+                              f"`mindvl deploy PKG --servable-dir {folder} --name NAME`")
+        if (folder / CONFIG_FILE).is_file():
+            raise ConfigError(f"servable_dir: {folder} is one servable's folder (it holds {CONFIG_FILE}); serve the "
+                              f"directory of servables above it: --servable-dir {folder.resolve().parent}")
+        if (folder / MANIFEST).is_file():
+            raise ConfigError(f"servable_dir: {folder} is a model package; deploy it into a servable directory "
+                              f"(`mindvl deploy {folder} --servable-dir DIR --name NAME`) and serve DIR")
         for name in ("max_batch_size", "workers", "max_instances"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: expected an integer >= 1, got {getattr(self, name)}")
@@ -353,7 +361,16 @@ class Server:
 # ---- running ------------------------------------------------------------------------------------------
 
 def serve(config: ServeConfig) -> None:
-    """Run the server until SIGINT or SIGTERM (the `mindvl serve` command)."""
+    """Run the server until SIGINT or SIGTERM (the `mindvl serve` command). A directory with no servable yet is
+    served (a deploy is picked up within poll_s) and said so; with polling off it would serve nothing ever,
+    and is refused."""
+    if not list_servables(config.validate().servable_dir):
+        deploy = f"`mindvl deploy PKG --servable-dir {config.servable_dir} --name NAME`"
+        if not config.poll_s:
+            raise ConfigError(f"servable_dir: {config.servable_dir} holds no servable (no <name>/{CONFIG_FILE}) and "
+                              f"poll_s is 0, so none would ever be served; deploy one first with {deploy}")
+        print(f"mindvl serve: {config.servable_dir} holds no servable yet; {deploy} adds one, served within "
+              f"{config.poll_s:g} s", flush=True)
 
     async def main() -> None:
         server = Server(config)

@@ -135,6 +135,25 @@ def test_deploy_refuses_a_folder_that_is_no_package_and_an_unsafe_name(vqa_packa
     assert not (tmp_path / "servables").exists() or not any((tmp_path / "servables").iterdir())
 
 
+def test_a_misplaced_folder_is_one_clear_line_and_exit_2(vqa_package, tmp_path, capsys):
+    """deploy into a file, serve a package, serve one servable's folder, serve an empty folder that is never
+    polled: each a mistake named with its fix, never a traceback or a server serving nothing."""
+    package = vqa_package[1]
+    (tmp_path / "a_file").write_text("")
+    status, _, err = run(capsys, "deploy", package, "--servable-dir", tmp_path / "a_file", "--name", "vqa")
+    assert status == 2 and f"servable directory {tmp_path / 'a_file'}: a file, not a folder" in err
+    status, _, err = run(capsys, "serve", "--servable-dir", package)
+    assert status == 2 and f"servable_dir: {package} is a model package; deploy it" in err
+    assert run(capsys, "deploy", package, "--servable-dir", tmp_path / "servables", "--name", "vqa")[0] == 0
+    status, _, err = run(capsys, "serve", "--servable-dir", tmp_path / "servables" / "vqa")
+    assert status == 2 and f"servable's folder (it holds servable_config.py); serve the directory of servables " \
+                           f"above it: --servable-dir {(tmp_path / 'servables').resolve()}" in err
+    (tmp_path / "empty").mkdir()
+    status, _, err = run(capsys, "serve", "--servable-dir", tmp_path / "empty", "--poll-s", "0")
+    assert status == 2 and "holds no servable (no <name>/servable_config.py) and poll_s is 0" in err
+    assert "Traceback" not in err
+
+
 def test_serve_refuses_a_config_with_an_unknown_key_naming_it(tmp_path, capsys):
     settings = tmp_path / "serve.yaml"
     settings.write_text("servable_dir: .\nmax_batch: 8\n")
