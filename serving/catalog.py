@@ -34,6 +34,7 @@ class Catalog:
         self.loaded: Dict[str, Dict[int, LoadedVersion]] = {}  # replaced, never changed in place
         self.failed: Dict[Tuple[str, int], str] = {}  # versions that did not load, and why
         self.unloaded: Set[Tuple[str, int]] = set()  # unloaded on request: a refresh leaves them alone
+        self.warnings: Set[str] = set()  # what the last refresh found wrong: each logged once, when it appears
         self.users: Dict[int, int] = {}  # id(LoadedVersion) -> requests using it
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="load")  # one load at a time
         self.lock = asyncio.Lock()  # orders swaps with the loads and unloads that make them
@@ -111,18 +112,20 @@ class Catalog:
 
     async def refresh(self) -> List[Tuple[str, int]]:
         """Load each servable's newest version on disk unless it is loaded, failed or was unloaded on
-        request; -> what was loaded. Failures are logged and kept in `failed`, never raised."""
+        request; -> what was loaded. Failures are logged and kept in `failed`, never raised; what a refresh finds
+        wrong on disk (a refused symlink, a missing folder) is logged when it appears, not at every poll."""
+        found: Set[str] = set()
         try:
             names = list_servables(self.servable_dir)
         except ServableError as error:
-            LOG.warning("%s", error)
-            return []
+            names = []
+            found.add(str(error))
         done = []
         for name in names:
             try:
                 versions = list_versions(self.servable_dir, name)
             except ServableError as error:
-                LOG.warning("%s", error)
+                found.add(str(error))
                 continue
             if not versions:
                 continue
@@ -135,6 +138,9 @@ class Catalog:
                 done.append(key)
             except (ServableError, ValueError, OSError, RuntimeError) as error:
                 LOG.error("servable %s version %d not loaded: %s", name, newest, error)
+        for warning in sorted(found - self.warnings):
+            LOG.warning("%s", warning)
+        self.warnings = found
         return done
 
     def state(self) -> dict:

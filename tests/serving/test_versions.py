@@ -2,6 +2,8 @@
 over atomically with no failed request, pinned requests keep their version until it is unloaded, versions
 that cannot load (tampered, broken servable_config.py, encrypted without the key) leave the serving one in
 place with the reason in /servables, /ready follows the loads, and nothing outside the directory is served."""
+import asyncio
+import logging
 import os
 import shutil
 import threading
@@ -17,6 +19,7 @@ from mindvl.export.package import write_package
 from mindvl.model_package import read_manifest
 from mindvl.models import load_model
 from mindvl.serving import grpc_protocol as G
+from mindvl.serving.catalog import Catalog
 from mindvl.serving.servable import CONFIG_FILE, config_text, deploy
 from mindvl.serving.server import BackgroundServer
 
@@ -286,3 +289,27 @@ def test_an_encrypted_package_is_served_with_its_key_from_a_file_or_the_environm
         with BackgroundServer(config(encrypted_servables, batching=False, **settings)) as keyed:
             (embedded,) = predict(keyed, "enc:embed_image", image)
         np.testing.assert_allclose(embedded["embedding"], plain[0]["embedding"], atol=1e-6)
+
+
+def test_a_refused_servable_is_warned_once_while_it_stays_refused(deployed, tmp_path, caplog):
+    """Every poll finds a servable symlinked from outside the directory refused; the log says so when it
+    appears (again after it went away and came back), not every poll_s seconds."""
+    servables = tmp_path / "servables"
+    servables.mkdir()
+    link = servables / "outside"
+    catalog = Catalog(servables, None, 1)
+
+    async def polls(count: int) -> None:
+        for _ in range(count):
+            assert await catalog.refresh() == []
+
+    with caplog.at_level(logging.WARNING, logger="mindvl.serving"):
+        link.symlink_to(deployed / "vqa")
+        asyncio.run(polls(3))
+        link.unlink()
+        asyncio.run(polls(1))
+        link.symlink_to(deployed / "vqa")
+        asyncio.run(polls(2))
+    warned = [r.getMessage() for r in caplog.records if r.name == "mindvl.serving"]
+    assert len(warned) == 2 and all("outside the servable directory" in message for message in warned)
+    asyncio.run(catalog.close())
