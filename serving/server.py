@@ -297,18 +297,31 @@ class Server:
             raise Failure("http message only support POST right now", 405, "protocol")
         try:
             servable, version, method = parse_url(path=request.path)
-            try:
-                body = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                self.metrics.errors.labels("too_large").inc()
-                raise Failure(f"request body exceeds {self.config.max_request_mb:g} MB (--max-request-mb)", 413,
-                              "too_large") from None
+            body = await self._read_body(request)
             instances = parse_request(body, self.config.max_instances)
         except ProtocolError as error:
             self.metrics.errors.labels("protocol").inc()
             raise Failure(f"Parser request failed, {error}", 400, "protocol") from None
         results, _ = await self.predict(servable, version, method, instances, "rest")
         return self._json(encode_reply(results))
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The request's body: one that declares more than max_request_mb is refused before a byte of it is
+        read; one whose bytes do not decode as its Content-Encoding says is a protocol error, counted."""
+        declared = request.content_length
+        try:
+            if declared is not None and declared > self.config.max_request_mb * 2 ** 20:
+                raise web.HTTPRequestEntityTooLarge(max_size=int(self.config.max_request_mb * 2 ** 20),
+                                                    actual_size=declared)
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            self.metrics.errors.labels("too_large").inc()
+            raise Failure(f"request body exceeds {self.config.max_request_mb:g} MB (--max-request-mb)", 413,
+                          "too_large") from None
+        except web.RequestPayloadError as error:
+            encoding = request.headers.get("Content-Encoding", "identity")
+            raise ProtocolError(f"the body is not valid Content-Encoding {encoding} ({error.__cause__ or error}); "
+                                "send it uncompressed or encoded as labelled") from None
 
     def _status_page(self, path: str) -> web.Response:
         if path == "/metrics":

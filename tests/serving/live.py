@@ -22,11 +22,12 @@ def config(servable_dir, **settings) -> ServeConfig:
                        **settings)
 
 
-def call(url, body=None, method="POST"):
+def call(url, body=None, method="POST", headers=None):
     """(HTTP status, decoded JSON answer); `body`: bytes as they are, anything else as JSON."""
     data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
     try:
-        with OPENER.open(urllib.request.Request(url, data=data, method=method), timeout=120) as response:
+        request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+        with OPENER.open(request, timeout=120) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())

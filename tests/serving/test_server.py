@@ -5,6 +5,7 @@ batched answers equal unbatched ones, gRPC equals REST, and the limits hold."""
 import base64
 import io
 import ipaddress
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -477,6 +478,43 @@ def test_max_instances_and_max_request_mb_refuse_a_request(strict):
     with pytest.raises(grpc.RpcError) as refused:
         grpc_predict(strict, "vqa", "embed_text", big["instances"])
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def _raw_request(server, head: bytes, body: bytes = b"") -> bytes:
+    """Send `head` (and `body`) on a fresh socket; -> the reply's bytes up to its status line's end."""
+    with socket.create_connection(("127.0.0.1", server.rest_port), timeout=20) as connection:
+        connection.sendall(head + body)
+        reply = b""
+        while b"\r\n" not in reply:
+            chunk = connection.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    return reply
+
+
+def test_a_body_too_large_by_its_header_or_not_what_its_encoding_says_is_refused_and_counted(strict):
+    """A Content-Length past --max-request-mb is answered before any of the body is sent (a client that
+    never sends it does not hold the handler); a body labelled gzip that is not gzip is a protocol error."""
+    before = metrics(strict)
+    head = (b"POST /model/vqa:embed_text HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000000000\r\n\r\n")
+    assert _raw_request(strict, head).startswith(b"HTTP/1.1 413")
+    garbage = b'{"instances": [{"text": "hi"}]}'
+    head = (b"POST /model/vqa:embed_text HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Encoding: gzip\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(garbage))
+    reply = _raw_request(strict, head, garbage)
+    assert reply.startswith(b"HTTP/1.1 400")
+    status, answer = call(f"{strict.rest_url}/model/vqa:embed_text", garbage, headers={"Content-Encoding": "gzip"})
+    assert status == 400 and answer["error_msg"].startswith("Parser request failed, the body is not valid "
+                                                            "Content-Encoding gzip")
+    after = metrics(strict)
+    assert total(after, "mindvl_errors_total", kind="too_large") - total(before, "mindvl_errors_total",
+                                                                         kind="too_large") == 1
+    assert total(after, "mindvl_errors_total", kind="protocol") - total(before, "mindvl_errors_total",
+                                                                        kind="protocol") == 2
+    assert total(after, "mindvl_errors_total", kind="internal") == total(before, "mindvl_errors_total",
+                                                                         kind="internal")
 
 
 def test_a_request_past_timeout_s_gets_a_timeout_error(servables, examples):
