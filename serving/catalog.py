@@ -131,17 +131,37 @@ class Catalog:
                 continue
             newest = versions[-1]
             key = (name, newest)
-            if newest in self.loaded.get(name, {}) or key in self.failed or key in self.unloaded:
+            if newest in self.loaded.get(name, {}) or key in self.unloaded:
                 continue
-            try:
-                await self.load(name, newest)
-                done.append(key)
-            except (ServableError, ValueError, OSError, RuntimeError) as error:
-                LOG.error("servable %s version %d not loaded: %s", name, newest, error)
+            if key not in self.failed:
+                try:
+                    await self.load(name, newest)
+                    done.append(key)
+                    continue
+                except (ServableError, ValueError, OSError, RuntimeError) as error:
+                    LOG.error("servable %s version %d not loaded: %s", name, newest, error)
+            if not self.loaded.get(name):
+                done.extend(await self._fall_back(name, versions[:-1], newest))
         for warning in sorted(found - self.warnings):
             LOG.warning("%s", warning)
         self.warnings = found
         return done
+
+    async def _fall_back(self, name: str, older: List[int], newest: int) -> List[Tuple[str, int]]:
+        """Nothing of `name` is served and its newest version did not load: load the newest older version that
+        does (each tried once: a failure is kept in `failed`), and say which; -> what was loaded."""
+        for version in reversed(older):
+            if (name, version) in self.failed or (name, version) in self.unloaded:
+                continue
+            try:
+                await self.load(name, version)
+            except (ServableError, ValueError, OSError, RuntimeError) as error:
+                LOG.error("servable %s version %d not loaded either: %s", name, version, error)
+                continue
+            LOG.warning("servable %s: serving version %d, the newest that loads (version %d did not: %s)", name,
+                        version, newest, self.failed.get((name, newest), "see above"))
+            return [(name, version)]
+        return []
 
     def state(self) -> dict:
         """Every servable on disk or loaded: its default version and each version's status."""

@@ -213,6 +213,27 @@ def test_a_version_that_cannot_load_leaves_the_serving_one_in_place(servables, s
             == {"1": "loaded", "2": "failed", "3": "failed", "4": "loaded"}
 
 
+def test_a_newest_version_that_cannot_load_at_start_leaves_the_newest_that_does_serving(
+        vqa_package, writable_copy, tmp_path, caplog):
+    """At start the newest version is tampered with: the server serves the version below it, says so, and
+    reports the newest as failed, with no operator's :load needed."""
+    folder = tmp_path / "servables"
+    deploy(vqa_package[1], folder, "vqa")
+    tampered = writable_copy(vqa_package[1], tmp_path)
+    graph = bytearray((tampered / "vqa.mindir").read_bytes())
+    graph[len(graph) // 2] ^= 0xFF
+    (tampered / "vqa.mindir").write_bytes(bytes(graph))
+    install(tampered, folder / "vqa" / "2")
+    with caplog.at_level(logging.WARNING, logger="mindvl.serving"), \
+            BackgroundServer(config(folder, max_batch_size=1, poll_s=0)) as server:
+        page = servables_page(server)["vqa"]
+        assert page["default_version"] == 1 and page["versions"]["1"]["status"] == "loaded"
+        assert page["versions"]["2"]["status"] == "failed" and "sha256 differs" in page["versions"]["2"]["error"]
+        assert len(predict(server, "vqa:embed_text", [{"text": "what shape is it"}])) == 1
+    assert any("servable vqa: serving version 1, the newest that loads (version 2 did not: " in r.getMessage()
+               for r in caplog.records)
+
+
 def test_ready_answers_503_until_every_servable_on_disk_has_a_loaded_version(vqa_package, step10_package, tmp_path):
     """A load balancer sends nothing to a server that has nothing loaded, or not yet all it should serve."""
     folder = tmp_path / "servables"
