@@ -87,9 +87,7 @@ def epoch_hits(cfg, stream) -> dict:
     them) take each bucket: the graphs, and so the memory, a whole run meets."""
     import numpy as np
 
-    from mindvl.data.conversation_loader import conversation_sizes
-
-    sizes, packer, batch = conversation_sizes(cfg, "train", stream.chat), stream.packer, stream.micro_batch_size
+    sizes, packer, batch = stream.sizes, stream.packer, stream.micro_batch_size
     order = np.random.default_rng(cfg.data.seed).permutation(stream.rows)
     draws = (order[i:i + batch] for i in range(0, len(order) - batch + 1, batch))
     hits = Counter(packer.bucket(sizes.tokens[rows].tolist(), int(sizes.labels[rows].sum())) for rows in draws)

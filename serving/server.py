@@ -310,18 +310,19 @@ class Server:
         read; one whose bytes do not decode as its Content-Encoding says is a protocol error, counted."""
         declared = request.content_length
         try:
-            if declared is not None and declared > self.config.max_request_mb * 2 ** 20:
-                raise web.HTTPRequestEntityTooLarge(max_size=int(self.config.max_request_mb * 2 ** 20),
-                                                    actual_size=declared)
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            self.metrics.errors.labels("too_large").inc()
-            raise Failure(f"request body exceeds {self.config.max_request_mb:g} MB (--max-request-mb)", 413,
-                          "too_large") from None
+            fits = declared is None or declared <= self.config.max_request_mb * 2 ** 20
+            body = await request.read() if fits else None
+        except web.HTTPRequestEntityTooLarge:  # undeclared (chunked) or understated, past the limit as it arrives
+            body = None
         except web.RequestPayloadError as error:
             encoding = request.headers.get("Content-Encoding", "identity")
             raise ProtocolError(f"the body is not valid Content-Encoding {encoding} ({error.__cause__ or error}); "
                                 "send it uncompressed or encoded as labelled") from None
+        if body is None:
+            self.metrics.errors.labels("too_large").inc()
+            raise Failure(f"request body exceeds {self.config.max_request_mb:g} MB (--max-request-mb)", 413,
+                          "too_large")
+        return body
 
     def _status_page(self, path: str) -> web.Response:
         if path == "/metrics":

@@ -251,7 +251,7 @@ class ConversationStream(ResumableStream):
         _, self.files, count = conversation_files(cfg, "train")
         self.tokens = tokens
         self.chat = recipe_chat(cfg, image_tokens, audio_tokens)
-        sizes = conversation_sizes(cfg, "train", self.chat)
+        self.sizes = sizes = conversation_sizes(cfg, "train", self.chat)  # every conversation rendered once
         rows = conversation_rows(cfg, "train")
         kinds = list(cfg.data.conversation_kinds)
         usable = sizes.usable(rows, kinds)

@@ -87,8 +87,10 @@ class ConversationPacker:
     def bucket(self, lengths: Sequence[int], labels: int) -> Tuple[int, int]:
         """The (rows, labels) bucket a batch of conversations of `lengths` tokens with `labels` learnt positions
         takes: its graph."""
-        return (_bucket(len(pack_rows(lengths, self.length)), self.row_buckets, "rows"),
-                _bucket(labels, self.label_buckets, "labels"))
+        return self._shape(len(pack_rows(lengths, self.length)), labels)
+
+    def _shape(self, rows: int, labels: int) -> Tuple[int, int]:
+        return _bucket(rows, self.row_buckets, "rows"), _bucket(labels, self.label_buckets, "labels")
 
     def __call__(self, batch: Sequence[Rendered]) -> PackedConversations:
         count = len(batch)
@@ -101,9 +103,8 @@ class ConversationPacker:
                     raise InputError(f"conversation {index}: {sample.count(kind)} "
                                      f"{'image' if kind == IMAGE_SLOT else 'audio'} slots, but the model gives "
                                      f"{per} tokens per attachment")
-        lengths = [len(sample) for sample in batch]
-        bins = pack_rows(lengths, self.length)
-        rows, labels_n = self.bucket(lengths, sum(int(sample.learn[1:].sum()) for sample in batch))
+        bins = pack_rows([len(sample) for sample in batch], self.length)
+        rows, labels_n = self._shape(len(bins), sum(int(sample.learn[1:].sum()) for sample in batch))
         shape = (rows, self.length)
         ids = np.full(shape, self.pad_id, np.int32)
         segment = np.zeros(shape, np.int32)
