@@ -31,16 +31,20 @@ def mindir_io(data: bytes) -> Tuple[list, list]:
     model = parse(data)
     dtypes = {pb.TensorProto.FLOAT: "float32", pb.TensorProto.INT32: "int32", pb.TensorProto.INT64: "int64",
               pb.TensorProto.FLOAT16: "float16", pb.TensorProto.DOUBLE: "float64", pb.TensorProto.BOOL: "bool",
-              pb.TensorProto.UINT8: "uint8", pb.TensorProto.INT8: "int8"}
+              pb.TensorProto.UINT8: "uint8", pb.TensorProto.INT8: "int8", pb.TensorProto.UINT16: "uint16",
+              pb.TensorProto.INT16: "int16", pb.TensorProto.UINT32: "uint32", pb.TensorProto.UINT64: "uint64"}
 
     def describe(name: str, tensor) -> tuple:
-        return name.split(":")[-1], dtypes.get(tensor.data_type, "float32"), tuple(tensor.dims)
+        if tensor.data_type not in dtypes:
+            raise ValueError(f"{name}: data type {pb.TensorProto.DataType.Name(tensor.data_type)} has no numpy "
+                             f"counterpart a request or a runtime could pass")
+        return name.split(":")[-1], dtypes[tensor.data_type], tuple(tensor.dims)
 
     inputs = [describe(v.name, v.tensor[0]) for v in model.graph.input]
     outputs = []
     for value in model.graph.output:  # one tensor, or a tuple of them (in attr_info)
         tensors = [value.tensor[0]] if len(value.tensor) else [v.tensors[0] for v in value.attr_info.values]
-        outputs += [describe(f"output{len(outputs)}", t) for t in tensors]
+        outputs += [describe(f"output{len(outputs) + i}", t) for i, t in enumerate(tensors)]
     return inputs, outputs
 
 

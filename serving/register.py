@@ -5,15 +5,25 @@ executes it with `mindspore_serving.server.register` pointing at this module. As
 method's body runs once, at registration, with placeholder arguments: each `add_stage` records a stage
 and returns placeholders for its outputs, and the placeholders the body returns become the method's
 outputs. Each load records into a fresh registry, so nothing leaks from one servable to the next.
+
+The names MindSpore Serving deprecated in 1.5 but still runs (`declare_servable`, `call_preprocess`,
+`call_servable`, `call_postprocess` and their `_pipeline` forms) run here too, as add_stage calls; like
+MindSpore Serving, they read each stage's outputs_count from the method's source (the number of names its
+result is assigned to). Device settings (`Context`, `CPUDeviceInfo`, ...) are accepted and not applied.
 """
+import ast
 import importlib.util
 import inspect
 import sys
+import textwrap
 import threading
 import types
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
+
+from mindvl.serving.device_options import (AclOptions, AscendDeviceInfo, Context, CPUDeviceInfo,  # noqa: F401 (API)
+                                           GPUDeviceInfo, GpuOptions)
 
 FORMATS = ("MindIR", "MindIR_Lite", "OM")  # what MindSpore Serving accepts
 LOADABLE_FORMATS = ("MindIR",)  # what mindvl's runtime (MindSpore) loads
@@ -39,10 +49,11 @@ class Placeholder:
 
 @dataclass(eq=False)
 class Model:
-    """A model declared by `declare_model`; `files` are relative to the version folder.
+    """A model declared by `declare_model`; `files` are relative to the version folder, file i being
+    subgraph i (add_stage runs subgraph 0; a Python stage may `call(..., subgraph=i)`).
 
-    `call` (for Python stages that run a model themselves) needs a runner, which the server binds when
-    it has loaded the model: runner(*inputs) -> outputs, the same arguments MindSpore Serving's call takes.
+    `call` needs a runner, which the server binds when it has loaded the model:
+    runner([(x1, x2, ...), ...], subgraph) -> [(y1, ...), ...], one output tuple per instance.
     """
 
     files: Tuple[str, ...]
@@ -59,6 +70,11 @@ class Model:
     def name(self) -> str:
         return ", ".join(self.files)
 
+    @property
+    def key(self) -> str:
+        """MindSpore Serving's name of the model (in stage tags and messages): its files joined by ';'."""
+        return ";".join(self.files)
+
     def check_loadable(self) -> None:
         """Raise ServableError unless mindvl can load this model (the server checks before loading)."""
         if self.model_format not in LOADABLE_FORMATS:
@@ -67,10 +83,23 @@ class Model:
                                 f"serve this servable with MindSpore Serving")
 
     def call(self, *args, subgraph: int = 0):
+        """Run the model from a Python stage, as MindSpore Serving's Model.call does: call(x1, x2) runs one
+        instance and returns its outputs (the output itself when there is one); call([[x1, x2], ...]) runs
+        several and returns one output tuple per instance. A bad instance raises RuntimeError."""
         if self.runner is None:
             raise ServableError(f"{self.config}: model {self.name}: call() runs only while a server serves the "
                                 f"servable (at registration there is nothing to run)")
-        return self.runner(*args, subgraph=subgraph)
+        failed = f"Model({self.key}{f' ,subgraph={subgraph}' if subgraph else ''}).call() failed"
+        forms = "the inputs can be call(x1, x2) for single instance or call([[x1, x2], [x1, x2]]) for multi instances."
+        if not args:
+            raise RuntimeError(f"{failed}: no inputs provided, {forms}")
+        several = len(args) == 1 and isinstance(args[0], (tuple, list))
+        if several and not all(isinstance(instance, (tuple, list)) for instance in args[0]):
+            raise RuntimeError(f"{failed}: inputs format invalid, {forms}")
+        outputs = self.runner([tuple(i) for i in args[0]] if several else [tuple(args)], subgraph)
+        if several:
+            return tuple(outputs)
+        return outputs[0][0] if len(outputs[0]) == 1 else outputs[0]
 
 
 @dataclass
@@ -78,13 +107,16 @@ class Stage:
     """One step of a method: a Python function or a declared model applied to earlier placeholders.
 
     batch_size None: a Python function receives one instance's values; N: an iterable of up to N
-    instances, yielding one result per instance (MindSpore Serving's convention)."""
+    instances (0: all of the batch), yielding one result per instance (MindSpore Serving's convention).
+    `label` names the stage in failures as MindSpore Serving does: the tag, else "Function '<servable>.<f>'"
+    or "Model '<files>'"."""
 
     target: Union[Callable, Model]
     args: Tuple[Placeholder, ...]
     outputs: Tuple[Placeholder, ...]
     batch_size: Optional[int]
     tag: Optional[str]
+    label: str = ""
 
     @property
     def is_model(self) -> bool:
@@ -122,6 +154,8 @@ class _Registry:
         self.models: List[Model] = []
         self.methods: Dict[str, Method] = {}
         self.building: Optional[Method] = None  # the method whose body is running
+        self.legacy_counts: Dict[str, int] = {}  # outputs_count of the building method's call_* stages
+        self.legacy_used: Set[str] = set()  # the call_* interfaces its body has called
 
 
 _LOCK = threading.RLock()  # one load at a time: the registry and the sys.modules entries are process-wide
@@ -159,6 +193,11 @@ def declare_model(model_file, model_format, with_batch_dim=True, options=None, w
         raise ServableError(f"{where}({files[0]!r}): model_format {model_format!r}: expected one of {', '.join(FORMATS)}")
     if not isinstance(with_batch_dim, bool):
         raise ServableError(f"{where}({files[0]!r}): with_batch_dim: expected True or False, got {with_batch_dim!r}")
+    if context is not None and not isinstance(context, Context):
+        raise ServableError(f"{where}({files[0]!r}): Parameter 'context' should be Context, but gotten {type(context)}")
+    if options is not None and not isinstance(options, (GpuOptions, AclOptions)):
+        raise ServableError(f"{where}({files[0]!r}): Parameter 'options' should be None, GpuOptions or AclOptions, "
+                            f"but gotten {type(options)}")
     shared = () if without_batch_dim_inputs is None else without_batch_dim_inputs
     shared = (shared,) if isinstance(shared, int) else tuple(shared)
     if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in shared):
@@ -173,6 +212,11 @@ def declare_model(model_file, model_format, with_batch_dim=True, options=None, w
                   registry.config)
     registry.models.append(model)
     return model
+
+
+def declare_servable(servable_file, model_format, with_batch_dim=True, options=None, without_batch_dim_inputs=None):
+    """MindSpore Serving's name for declare_model before 1.5 (deprecated there, still served)."""
+    return declare_model(servable_file, model_format, with_batch_dim, options, without_batch_dim_inputs)
 
 
 def register_method(output_names):
@@ -197,6 +241,7 @@ def register_method(output_names):
                                 f"**kwargs); {'check ' + ', '.join(odd) if odd else 'it has none'}")
         method = Method(name, tuple(p.name for p in parameters), tuple(names))
         registry.building = method
+        registry.legacy_counts, registry.legacy_used = _legacy_counts(function), set()
         try:
             returned = function(*(Placeholder(name, 0, i) for i in range(len(method.inputs))))
         except ServableError:
@@ -237,13 +282,17 @@ def add_stage(fn_or_model, *args, outputs_count, batch_size=None, tag=None):
         if not any(fn_or_model is model for model in registry.models):
             raise ServableError(f"{where}: model {fn_or_model.name} was not declared with declare_model in this "
                                 f"servable_config.py")
+    elif isinstance(fn_or_model, str):
+        raise ServableError(f"{where}: stage {fn_or_model!r} names a C++ stage function of MindSpore Serving, which "
+                            f"mindvl does not have; pass a Python function that does the same")
     elif not callable(fn_or_model):
         raise ServableError(f"{where}: expected a Python function or a model from declare_model, got "
                             f"{fn_or_model!r}")
     if not isinstance(outputs_count, int) or isinstance(outputs_count, bool) or outputs_count < 1:
         raise ServableError(f"{where}: outputs_count: expected an int >= 1, got {outputs_count!r}")
-    if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
-        raise ServableError(f"{where}: batch_size: expected None or an int >= 1, got {batch_size!r}")
+    if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 0):
+        raise ServableError(f"{where}: batch_size: expected None or an int >= 0 (0: the whole batch), got "
+                            f"{batch_size!r}")
     if tag is not None and not isinstance(tag, str):
         raise ServableError(f"{where}: tag: expected a string, got {tag!r}")
     for position, arg in enumerate(args, 1):
@@ -252,8 +301,82 @@ def add_stage(fn_or_model, *args, outputs_count, batch_size=None, tag=None):
                                 f"of the method")
     number = len(method.stages) + 1
     outputs = tuple(Placeholder(method.name, number, i) for i in range(outputs_count))
-    method.stages.append(Stage(fn_or_model, tuple(args), outputs, batch_size, tag))
+    if tag:
+        label = tag
+    elif isinstance(fn_or_model, Model):
+        label = f"Model '{fn_or_model.key}'"
+    else:
+        label = f"Function '{registry.config.parent.name}.{getattr(fn_or_model, '__name__', type(fn_or_model).__name__)}'"
+    method.stages.append(Stage(fn_or_model, tuple(args), outputs, batch_size, tag, label))
     return outputs[0] if outputs_count == 1 else outputs
+
+
+# ---- the interfaces MindSpore Serving deprecated in 1.5: call_* -> add_stage ---------------------------------
+
+LEGACY_CALLS = {"call_preprocess": ("Preprocess", None), "call_preprocess_pipeline": ("Preprocess", 0),
+                "call_servable": (None, None),
+                "call_postprocess": ("Postprocess", None), "call_postprocess_pipeline": ("Postprocess", 0)}
+
+
+def _legacy_counts(function: Callable) -> Dict[str, int]:
+    """outputs_count of each call_* in a method body, read as MindSpore Serving reads it: the number of names
+    its result is assigned to (`x1, x2 = register.call_preprocess(f, x1, x2)` -> 2)."""
+    try:
+        body = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0].body
+    except (OSError, TypeError, SyntaxError, IndexError):  # no source to read: call_* then names the problem
+        return {}
+    counts = {}
+    for statement in body:
+        if isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Call):
+            func = statement.value.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in LEGACY_CALLS:
+                target = statement.targets[0]
+                counts[name] = len(target.elts) if isinstance(target, ast.Tuple) else 1
+    return counts
+
+
+def _legacy_stage(call: str, stage, args: tuple):
+    registry = _registry(call)
+    method = registry.building
+    if method is None:
+        raise ServableError(f"{registry.config}: {call}: called outside a @register_method body")
+    where = f"{registry.config}: method {method.name}"
+    if call in registry.legacy_used:
+        raise ServableError(f"{where}: Check failed in method '{method.name}', {call} should not be invoked more "
+                            f"than once")
+    if call not in registry.legacy_counts:
+        raise ServableError(f"{where}: Failed to parse method '{method.name}', complex statements such as conditions "
+                            f"and loops are not supported in register_method when the interface '{call}' is used, "
+                            f"use 'add_stage' to replace '{call}'")
+    registry.legacy_used.add(call)
+    tag, batch_size = LEGACY_CALLS[call]
+    return add_stage(stage, *args, outputs_count=registry.legacy_counts[call], batch_size=batch_size, tag=tag)
+
+
+def call_preprocess(preprocess_fun, *args):
+    return _legacy_stage("call_preprocess", preprocess_fun, args)
+
+
+def call_preprocess_pipeline(preprocess_fun, *args):
+    return _legacy_stage("call_preprocess_pipeline", preprocess_fun, args)
+
+
+def call_postprocess(postprocess_fun, *args):
+    return _legacy_stage("call_postprocess", postprocess_fun, args)
+
+
+def call_postprocess_pipeline(postprocess_fun, *args):
+    return _legacy_stage("call_postprocess_pipeline", postprocess_fun, args)
+
+
+def call_servable(*args):
+    """The one declared model as a stage (MindSpore Serving refuses call_servable when there are several)."""
+    registry = _registry("call_servable")
+    if len(registry.models) != 1:
+        raise ServableError(f"{registry.config}: call_servable: there are {len(registry.models)} models declared; "
+                            f"call_servable needs exactly one (use add_stage to name the model)")
+    return _legacy_stage("call_servable", registry.models[0], args)
 
 
 def _shim_modules() -> Dict[str, types.ModuleType]:

@@ -5,11 +5,14 @@ pool, and stages that do not depend on each other run at the same time (the imag
 preprocessing of a predict); a model stage stacks its instances into one batch for its graph, which runs
 on its own thread, one batch at a time. One instance's failure (a corrupt JPEG) fails that instance only.
 
-Loading checks every file's sha256, then runs each graph on the package's stored samples: a version whose
-graphs do not reproduce the exported outputs is refused, and the graphs are compiled before the first
-request arrives.
+A version folder holds a mindvl model package or, as MindSpore Serving's do, bare MindIR files. Loading a
+package checks every file's sha256, then runs each graph on the package's stored samples: a version whose
+graphs do not reproduce the exported outputs is refused. Bare MindIR files are read for their inputs and
+outputs (dtypes, shapes, batch dimension), as MindSpore Serving reads them. Either way the graphs are
+compiled before the first request arrives.
 """
 import asyncio
+import logging
 import threading
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -19,10 +22,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 import numpy as np
+from google.protobuf.message import DecodeError
 
-from mindvl.model_package import TOLERANCE, as_tuple, check_files, load_graph, load_samples, read_manifest
+from mindvl.mindir import mindir_io
+from mindvl.model_package import (MANIFEST, TOLERANCE, as_tuple, check_files, load_graph, load_samples,
+                                  read_manifest)
 from mindvl.serving.protocol import InstanceError, ProtocolError
-from mindvl.serving.register import Method, Placeholder, ServableDefinition, ServableError, Stage, load_servable_config
+from mindvl.serving.register import (Method, Model, Placeholder, ServableDefinition, ServableError, Stage,
+                                     load_servable_config)
 from mindvl.serving.servable import CONFIG_FILE, check_config, resolve
 
 # A graph with a dynamic batch dimension compiles once per batch size it meets (~0.2 s each for the tiny
@@ -32,6 +39,7 @@ MAX_GRAPH_BATCH = BATCH_BUCKETS[-1]  # larger batches run in chunks of this many
 # MindSpore deadlocks when two GraphCells execute at once from two threads (both stuck in _exec_pip): graphs
 # run one at a time in the process, each still on its own runner thread; the Python stages stay parallel.
 GRAPH_LOCK = threading.Lock()
+LOG = logging.getLogger("mindvl.serving")
 
 
 def bucket(size: int) -> int:
@@ -56,62 +64,116 @@ def _levels(method: Method) -> List[List[Stage]]:
     return groups
 
 
-class GraphRunner:
-    """One declared model's graph, run on stacked inputs on its own thread (MindSpore runs one graph call at
-    a time per cell); also the `runner` of its Model, so Python stages may `model.call(...)` it."""
+def serving_type_name(dtype) -> str:
+    """MindSpore Serving's name of a dtype in its messages (kMSI_Float32, ...)."""
+    kind = np.dtype(dtype)
+    return SERVING_TYPE_NAMES.get(kind.name, "kMSI_String" if kind.kind in "OUS" else "kMSI_Unknown")
 
-    def __init__(self, name: str, cell, entry: dict) -> None:
+
+SERVING_TYPE_NAMES = {"bool": "kMSI_Bool", "int8": "kMSI_Int8", "uint8": "kMSI_Uint8", "int16": "kMSI_Int16",
+                      "uint16": "kMSI_Uint16", "int32": "kMSI_Int32", "uint32": "kMSI_Uint32", "int64": "kMSI_Int64",
+                      "uint64": "kMSI_Uint64", "float16": "kMSI_Float16", "float32": "kMSI_Float32",
+                      "float64": "kMSI_Float64"}
+
+
+class GraphRunner:
+    """One graph (one file of a declared model) run on its own thread, as MindSpore Serving runs a model.
+
+    `inputs` and `outputs` are the graph's tensors ({name, dtype, shape}, the full shapes; -1: any size).
+    With `batched` (declare_model's with_batch_dim) dimension 0 is the batch: an instance holds one row,
+    instances are stacked, and a graph whose batch is fixed (N) gets N rows, padded with repeats of the
+    first; a dynamic batch (-1) is padded to a batch bucket. Inputs in `shared` (without_batch_dim_inputs)
+    are not stacked: instances that give them the same value run together. Without `batched`, every
+    instance is a whole input of the graph and runs alone. An instance's input is checked by its size in
+    bytes and its dtype, with MindSpore Serving's messages, and takes the graph's shape.
+    """
+
+    def __init__(self, name: str, cell, inputs: List[dict], outputs: List[dict], batched: bool = True,
+                 shared: Sequence[int] = ()) -> None:
         self.name = name
         self.cell = cell
-        self.inputs = entry["inputs"]  # [{name, dtype, shape}], shape[0] the batch (-1: any)
-        self.outputs = entry["outputs"]
+        self.inputs = inputs
+        self.outputs = outputs
+        self.batched = batched
+        self.shared = frozenset(shared) if batched else frozenset(range(len(inputs)))
+        self.batch = graph_batch(inputs, outputs, self.shared) if batched else 1  # None: dynamic
         self.thread = ThreadPoolExecutor(1, thread_name_prefix=f"graph-{name}")
 
+    def instance_shape(self, index: int) -> Tuple[int, ...]:
+        shape = tuple(self.inputs[index]["shape"])
+        return shape if index in self.shared else shape[1:]
+
     def check_instance(self, values: Sequence[Any]) -> List[np.ndarray]:
-        """One instance's inputs as arrays of the graph's dtypes; InstanceError names the input at fault."""
+        """One instance's inputs as arrays of the graph's shapes; InstanceError with MindSpore Serving's phrase,
+        then which graph input and what was given."""
         if len(values) != len(self.inputs):
-            raise InstanceError(f"graph {self.name}: given {len(values)} inputs, expected {len(self.inputs)}")
+            raise InstanceError(f"Given model inputs size {len(values)} not match model inputs size "
+                                f"{len(self.inputs)} (graph {self.name})")
         arrays = []
-        for value, spec in zip(values, self.inputs):
-            array = np.asarray(value)
-            want_shape = tuple(spec["shape"][1:])
-            if array.dtype != np.dtype(spec["dtype"]) or len(array.shape) != len(want_shape) or any(
-                    want not in (-1, got) for want, got in zip(want_shape, array.shape)):
-                raise InstanceError(f"graph {self.name}: input {spec['name']}: given {array.dtype} of shape "
-                                    f"{list(array.shape)}, expected {spec['dtype']} of shape {list(want_shape)} "
-                                    f"(-1: any size)")
-            arrays.append(array)
+        for index, (value, spec) in enumerate(zip(values, self.inputs)):
+            array, want, dtype = np.asarray(value), self.instance_shape(index), np.dtype(spec["dtype"])
+            detail = (f" (graph {self.name} input {spec['name']}: given {array.dtype} of shape {list(array.shape)}, "
+                      f"expected {dtype} of shape {list(want)}{'; -1: any size' if -1 in want else ''})")
+            if -1 not in want:
+                size = int(np.prod(want, dtype=np.int64)) * dtype.itemsize
+                if array.nbytes != size:
+                    raise InstanceError(f"Given model input {index} size {array.nbytes} not match the size {size} "
+                                        f"defined in model{detail}")
+            elif array.ndim != len(want) or any(w not in (-1, g) for w, g in zip(want, array.shape)):
+                raise InstanceError(f"Given model input {index} shape {list(array.shape)} not match the shape "
+                                    f"{list(want)} defined in model{detail}")
+            if array.dtype != dtype:
+                raise InstanceError(f"Given model input {index} data type {serving_type_name(array.dtype)} not match "
+                                    f"the data type {serving_type_name(dtype)} defined in model{detail}")
+            arrays.append(array.reshape(want) if -1 not in want else array)
         return arrays
 
-    def run(self, *batch: np.ndarray, subgraph: int = 0) -> Tuple[np.ndarray, ...]:
-        """The graph on batched inputs, padded to a batch bucket (blocking; call it on the graph's thread)."""
-        if subgraph != 0:
-            raise ServableError(f"graph {self.name}: has one graph, not subgraph {subgraph}")
-        rows = len(batch[0])
-        if rows > MAX_GRAPH_BATCH:
+    def run(self, *columns: np.ndarray) -> Tuple[np.ndarray, ...]:
+        """The graph on stacked inputs (shared ones as they are), in chunks of the graph's batch and padded to it
+        (blocking: call it on the graph's thread or while loading)."""
+        rows = len(next(c for i, c in enumerate(columns) if i not in self.shared))
+        limit = self.batch or MAX_GRAPH_BATCH
+        if rows > limit:
             return tuple(np.concatenate(parts) for parts in zip(*(
-                self.run(*(array[start:start + MAX_GRAPH_BATCH] for array in batch))
-                for start in range(0, rows, MAX_GRAPH_BATCH))))
-        padding = bucket(rows) - rows  # repeats of row 0: real inputs, so no NaN from an empty mask
-        batch = [np.concatenate([array, np.repeat(array[:1], padding, axis=0)]) if padding else array
-                 for array in batch]
+                self.run(*(c if i in self.shared else c[start:start + limit] for i, c in enumerate(columns)))
+                for start in range(0, rows, limit))))
+        padding = (self.batch or bucket(rows)) - rows  # repeats of row 0: real inputs, so no NaN from an empty mask
+        columns = [np.concatenate([c, np.repeat(c[:1], padding, axis=0)]) if padding and i not in self.shared else c
+                   for i, c in enumerate(columns)]
         with GRAPH_LOCK:
-            outputs = as_tuple(self.cell(*(ms.Tensor(array) for array in batch)))
+            outputs = as_tuple(self.cell(*(ms.Tensor(c) for c in columns)))
             return tuple(output.asnumpy()[:rows] for output in outputs)
 
-    def __call__(self, *batch: np.ndarray, subgraph: int = 0) -> Tuple[np.ndarray, ...]:
-        return self.thread.submit(self.run, *batch, subgraph=subgraph).result()
+    def run_checked(self, instances: List[List[np.ndarray]]) -> List[Tuple[np.ndarray, ...]]:
+        """Outputs per instance for checked instances (blocking: call it on the graph's thread)."""
+        if not self.batched:
+            with GRAPH_LOCK:
+                return [tuple(o.asnumpy() for o in as_tuple(self.cell(*(ms.Tensor(a) for a in arrays))))
+                        for arrays in instances]
+        groups: Dict[tuple, List[int]] = {}  # instances giving the shared inputs the same values run together
+        for row, arrays in enumerate(instances):
+            groups.setdefault(tuple(arrays[i].tobytes() for i in sorted(self.shared)), []).append(row)
+        results: List[Any] = [None] * len(instances)
+        for rows in groups.values():
+            first = instances[rows[0]]
+            outputs = self.run(*(first[i] if i in self.shared else np.stack([instances[r][i] for r in rows])
+                                 for i in range(len(self.inputs))))
+            for position, row in enumerate(rows):
+                results[row] = tuple(output[position] for output in outputs)
+        return results
 
     async def run_instances(self, instances: List[List[np.ndarray]]) -> List[Tuple[np.ndarray, ...]]:
-        """Outputs per instance for checked instances, stacked into one batch."""
-        stacked = [np.stack(column) for column in zip(*instances)]
-        outputs = await asyncio.get_running_loop().run_in_executor(self.thread, self.run, *stacked)
-        return [tuple(output[row] for output in outputs) for row in range(len(instances))]
+        return await asyncio.get_running_loop().run_in_executor(self.thread, self.run_checked, instances)
 
     def warm_up(self, sample: Sequence[np.ndarray], max_batch: int) -> None:
-        """Compile every batch bucket up to `max_batch` now, not on the first request that needs it."""
+        """Compile the graph now, not on the first request: every batch bucket up to `max_batch` for a dynamic
+        batch, else its one shape. `sample`: one batch of inputs."""
+        if not self.batched or self.batch:
+            self.run_checked([[np.asarray(a)[0] if self.batched and i not in self.shared else np.asarray(a)
+                               for i, a in enumerate(sample)]] if self.batched else [list(sample)])
+            return
         for size in BATCH_BUCKETS:
-            self(*(np.repeat(array[:1], size, axis=0) for array in sample))
+            self.run(*(a if i in self.shared else np.repeat(a[:1], size, axis=0) for i, a in enumerate(sample)))
             if size >= max_batch:
                 break
 
@@ -119,16 +181,63 @@ class GraphRunner:
         self.thread.shutdown(wait=True)
 
 
+def graph_batch(inputs: List[dict], outputs: List[dict], shared: frozenset) -> Optional[int]:
+    """The batch size of a graph declared with_batch_dim: dimension 0 of its stacked inputs and of its
+    outputs, the same for all (None: dynamic, -1); ServableError with MindSpore Serving's messages."""
+    sizes = set()
+    for what, tensors in (("input", inputs), ("output", outputs)):
+        for index, tensor in enumerate(tensors):
+            if what == "input" and index in shared:
+                continue
+            shape = list(tensor["shape"])
+            if not shape:
+                raise ServableError(f"The shape of model {what} {index} cannot be empty, when with_batch_dim is true "
+                                    f"and without_batch_dim_inputs is {sorted(shared)}; declare the model with "
+                                    f"with_batch_dim=False or list the input in without_batch_dim_inputs")
+            if shape[0] == 0 or shape[0] < -1:
+                raise ServableError(f"The shape of model {what} {index} is invalid, shape: {shape}")
+            if sizes and shape[0] not in sizes:
+                raise ServableError(f"The shape {shape} of model {what} {index} does not match current batch size "
+                                    f"{sizes.pop()}")
+            sizes.add(shape[0])
+    if not any(i not in shared for i in range(len(inputs))):
+        raise ServableError("without_batch_dim_inputs lists every input of the model, so no input has a batch "
+                            "dimension; declare it with with_batch_dim=False")
+    size = sizes.pop() if sizes else 1
+    return None if size == -1 else size
+
+
+class ModelRunner:
+    """A declared model's graphs (subgraph i: its file i), bound to the Model for Python stages'
+    `model.call`: instances -> one output tuple each; a bad instance raises RuntimeError, as there."""
+
+    def __init__(self, graphs: List[GraphRunner]) -> None:
+        self.graphs = graphs
+
+    def __call__(self, instances: List[tuple], subgraph: int = 0) -> List[Tuple[np.ndarray, ...]]:
+        if not 0 <= subgraph < len(self.graphs):
+            raise RuntimeError(f"subgraph {subgraph}: the model has {len(self.graphs)} (one per model file)")
+        graph = self.graphs[subgraph]
+        checked = []
+        for instance in instances:
+            try:
+                checked.append(graph.check_instance(instance))
+            except InstanceError as error:
+                raise RuntimeError(str(error)) from None
+        return graph.thread.submit(graph.run_checked, checked).result()
+
+
 @dataclass
 class LoadedVersion:
-    """Version `version` of servable `name`, ready to run its methods."""
+    """Version `version` of servable `name`, ready to run its methods; `manifest` is None for a MindSpore
+    Serving servable's bare MindIR files."""
 
     name: str
     version: int
     folder: Path
-    manifest: dict
+    manifest: Optional[dict]
     definition: ServableDefinition
-    runners: Dict[int, GraphRunner]  # id(Model) -> its runner
+    models: Dict[int, ModelRunner]  # id(Model) -> its graphs
     levels: Dict[str, List[List[Stage]]] = field(default_factory=dict)
     loaded_at: float = field(default_factory=time.time)
 
@@ -141,8 +250,8 @@ class LoadedVersion:
 
     def method(self, name: str) -> Method:
         if name not in self.methods:
-            raise MethodNotFound(f"servable {self.name} version {self.version}: method {name} is not available; "
-                                 f"it has {', '.join(sorted(self.methods))}")
+            raise MethodNotFound(f"method is not available: servable {self.name} version {self.version} has no "
+                                 f"method {name!r} (it has {', '.join(sorted(self.methods))})")
         return self.methods[name]
 
     async def run(self, method_name: str, instances: List[Dict[str, Any]], pool: Executor) -> List[Any]:
@@ -162,19 +271,19 @@ class LoadedVersion:
             values.append({} if failure else {Placeholder(method.name, 0, i): instance[name]
                                               for i, name in enumerate(method.inputs)})
         for group in self.levels[method.name]:
-            await asyncio.gather(*(self._run_stage(stage, values, failures, pool) for stage in group))
+            await asyncio.gather(*(self._run_stage(method, stage, values, failures, pool) for stage in group))
         return [failure or {name: values[i][placeholder] for name, placeholder in zip(method.output_names,
                                                                                       method.returns)}
                 for i, failure in enumerate(failures)]
 
-    async def _run_stage(self, stage: Stage, values: List[Dict[Placeholder, Any]],
+    async def _run_stage(self, method: Method, stage: Stage, values: List[Dict[Placeholder, Any]],
                          failures: List[Optional[BaseException]], pool: Executor) -> None:
         live = [i for i, failure in enumerate(failures) if failure is None]
         if not live:
             return
         arguments = [[values[i][arg] for arg in stage.args] for i in live]
         if stage.is_model:
-            outputs = await self._run_model(stage, arguments, live, failures)
+            outputs = await self._run_model(stage, arguments)
         elif stage.batch_size is None:
             loop = asyncio.get_running_loop()
             outputs = await asyncio.gather(*(loop.run_in_executor(pool, _call, stage, args) for args in arguments),
@@ -182,41 +291,44 @@ class LoadedVersion:
         else:
             outputs = await asyncio.get_running_loop().run_in_executor(pool, _call_batched, stage, arguments)
         for i, output in zip(live, outputs):
-            if isinstance(output, BaseException):
-                failures[i] = output if isinstance(output, InstanceError) else \
-                    InstanceError(f"stage {stage.name}: {type(output).__name__}: {output}")
+            if isinstance(output, InstanceError) and stage.is_model:
+                failures[i] = output  # MindSpore Serving's input check messages stand alone
+            elif isinstance(output, BaseException):  # a Python stage failed: MindSpore Serving's wording
+                failures[i] = InstanceError(f"Call {stage.label} Failed, method: '{method.name}', stage index(begin "
+                                            f"with 1): {method.stages.index(stage) + 1}, error msg: {output}")
             else:
                 values[i].update(zip(stage.outputs, output))
 
-    async def _run_model(self, stage: Stage, arguments: List[List[Any]], live: List[int],
-                         failures: List[Optional[BaseException]]) -> List[Any]:
-        runner = self.runners[id(stage.target)]
+    async def _run_model(self, stage: Stage, arguments: List[List[Any]]) -> List[Any]:
+        graph = self.models[id(stage.target)].graphs[0]  # add_stage runs subgraph 0, as in MindSpore Serving
         outputs: List[Any] = [None] * len(arguments)
         checked = []
         for position, args in enumerate(arguments):
             try:
-                checked.append((position, runner.check_instance(args)))
+                checked.append((position, graph.check_instance(args)))
             except InstanceError as error:
                 outputs[position] = error
         if checked:
-            results = await runner.run_instances([arrays for _, arrays in checked])
+            results = await graph.run_instances([arrays for _, arrays in checked])
             for (position, _), result in zip(checked, results):
                 outputs[position] = result
         return outputs
 
     def close(self) -> None:
-        for runner in self.runners.values():
-            runner.close()
+        for model in self.models.values():
+            for graph in model.graphs:
+                graph.close()
 
 
 def _as_outputs(stage: Stage, result: Any) -> Tuple[Any, ...]:
+    """One instance's result of a Python stage as its outputs; MindSpore Tensors become numpy arrays."""
     count = len(stage.outputs)
     outputs = (result,) if count == 1 else tuple(result) if isinstance(result, (tuple, list)) else None
     if outputs is None or len(outputs) != count:
-        raise InstanceError(f"stage {stage.name}: returned {type(result).__name__} "
-                            f"{'of ' + str(len(result)) + ' values ' if isinstance(result, (tuple, list)) else ''}"
-                            f"where outputs_count={count}")
-    return outputs
+        given = len(result) if isinstance(result, (tuple, list)) else 1
+        raise InstanceError(f"The outputs number {given} of one instance returned by function '{stage.name}' is not "
+                            f"equal to the outputs number {count} registered in method (outputs_count)")
+    return tuple(value.asnumpy() if callable(getattr(value, "asnumpy", None)) else value for value in outputs)
 
 
 def _call(stage: Stage, args: List[Any]) -> Tuple[Any, ...]:
@@ -224,14 +336,17 @@ def _call(stage: Stage, args: List[Any]) -> Tuple[Any, ...]:
 
 
 def _call_batched(stage: Stage, arguments: List[List[Any]]) -> List[Any]:
-    """A stage with batch_size N: called with up to N instances' argument tuples, yielding one result each."""
+    """A stage with batch_size N: called with up to N instances' argument tuples (0: all of them), yielding or
+    returning one result each."""
+    size = stage.batch_size or len(arguments)
     results: List[Any] = []
-    for start in range(0, len(arguments), stage.batch_size):
-        chunk = [tuple(args) for args in arguments[start:start + stage.batch_size]]
+    for start in range(0, len(arguments), size):
+        chunk = [tuple(args) for args in arguments[start:start + size]]
         try:
             produced = list(stage.target(chunk))
             if len(produced) != len(chunk):
-                raise InstanceError(f"stage {stage.name}: yielded {len(produced)} results for {len(chunk)} instances")
+                raise InstanceError(f"The number {len(produced)} of instances returned by function '{stage.name}' is "
+                                    f"not equal to the number {len(chunk)} of instances provided to this function.")
             results += [_as_outputs(stage, result) for result in produced]
         except Exception as error:  # user code: the chunk's instances fail, the others go on
             results += [error] * len(chunk)
@@ -240,33 +355,103 @@ def _call_batched(stage: Stage, arguments: List[List[Any]]) -> List[Any]:
 
 def load_version(servable_dir: Path, name: str, version: int, key: Optional[bytes] = None,
                  max_batch: int = 1) -> LoadedVersion:
-    """Load version `version` (0: the newest on disk) of servable `name`: hashes, config, graphs, the sample
-    check, and every batch bucket up to `max_batch` compiled."""
+    """Load version `version` (0: the newest on disk) of servable `name` and compile its graphs (every batch
+    bucket up to `max_batch`). A mindvl model package (manifest.json) is checked file by file and against
+    its stored samples; a MindSpore Serving servable's MindIR files are read as MindSpore Serving reads them."""
     folder = resolve(servable_dir, name, version or None)
-    manifest = read_manifest(folder)
-    check_files(folder, manifest)
     definition = load_servable_config(folder.parent / CONFIG_FILE)
-    check_config(definition, manifest, folder)
-    graph_names = {entry["file"]: graph for graph, entry in manifest["graphs"].items()}
-    runners: Dict[int, GraphRunner] = {}
+    manifest = read_manifest(folder) if (folder / MANIFEST).is_file() else None
+    models: Dict[int, ModelRunner] = {}
     try:
         for model in definition.models:
-            graph = graph_names[model.files[0]]
-            runner = GraphRunner(graph, load_graph(folder, manifest, graph, key), manifest["graphs"][graph])
-            runners[id(model)] = runner
-            runner.warm_up(_check_samples(folder, manifest, graph, runner), max_batch)
-            model.runner = runner
+            model.check_loadable()
+            if model.context is not None or model.options is not None or model.config_file is not None:
+                LOG.warning("servable %s version %s: model %s: %s recorded, not applied (mindvl runs the graph "
+                            "with MindSpore's CPU settings)", name, folder.name, model.key,
+                            ", ".join(f"{what}={value!r}" for what, value in (("context", model.context), (
+                                "options", model.options), ("config_file", model.config_file)) if value is not None))
+            graphs = models.setdefault(id(model), ModelRunner([])).graphs
+            if manifest is not None:
+                graphs.append(_package_graph(folder, manifest, definition, model, key, max_batch))
+            else:
+                graphs += _mindir_graphs(folder, definition, model, key, max_batch)
+            model.runner = models[id(model)]
     except BaseException:
-        for runner in runners.values():
-            runner.close()
+        for runner in models.values():
+            for graph in runner.graphs:
+                graph.close()
         raise
-    return LoadedVersion(name, int(folder.name), folder, manifest, definition, runners)
+    return LoadedVersion(name, int(folder.name), folder, manifest, definition, models)
+
+
+def _package_graph(folder: Path, manifest: dict, definition: ServableDefinition, model: Model,
+                   key: Optional[bytes], max_batch: int) -> GraphRunner:
+    """The package graph a model declares, checked against the samples stored at export."""
+    if model is definition.models[0]:  # once per version: hashes and the config's fit to the package
+        check_files(folder, manifest)
+        check_config(definition, manifest, folder)
+    graph = {entry["file"]: graph for graph, entry in manifest["graphs"].items()}[model.files[0]]
+    entry = manifest["graphs"][graph]
+    runner = GraphRunner(graph, load_graph(folder, manifest, graph, key), entry["inputs"], entry["outputs"])
+    try:
+        runner.warm_up(_check_samples(folder, manifest, graph, runner), max_batch)
+    except BaseException:
+        runner.close()
+        raise
+    return runner
+
+
+def _mindir_graphs(folder: Path, definition: ServableDefinition, model: Model, key: Optional[bytes],
+                   max_batch: int) -> List[GraphRunner]:
+    """A MindSpore Serving model's files (subgraph i: file i): inputs and outputs read from each MindIR, the
+    counts add_stage gives checked against them, each graph compiled on zeros of its shapes."""
+    counts = [(method.name, len(stage.args), len(stage.outputs)) for method in definition.methods.values()
+              for stage in method.stages if stage.target is model]
+    graphs = []
+    try:
+        for subgraph, file in enumerate(model.files):
+            path = folder / file
+            if not path.is_file():
+                have = ", ".join(sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))) or "nothing"
+                raise ServableError(f"{definition.config}: model file {file}: not in {folder} (it has: {have}); "
+                                    f"put the MindIR file into each version folder")
+            try:
+                inputs, outputs = (
+                    [{"name": n, "dtype": d, "shape": list(shape)} for n, d, shape in tensors]
+                    for tensors in mindir_io(path.read_bytes()))
+            except (DecodeError, ValueError) as exc:
+                raise ServableError(f"{path}: cannot read the graph's inputs and outputs ({exc}); is it a MindIR "
+                                    f"file exported by mindspore.export(..., file_format='MINDIR')? (an encrypted "
+                                    f"MindIR is served inside a mindvl model package)") from None
+            for method, given_in, given_out in (counts if subgraph == 0 else []):
+                for what, given, have in (("inputs", given_in, inputs), ("outputs", given_out, outputs)):
+                    if given != len(have):
+                        raise ServableError(f"{definition.config}: method {method}: The {what} count {given} in "
+                                            f"register_method not equal to the count {len(have)} defined in model, "
+                                            f"model info: {model.key}, subgraph: {subgraph}")
+            try:
+                cell = ms.nn.GraphCell(ms.load(str(path)))
+            except (RuntimeError, ValueError) as exc:
+                raise ServableError(f"{path}: MindSpore could not load it: {str(exc).strip().splitlines()[0]}") from exc
+            graph = GraphRunner(file, cell, inputs, outputs, model.with_batch_dim, model.without_batch_dim_inputs)
+            graphs.append(graph)
+            graph.warm_up(_zeros(graph), max_batch)
+    except BaseException:
+        for graph in graphs:
+            graph.close()
+        raise
+    return graphs
+
+
+def _zeros(graph: GraphRunner) -> List[np.ndarray]:
+    """Inputs of zeros for compiling: one batch (a batch of 1 when dynamic), dynamic non-batch sizes as 1."""
+    return [np.zeros([1 if d == -1 else d for d in spec["shape"]], spec["dtype"]) for spec in graph.inputs]
 
 
 def _check_samples(folder: Path, manifest: dict, graph: str, runner: GraphRunner) -> List[np.ndarray]:
     """Run the stored sample inputs and refuse the version unless the exported outputs come back; -> the inputs."""
     inputs, expected = load_samples(folder, manifest, graph)
-    got = runner(*inputs.values())
+    got = runner.run(*inputs.values())
     for (output, want), value in zip(expected.items(), got):
         if want.dtype.kind in "iub":
             same = np.array_equal(value, want)

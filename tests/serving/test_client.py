@@ -89,7 +89,7 @@ def test_a_failed_instance_is_an_error_in_its_place_and_the_others_are_answered(
 def test_a_request_the_server_refuses_raises_serving_error_with_its_message(live_server, samples):
     """The server's error_msg, over both protocols: an unknown method, an unloaded version, a pinned one works."""
     for address in (live_server.rest_url, live_server.grpc_target):
-        with pytest.raises(ServingError, match="method nope is not available"):
+        with pytest.raises(ServingError, match="method is not available: servable vqa version 1 has no method 'nope'"):
             Client(address, "vqa", "nope").infer({"image": samples[0][0]})
         with pytest.raises(ServingError, match="servable vqa version 7 is not loaded"):
             Client(address, "vqa", "embed_text", version_number=7).infer({"text": "what shape"})

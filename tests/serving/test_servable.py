@@ -51,8 +51,11 @@ RECORDED = '''
 from mindspore_serving.server import register
 
 net = register.declare_model(model_file="net.mindir", model_format="MindIR", with_batch_dim=True,
-                             without_batch_dim_inputs=1, options={"precision": "fp32"})
-pair = register.declare_model(model_file=["a.mindir", "b.mindir"], model_format="mindir", with_batch_dim=False)
+                             without_batch_dim_inputs=1, options=register.GpuOptions(precision_mode="fp16"))
+context = register.Context(thread_num=2)
+context.append_device_info(register.CPUDeviceInfo(precision_mode="fp16"))
+pair = register.declare_model(model_file=["a.mindir", "b.mindir"], model_format="mindir", with_batch_dim=False,
+                              context=context)
 
 
 def scale(x, factor):
@@ -80,15 +83,19 @@ def echo(text):
 def test_a_method_body_records_its_python_and_model_stages(tmp_path):
     definition = load_servable_config(write_config(tmp_path / "demo", RECORDED))
     net, pair = definition.models
-    assert (net.files, net.model_format, net.with_batch_dim, net.without_batch_dim_inputs, net.options) == \
-        (("net.mindir",), "MindIR", True, (1,), {"precision": "fp32"})
-    assert (pair.files, pair.model_format, pair.with_batch_dim) == (("a.mindir", "b.mindir"), "MindIR", False)
+    assert (net.files, net.model_format, net.with_batch_dim, net.without_batch_dim_inputs) == \
+        (("net.mindir",), "MindIR", True, (1,))
+    assert (pair.files, pair.key, pair.model_format, pair.with_batch_dim) == \
+        (("a.mindir", "b.mindir"), "a.mindir;b.mindir", "MindIR", False)
+    assert repr(net.options.context) == "Context(GPUDeviceInfo(precision_mode='fp16'))"  # kept for the log
+    assert repr(pair.context) == "Context(thread_num=2, CPUDeviceInfo(precision_mode='fp16'))"
 
     assert list(definition.methods) == ["classify", "echo"]
     classify = definition.methods["classify"]
     assert classify.inputs == ("x", "factor") and classify.output_names == ("label", "raw")
     scale, model, label = classify.stages
     assert [s.name for s in classify.stages] == ["scale", "net", "label"]
+    assert [s.label for s in classify.stages] == ["Function 'demo.scale'", "net", "Function 'demo.label'"]
     assert not scale.is_model and model.is_model and model.target is net and not label.is_model
     assert scale.args == (Placeholder("classify", 0, 0), Placeholder("classify", 0, 1))
     assert model.args == scale.outputs == (Placeholder("classify", 1, 0), Placeholder("classify", 1, 1))
@@ -100,12 +107,19 @@ def test_a_method_body_records_its_python_and_model_stages(tmp_path):
     assert echo.inputs == ("text",) and echo.stages == [] and echo.returns == (Placeholder("echo", 0, 0),)
 
 
-def test_model_call_runs_only_through_the_runner_a_server_binds(tmp_path):
+def test_model_call_takes_one_instance_or_a_list_of_them_as_mindspore_serving_does(tmp_path):
     net = load_servable_config(write_config(tmp_path / "demo", RECORDED)).models[0]
     with pytest.raises(ServableError, match=r"model net\.mindir: call\(\) runs only while a server serves"):
         net.call(np.ones(2))
-    net.runner = lambda *inputs, subgraph: [x * 2 for x in inputs]
-    assert net.call(np.ones(2), np.ones(1))[1].tolist() == [2.0]
+    net.runner = lambda instances, subgraph: [tuple(x * 2 + subgraph for x in instance) for instance in instances]
+    assert net.call(np.ones(1)).tolist() == [2.0]  # one instance, one output: the output itself
+    assert [y.tolist() for y in net.call(np.ones(1), np.zeros(1))] == [[2.0], [0.0]]  # one instance, two outputs
+    several = net.call([[np.ones(1)], (np.zeros(1),)], subgraph=1)  # several instances: an output tuple each
+    assert [[y.tolist() for y in outputs] for outputs in several] == [[[3.0]], [[1.0]]]
+    with pytest.raises(RuntimeError, match=r"^Model\(net\.mindir\)\.call\(\) failed: no inputs provided"):
+        net.call()
+    with pytest.raises(RuntimeError, match=r"^Model\(net\.mindir ,subgraph=1\)\.call\(\) failed: inputs format invalid"):
+        net.call([np.ones(1)], subgraph=1)
 
 
 PRELUDE = '''
