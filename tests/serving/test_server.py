@@ -192,8 +192,8 @@ REQUEST_ERRORS = {  # name: (HTTP method, path, body, error_msg fragment, strict
     "null value": ("POST", "/model/vqa:embed_text", {"instances": [{"text": None}]}, "json value is null", 400),
     "unknown servable": ("POST", "/model/nope:predict", OK_BODY,
                          "servable is not available: servable 'nope' is not loaded (loaded: tensors, vqa)", 404),
-    "unknown method": ("POST", "/model/vqa:classify", OK_BODY, "method classify is not available; it has embed_audio, "
-                                                              "embed_image, embed_text, predict", 404),
+    "unknown method": ("POST", "/model/vqa:classify", OK_BODY, "method is not available: servable vqa version 1 has no "
+                       "method 'classify' (it has embed_audio, embed_image, embed_text, predict)", 404),
     "unknown version": ("POST", "/model/vqa/version/2:embed_text", OK_BODY,
                         "servable vqa version 2 is not loaded (loaded: 1)", 404),
     "version out of range": ("POST", "/model/vqa/version/4294967295:embed_text", OK_BODY,
@@ -243,8 +243,10 @@ def test_a_failed_instance_is_answered_in_its_place_while_the_others_succeed(ser
         [["answer", "answer_text", "confidence"]]
     errors = [reply["error_msg"] for reply in replies[1:5]]
     assert errors[0] == "Cannot find input audio in instance input; method predict takes image, question, audio"
-    assert errors[1].startswith("stage pixels: InputError: image: cannot decode the image")
-    assert errors[2].startswith("stage question_input: InputError: predict: question and audio are both empty")
+    assert errors[1].startswith("Call Function 'vqa.pixels' Failed, method: 'predict', stage index(begin with 1): 1, "
+                                "error msg: image: cannot decode the image")
+    assert errors[2].startswith("Call Function 'vqa.question_input' Failed, method: 'predict', stage index(begin with "
+                                "1): 2, error msg: predict: question and audio are both empty")
     assert errors[3] == "input 'colour' is not an input of the method; method predict takes image, question, audio"
     status, answer = call(f"{strict.rest_url}/model/vqa:predict", {"instances": instances[:3]})
     assert status == 200 and [sorted(reply) for reply in answer["instances"]] == \
@@ -252,8 +254,8 @@ def test_a_failed_instance_is_answered_in_its_place_while_the_others_succeed(ser
 
 
 def test_a_graph_input_of_the_wrong_dtype_or_shape_fails_its_instance(server, examples, text_ids):
-    """Typed tensors are checked against the graph's inputs before batching: one wrong instance cannot
-    spoil the batch it would have joined."""
+    """Typed tensors are checked against the graph's inputs before batching, by size, then dtype, with MindSpore
+    Serving's messages and what was given: one wrong instance cannot spoil the batch it would have joined."""
     ids, mask = text_ids(examples[0].question)
     length = len(ids)
     replies = predict(server, "tensors:embed_ids", [
@@ -262,14 +264,14 @@ def test_a_graph_input_of_the_wrong_dtype_or_shape_fails_its_instance(server, ex
         {"text_ids": typed(ids, "int64", "<i8"), "text_mask": mask.tolist()},
         {"text_ids": 3, "text_mask": mask.tolist()},
         {"text_ids": ids.tolist(), "text_mask": mask.tolist()}])
+    given = "(graph text_embed input text_ids: given {} of shape [{}], expected int32 of shape [%d])" % length
     assert [reply.get("error_msg") for reply in replies] == [
-        f"graph text_embed: input text_ids: given float32 of shape [{length}], expected int32 of shape [{length}] "
-        f"(-1: any size)",
-        f"graph text_embed: input text_ids: given int32 of shape [5], expected int32 of shape [{length}] "
-        f"(-1: any size)",
-        f"graph text_embed: input text_ids: given int64 of shape [{length}], expected int32 of shape [{length}] "
-        f"(-1: any size)",
-        f"graph text_embed: input text_ids: given int32 of shape [], expected int32 of shape [{length}] (-1: any size)",
+        "Given model input 0 data type kMSI_Float32 not match the data type kMSI_Int32 defined in model "
+        + given.format("float32", length),
+        f"Given model input 0 size 20 not match the size {4 * length} defined in model " + given.format("int32", 5),
+        f"Given model input 0 size {8 * length} not match the size {4 * length} defined in model "
+        + given.format("int64", length),
+        f"Given model input 0 size 4 not match the size {4 * length} defined in model " + given.format("int32", ""),
         None]
 
 
