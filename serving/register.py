@@ -12,6 +12,7 @@ MindSpore Serving, they read each stage's outputs_count from the method's source
 result is assigned to). Device settings (`Context`, `CPUDeviceInfo`, ...) are accepted and not applied.
 """
 import ast
+import importlib
 import importlib.util
 import inspect
 import sys
@@ -28,6 +29,13 @@ from mindvl.serving.device_options import (AclOptions, AscendDeviceInfo, Context
 FORMATS = ("MindIR", "MindIR_Lite", "OM")  # what MindSpore Serving accepts
 LOADABLE_FORMATS = ("MindIR",)  # what mindvl's runtime (MindSpore) loads
 SHIM_MODULES = ("mindspore_serving", "mindspore_serving.server", "mindspore_serving.server.register")
+# MindSpore 2 merged the c_transforms / py_transforms modules that MindSpore Serving's examples import into
+# mindspore.dataset.vision and mindspore.dataset.transforms (same class names): while a file that names them
+# loads, the old names point at the new modules.
+DATASET_ALIASES = {"mindspore.dataset.vision.c_transforms": "mindspore.dataset.vision",
+                   "mindspore.dataset.vision.py_transforms": "mindspore.dataset.vision",
+                   "mindspore.dataset.transforms.c_transforms": "mindspore.dataset.transforms",
+                   "mindspore.dataset.transforms.py_transforms": "mindspore.dataset.transforms"}
 
 
 class ServableError(RuntimeError):
@@ -379,13 +387,18 @@ def call_servable(*args):
     return _legacy_stage("call_servable", registry.models[0], args)
 
 
-def _shim_modules() -> Dict[str, types.ModuleType]:
-    """`mindspore_serving`, `.server` and `.server.register`, the last being this module."""
+def _shim_modules(source: str) -> Dict[str, types.ModuleType]:
+    """`mindspore_serving`, `.server` and `.server.register`, the last being this module; and the old dataset
+    transform modules when `source` (the file's text) names one whose name MindSpore 2 dropped."""
     this = sys.modules[__name__]
     package = types.ModuleType("mindspore_serving", "mindvl's stand-in while a servable_config.py executes")
     server = types.ModuleType("mindspore_serving.server")
     package.server, server.register = server, this
-    return dict(zip(SHIM_MODULES, (package, server, this)))
+    modules = dict(zip(SHIM_MODULES, (package, server, this)))
+    for old, new in DATASET_ALIASES.items():
+        if old.rsplit(".", 1)[1] in source and importlib.util.find_spec(old) is None:
+            modules[old] = importlib.import_module(new)
+    return modules
 
 
 def load_servable_config(path: Union[str, Path]) -> ServableDefinition:
@@ -402,14 +415,15 @@ def load_servable_config(path: Union[str, Path]) -> ServableDefinition:
                             f"version folders")
     with _LOCK:
         registry = _Registry(path)
-        saved = {name: sys.modules[name] for name in SHIM_MODULES if name in sys.modules}
-        sys.modules.update(_shim_modules())
+        shims = _shim_modules(path.read_text(errors="replace"))
+        saved = {name: sys.modules[name] for name in shims if name in sys.modules}
+        sys.modules.update(shims)
         _active = registry
         try:
             _execute(path)
         finally:
             _active = None
-            for name in SHIM_MODULES:
+            for name in shims:
                 if name in saved:
                     sys.modules[name] = saved[name]
                 else:

@@ -268,13 +268,19 @@ class LoadedVersion:
                     else f"input {unknown[0]!r} is not an input of the method"
                 failure = InstanceError(f"{problem}; method {method.name} takes {', '.join(method.inputs)}")
             failures.append(failure)
-            values.append({} if failure else {Placeholder(method.name, 0, i): instance[name]
+            values.append({} if failure else {Placeholder(method.name, 0, i): self._input(instance[name])
                                               for i, name in enumerate(method.inputs)})
         for group in self.levels[method.name]:
             await asyncio.gather(*(self._run_stage(method, stage, values, failures, pool) for stage in group))
         return [failure or {name: values[i][placeholder] for name, placeholder in zip(method.output_names,
                                                                                       method.returns)}
                 for i, failure in enumerate(failures)]
+
+    def _input(self, value: Any) -> Any:
+        """A request value as the method's stages get it: MindSpore Serving hands bytes to Python stages as a
+        uint8 array (its servables call .tobytes(), cv2.imdecode, ... on them); mindvl's own stages, over a
+        package, take the bytes."""
+        return np.frombuffer(value, np.uint8) if self.manifest is None and isinstance(value, bytes) else value
 
     async def _run_stage(self, method: Method, stage: Stage, values: List[Dict[Placeholder, Any]],
                          failures: List[Optional[BaseException]], pool: Executor) -> None:

@@ -4,13 +4,15 @@ ways, without_batch_dim_inputs, several model files, Python stages calling the m
 the pre-1.5 call_* names), over bare MindIR files exported here, asked over REST and gRPC. Replies and error
 texts are MindSpore Serving's: its tests' phrases (tests/ut/python in mindspore-ai/serving) are asserted."""
 import base64
+import io
 
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import nn
+from mindspore import nn, ops
+from PIL import Image
 
-from live import call, config, grpc_predict
+from live import b64, call, config, grpc_predict
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.register import ServableError
 from mindvl.serving.runtime import load_version
@@ -31,6 +33,17 @@ class AddOne(nn.Cell):
 class Sub(nn.Cell):
     def construct(self, x1, x2):
         return x1 - x2
+
+
+class MeanColour(nn.Cell):
+    """(N, 3, H, W) images -> 10 scores: classes 0, 1 and 2 score the mean of the red, green and blue planes."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = ms.Tensor(np.eye(3, 10, dtype=np.float32))
+
+    def construct(self, x):
+        return ops.matmul(x.mean(axis=(2, 3)), self.weight)
 
 
 def export(cell, folder, name, *shapes, dtype=ms.float32):
@@ -168,6 +181,82 @@ def label(text, x):
 '''
 
 
+# Shaped like MindSpore Serving's resnet50 example: MindData eager and pipeline preprocessing through the
+# c_transforms modules MindSpore 2 renamed, a model with a fixed batch of 2, string and tensor outputs.
+COLOURS = """
+import numpy as np
+import mindspore.dataset as ds
+import mindspore.dataset.transforms.c_transforms as TC
+import mindspore.dataset.vision.c_transforms as VC
+from mindspore_serving.server import register
+
+LABELS = ["red", "green", "blue", "c3", "c4", "c5", "c6", "c7", "c8", "c9"]
+SIZE = 32
+MEAN = [125.3, 123.0, 113.9]
+STD = [51.6, 50.8, 51.3]
+
+
+def preprocess_eager(image):
+    image = VC.Decode()(image)
+    image = VC.Resize([SIZE, SIZE])(image)
+    image = VC.Normalize(mean=MEAN, std=STD)(image)
+    return VC.HWC2CHW()(image)
+
+
+def preprocess_batch(instances):
+    def generator():
+        for instance in instances:
+            yield (instance[0],)
+
+    images = ds.GeneratorDataset(generator, ["image"], shuffle=False)
+    images = images.map(operations=VC.Decode(), input_columns="image", num_parallel_workers=2)
+    images = images.map(operations=TC.Compose([VC.Resize([SIZE, SIZE]), VC.Normalize(mean=MEAN, std=STD),
+                                               VC.HWC2CHW()]), input_columns="image")
+    for data in images.create_dict_iterator(num_epochs=1):
+        yield (data["image"],)
+
+
+def postprocess_top1(score):
+    return LABELS[int(np.argmax(score))]
+
+
+def postprocess_top3(score):
+    top = np.argsort(score)[::-1][:3]
+    return ";".join(LABELS[i] for i in top), score[top]
+
+
+model = register.declare_model(model_file="colour_bs2.mindir", model_format="MindIR")
+
+
+def call_model_batch(instances):
+    inputs = [[preprocess_eager(instance[0])] for instance in instances]
+    for outputs in model.call(inputs):
+        yield postprocess_top1(outputs[0])
+
+
+@register.register_method(output_names=["label"])
+def classify_top1(image):
+    x = register.add_stage(preprocess_eager, image, outputs_count=1)
+    x = register.add_stage(model, x, outputs_count=1)
+    x = register.add_stage(postprocess_top1, x, outputs_count=1)
+    return x
+
+
+@register.register_method(output_names=["label", "score"])
+def classify_top3_batch(image):
+    x = register.add_stage(preprocess_batch, image, outputs_count=1, batch_size=1024)
+    x = register.add_stage(model, x, outputs_count=1)
+    label, score = register.add_stage(postprocess_top3, x, outputs_count=2)
+    return label, score
+
+
+@register.register_method(output_names=["label"])
+def classify_by_call(image):
+    label = register.add_stage(call_model_batch, image, outputs_count=1, batch_size=3)
+    return label
+"""
+
+
 def write_servable(root, name, text):
     (root / name).mkdir(parents=True, exist_ok=True)
     (root / name / CONFIG_FILE).write_text(text)
@@ -189,6 +278,7 @@ def servable_dir(tmp_path_factory):
     pipeline = write_servable(root, "pipeline", PIPELINE)
     export(Add(), pipeline / "1", "tensor_add.mindir", (2, 2), (2, 2))
     export(Sub(), pipeline / "1", "tensor_sub.mindir", (2, 2), (2, 2))
+    export(MeanColour(), write_servable(root, "colours", COLOURS) / "1", "colour_bs2.mindir", (2, 3, 32, 32))
     return root
 
 
@@ -218,7 +308,7 @@ def outputs(answer, name="y"):
 def test_every_servable_loads_with_the_newest_version_by_default(server):
     state = server.catalog.state()
     assert {name: entry["default_version"] for name, entry in state.items()} == \
-        {"add": 2, "batch": 1, "legacy": 1, "pipeline": 1}
+        {"add": 2, "batch": 1, "colours": 1, "legacy": 1, "pipeline": 1}
     assert state["add"]["versions"]["2"]["methods"] == ["add_cast", "add_common"]
     assert state["add"]["versions"]["1"]["status"] == "loaded"
 
@@ -306,6 +396,31 @@ def test_strings_and_a_failing_python_stage(server):
                                                    "index(begin with 1): 1, error msg: asked to fail"}
     reply = grpc_predict(server, "pipeline", "label", [{"text": "grpc", "x": np.zeros((2, 2), np.float32)}])
     assert G.results_from_reply(reply)[0]["label"] == "grpc:(2, 2)"
+
+
+def png(colour, size):
+    buffer = io.BytesIO()
+    Image.new("RGB", size, colour).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+IMAGES = [png((230, 20, 20), (40, 30)), png((10, 240, 30), (64, 64)), png((20, 30, 250), (20, 50)),
+          png((200, 10, 40), (33, 33)), png((0, 255, 0), (8, 8))]
+
+
+def test_a_resnet_shaped_servable_runs_its_mindspore_serving_preprocessing_unchanged(server):
+    """Bytes reach the Python stages as uint8 arrays (as in MindSpore Serving), the old c_transforms names
+    resolve, a MindData pipeline stage and model.call over several instances run, batches of 2 padded."""
+    instances = [{"image": b64(image)} for image in IMAGES]
+    expected = ["red", "green", "blue", "red", "green"]
+    assert [i["label"] for i in rest(server, "colours:classify_top1", instances)["instances"]] == expected
+    assert [i["label"] for i in rest(server, "colours:classify_by_call", instances)["instances"]] == expected
+    top3 = rest(server, "colours:classify_top3_batch", instances)["instances"]
+    assert [i["label"].split(";")[0] for i in top3] == expected and all(len(i["score"]) == 3 for i in top3)
+    reply = grpc_predict(server, "colours", "classify_top3_batch", [{"image": image} for image in IMAGES[:3]])
+    results = G.results_from_reply(reply)
+    assert [r["label"].split(";")[0] for r in results] == expected[:3]
+    assert all(r["score"].dtype == np.float32 and r["score"].shape == (3,) for r in results)
 
 
 @pytest.mark.parametrize("path, instance, phrase", [
