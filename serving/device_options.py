@@ -6,7 +6,15 @@ model on the CPU with MindSpore's own settings, so these are checked as MindSpor
 unknown option is still an error, naming it) and kept on the Model for the log, but change nothing: the
 file loads unedited, and `mindvl serve` says at load that the settings are not applied.
 """
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
+
+
+def _checked(options: Dict[str, Any], allowed: Sequence[str], what: str) -> Dict[str, Any]:
+    """`options`, unless one is not `allowed`: then RuntimeError as MindSpore Serving words it."""
+    unknown = [name for name in options if name not in allowed]
+    if unknown:
+        raise RuntimeError(f"Set {what} failed, unsupported option {unknown[0]} (it takes {', '.join(allowed)})")
+    return dict(options)
 
 
 class DeviceInfoContext:
@@ -16,11 +24,7 @@ class DeviceInfoContext:
     OPTIONS: Tuple[str, ...] = ()
 
     def __init__(self, **options: Any) -> None:
-        unknown = [name for name in options if name not in self.OPTIONS]
-        if unknown:
-            raise RuntimeError(f"Set {self.device_type} device info failed, unsupported option {unknown[0]} "
-                               f"(it takes {', '.join(self.OPTIONS)})")
-        self.options: Dict[str, Any] = dict(options)
+        self.options = _checked(options, self.OPTIONS, f"{self.device_type} device info")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.options.items())})"
@@ -48,11 +52,7 @@ class Context:
     OPTIONS = ("thread_num", "thread_affinity_core_list", "enable_parallel")
 
     def __init__(self, **options: Any) -> None:
-        unknown = [name for name in options if name not in self.OPTIONS]
-        if unknown:
-            raise RuntimeError(f"Set context failed, unsupported option {unknown[0]} (it takes "
-                               f"{', '.join(self.OPTIONS)})")
-        self.options: Dict[str, Any] = dict(options)
+        self.options = _checked(options, self.OPTIONS, "context")
         self.device_infos: List[DeviceInfoContext] = []
 
     def append_device_info(self, device_info: DeviceInfoContext) -> None:

@@ -202,6 +202,30 @@ def star(*xs):
     "a stage outside a method": ('''
 register.add_stage(f, outputs_count=1)
 ''', r"add_stage: called outside a @register_method body"),
+    "an unknown device option": ('''
+context = register.Context(threads=2)
+''', r"RuntimeError: Set context failed, unsupported option threads \(it takes thread_num, "),
+    "a legacy call_* whose result is not assigned": ('''
+@register.register_method(output_names=["y"])
+def legacy(x):
+    return register.call_preprocess(f, x)
+''', r"method legacy: Failed to parse method 'legacy', complex statements .* use 'add_stage' to replace "
+     r"'call_preprocess'"),
+    "call_servable with two models": ('''
+other = register.declare_model(model_file="other.mindir", model_format="MindIR")
+
+
+@register.register_method(output_names=["y"])
+def legacy(x):
+    y = register.call_servable(x)
+    return y
+''', r"call_servable: there are 2 models declared; call_servable needs exactly one"),
+    "a stage named by a string": ('''
+@register.register_method(output_names=["y"])
+def named(x):
+    y = register.add_stage("argmax", x, outputs_count=1)
+    return y
+''', r"stage 'argmax' names a C\+\+ stage function of MindSpore Serving"),
     "no method at all": ("", r"registers no method"),
     "a syntax error": ("def broken(:\n", r"SyntaxError"),
 }
