@@ -17,12 +17,14 @@ Conventions (the C++ device runner mirrors them):
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
+import threading
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, List, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -31,7 +33,7 @@ from mindvl.config import PreprocessConfig
 if TYPE_CHECKING:  # PIL is imported lazily: the text-only paths never need it
     from PIL import Image
 
-__all__ = ["InputError", "RequestInputs", "expect", "decode_image", "open_image", "resize_image", "image_to_array", "log_mel", "whisper_log_mel",
+__all__ = ["InputError", "RequestInputs", "expect", "decode_image", "open_image", "limit_decodes", "resize_image", "image_to_array", "log_mel", "whisper_log_mel",
            "pad_mel", "load_wav", "audio_seconds", "TextTokenizer", "build_word_tokenizer", "SPECIAL_TOKENS"]
 
 SILENCE_PEAK = 1e-4  # a clip whose peak |amplitude| is below this is treated as silent
@@ -45,25 +47,76 @@ class InputError(ValueError):
 
 # ----------------------------------------------------------------------------- images
 
+MAX_IMAGE_SIDE = 4096
+MAX_IMAGE_PIXELS = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE  # 16.8 MP, refused from the header before decoding (_opened)
+MORE_PIXELS = f"more than the limit of {MAX_IMAGE_PIXELS:,} pixels"
+RESIZE = f"resize it to at most {MAX_IMAGE_SIDE}x{MAX_IMAGE_SIDE}"
+_decode_slots = contextlib.nullcontext()  # limit_decodes() bounds the decodes in flight
+
+
 def decode_image(data: bytes, pre: PreprocessConfig, name: str = "image") -> np.ndarray:
-    """Encoded image bytes (PNG, JPEG, ...) -> normalised float32 (3, S, S), S = pre.image_size."""
-    return image_to_array(open_image(data, name), pre)
+    """Encoded image bytes (PNG, JPEG, ...) -> normalised float32 (3, S, S), S = pre.image_size.
+
+    Decoded and resized within one decode slot (`limit_decodes`), which is released only once the full-size
+    pixels are freed, so those of at most that many images exist at once."""
+    source = _opened(data, name)
+    with _decode_slots:
+        return image_to_array(_rgb(source, name), pre)
 
 
 def open_image(data: bytes, name: str = "image") -> Image.Image:
     """Encoded image bytes -> a fully decoded PIL RGB image (truncated files fail here, not later).
 
-    The training loader augments this image before `image_to_array`; serving goes straight through
-    `decode_image`."""
-    from PIL import Image, UnidentifiedImageError
+    The training loader augments this image before `image_to_array`; serving goes through `decode_image`.
+    The caller holds the image after its decode slot is released."""
+    source = _opened(data, name)
+    with _decode_slots:
+        return _rgb(source, name)
+
+
+def _opened(data: bytes, name: str) -> Image.Image:
+    """`data` opened lazily (Pillow reads the header only), refused when it is empty, no image, or larger than
+    MAX_IMAGE_PIXELS: before a pixel is decoded, as a 2 KB PNG can claim 20000x20000 (1.6 GB decoded)."""
+    from PIL import Image
 
     if not data:
         raise InputError(f"{name}: empty image data; pass the bytes of a PNG or JPEG file")
+    with _mapped_errors(name):
+        source = Image.open(io.BytesIO(data))
+    width, height = source.size
+    if width * height > MAX_IMAGE_PIXELS:
+        source.close()
+        raise InputError(f"{name}: the image is {width}x{height} pixels, {MORE_PIXELS}; {RESIZE}")
+    return source
+
+
+def _rgb(source: Image.Image, name: str) -> Image.Image:
+    """The decoded RGB pixels of an opened image, which is closed (its own pixels freed)."""
+    with source, _mapped_errors(name):
+        return source.convert("RGB")  # convert() loads the pixels, so decoding errors surface here
+
+
+@contextlib.contextmanager
+def _mapped_errors(name: str) -> Iterator[None]:
+    """Pillow's exceptions for undecodable bytes as an InputError naming the image and the fix."""
+    from PIL import Image, UnidentifiedImageError
+
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            return img.convert("RGB")  # convert() loads the pixels, so decoding errors surface here
+        yield
+    except Image.DecompressionBombError as exc:  # Pillow's own limit, should it be set below ours
+        raise InputError(f"{name}: the image holds {MORE_PIXELS} (Pillow: {exc}); {RESIZE}") from exc
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise InputError(f"{name}: cannot decode the image ({exc}); pass a valid PNG or JPEG file") from exc
+
+
+def limit_decodes(slots: int) -> None:
+    """At most `slots` images decode at once in this process, from now on (`mindvl serve --decode-slots`; the
+    default is no bound, as the training loader's threads need). Peak decode memory is then about
+    slots x MAX_IMAGE_PIXELS x 8 bytes: Pillow holds 4 bytes a pixel, for the decoded image and its RGB copy."""
+    global _decode_slots
+    if slots < 1:
+        raise ValueError(f"decode slots: expected an integer >= 1, got {slots}")
+    _decode_slots = threading.BoundedSemaphore(slots)
 
 
 def resize_image(img: Image.Image, size: int) -> Image.Image:
