@@ -190,6 +190,9 @@ def tensor_from_proto(tensor: Tensor) -> Value:
     Checks what MindSpore Serving's CheckRequestTensor checks, in its words: one item (shape () or
     (1,)) for strings and bytes, a known dtype, dims >= 0, and `data` exactly shape x itemsize bytes.
     """
+    if len(tensor.shape.dims) > MAX_DIMS:  # before the dims become a list, or a message, of millions of numbers
+        raise ProtocolError(f"Tensor check failed: input shape of {len(tensor.shape.dims)} dims invalid: expected at "
+                            f"most {MAX_DIMS} dims, each >= 0")
     dims = list(tensor.shape.dims)
     if tensor.dtype in TEXT_TYPES:
         if len(tensor.bytes_val) != 1:
@@ -209,7 +212,7 @@ def tensor_from_proto(tensor: Tensor) -> Value:
     if wire is None:
         raise ProtocolError(f"Tensor check failed: input data type {type_name} invalid; expected one of "
                             f"{', '.join(item.name for item in DataType if item != DataType.MS_UNKNOWN)}")
-    if len(dims) > MAX_DIMS or any(dim < 0 for dim in dims):
+    if any(dim < 0 for dim in dims):
         raise ProtocolError(f"Tensor check failed: input shape {dims} invalid: expected at most {MAX_DIMS} dims, "
                             f"each >= 0")
     data = tensor.data

@@ -7,11 +7,15 @@ pool for Python stages and the metrics. Besides `POST /model/<servable>[/version
   GET  /metrics                          Prometheus text: requests, errors, latency, batch sizes
   GET  /servables                        every servable's versions and their status (JSON)
   POST /servables/<name>/version/<n>:load|unload   load a version (it becomes the default when newest) or
-                                         unload one (its running requests finish first)
+                                         unload one (its running requests finish first); off unless an admin
+                                         token is configured, then only with `Authorization: Bearer <token>`
 A new version folder (`mindvl deploy`) is noticed within `poll_s` and loaded while the old one serves.
 Errors answer HTTP 200 with {"error_msg": ...} as MindSpore Serving does; `strict_http` uses 4xx/5xx.
+What a client may hold (connections, request heads, bodies, decodes) is bounded: see `ServeConfig` and
+admission.py; docs/serving.md states the memory bound that follows.
 """
 import asyncio
+import ctypes
 import json
 import logging
 import re
@@ -30,11 +34,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mindvl.config import ConfigError, build_dataclass
 from mindvl.model_package import MANIFEST, PackageError, read_key
+from mindvl.preprocess import limit_decodes
 from mindvl.serving import grpc_protocol as G
+from mindvl.serving.admission import BodyBudget, Connections, authorized, read_admin_token
 from mindvl.serving.batching import Batcher
 from mindvl.serving.catalog import Catalog, NotAvailable
 from mindvl.serving.protocol import (MAX_VERSION, InstanceError, ProtocolError, encode_error, encode_reply,
-                                     parse_request, parse_url)
+                                     parse_request, parse_url, too_many_instances)
 from mindvl.serving.register import ServableError
 from mindvl.serving.runtime import MAX_GRAPH_BATCH, MethodNotFound
 from mindvl.serving.servable import CONFIG_FILE, list_servables
@@ -42,6 +48,9 @@ from mindvl.serving.servable import CONFIG_FILE, list_servables
 LOG = logging.getLogger("mindvl.serving")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ADMIN_URL = re.compile(r"/servables/([^/]+)/version/([0-9]{1,10}):(load|unload)")
+MB = 2 ** 20
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+PARSE_FACTOR = 8  # a JSON body may take this many times --max-request-mb to parse (protocol.parse_cost)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -59,11 +68,20 @@ class ServeConfig:
     workers: int = 4  # threads for the Python stages (decode, resize, tokenise, log-mel)
     max_request_mb: float = 32.0
     max_instances: int = 64  # per request
-    timeout_s: float = 60.0  # per request, queueing included
+    timeout_s: float = 60.0  # per request, queueing included; and for a REST body to arrive
+    header_timeout_s: float = 10.0  # a REST request head must arrive within this (from the connection's start or
+    # from the first byte of a later request on it)
+    keepalive_s: float = 15.0  # an idle kept-alive REST connection is closed after this
+    max_connections: int = 256  # REST connections open at once (more are answered 503 and closed)
+    max_inflight_mb: float = 512.0  # request bodies held at once: REST bodies wait for room (from before they are
+    # read until answered); gRPC calls in progress are limited to max_inflight_mb / max_request_mb
+    decode_slots: int = 2  # images decoded at once in the process (each up to 4096x4096, 128 MB while decoding)
     strict_http: bool = False  # 4xx/5xx status codes instead of MindSpore Serving's HTTP 200 for errors
     poll_s: float = 2.0  # how often the servable directory is checked for new versions; 0: never
     key_file: str = ""  # AES-GCM key of encrypted packages, from a file ...
     key_env: str = ""  # ... or from this environment variable
+    admin_token_file: str = ""  # the admin endpoints' bearer token, from a file ...
+    admin_token_env: str = ""  # ... or from this environment variable; neither: the admin endpoints are off
 
     def validate(self) -> "ServeConfig":
         if not self.servable_dir:
@@ -78,12 +96,16 @@ class ServeConfig:
         if (folder / MANIFEST).is_file():
             raise ConfigError(f"servable_dir: {folder} is a model package; deploy it into a servable directory "
                               f"(`mindvl deploy {folder} --servable-dir DIR --name NAME`) and serve DIR")
-        for name in ("max_batch_size", "workers", "max_instances"):
+        for name in ("max_batch_size", "workers", "max_instances", "max_connections", "decode_slots"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: expected an integer >= 1, got {getattr(self, name)}")
-        for name in ("max_request_mb", "timeout_s"):
+        for name in ("max_request_mb", "timeout_s", "header_timeout_s", "keepalive_s", "max_inflight_mb"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: expected a number > 0, got {getattr(self, name)}")
+        if self.max_inflight_mb < self.max_request_mb:
+            raise ConfigError(f"max_inflight_mb: {self.max_inflight_mb:g} is less than max_request_mb "
+                              f"{self.max_request_mb:g}, so a body of the largest size could never be served; "
+                              f"raise --max-inflight-mb or lower --max-request-mb")
         for name in ("max_wait_ms", "poll_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected a number >= 0, got {getattr(self, name)}")
@@ -112,6 +134,9 @@ class Metrics:
         self.batch_size = Histogram("mindvl_batch_size", "Instances per executed batch", ["servable", "method"],
                                     buckets=(1, 2, 4, 8, 16, 32, 64), registry=self.registry)
         self.loaded = Gauge("mindvl_loaded_versions", "Loaded versions per servable", ["servable"], registry=self.registry)
+        self.connections = Gauge("mindvl_open_connections", "REST connections open", registry=self.registry)
+        self.inflight = Gauge("mindvl_inflight_body_bytes", "REST request bodies held, read to answered",
+                              registry=self.registry)
 
 
 class Failure(Exception):
@@ -143,6 +168,7 @@ class Server:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config.validate()
         self.key = read_key(config.key_file or None, config.key_env or None)
+        self.admin_token = read_admin_token(config.admin_token_file, config.admin_token_env)
         self.catalog = Catalog(Path(config.servable_dir), self.key, config.max_batch_size if config.batching else 1)
         self.metrics = Metrics()
         self.pool = ThreadPoolExecutor(config.workers, thread_name_prefix="stage")
@@ -150,9 +176,19 @@ class Server:
         self.ready = False
         self.rest_port: Optional[int] = None
         self.grpc_port: Optional[int] = None
+        self.bodies = BodyBudget(int(config.max_inflight_mb * MB))
+        self.metrics.inflight.set_function(lambda: self.bodies.held)
+        self._connections: Optional[Connections] = None
         self._runner: Optional[web.AppRunner] = None
+        self._listener: Optional[asyncio.Server] = None
         self._grpc: Optional[grpc.aio.Server] = None
         self._poller: Optional[asyncio.Task] = None
+
+    @property
+    def grpc_calls(self) -> int:
+        """gRPC calls in progress at once: grpc receives a whole message before mindvl sees it, so the bodies'
+        budget bounds gRPC by count, each call taken at the largest size (more are refused RESOURCE_EXHAUSTED)."""
+        return int(self.config.max_inflight_mb // self.config.max_request_mb)
 
     @property
     def rest_url(self) -> str:
@@ -170,17 +206,22 @@ class Server:
         if config.host not in LOOPBACK:
             LOG.warning("listening on %s: every machine that reaches this address can query the servables",
                         config.host)
-        app = web.Application(client_max_size=int(config.max_request_mb * 2 ** 20))
+        limit_decodes(config.decode_slots)
+        _return_large_frees()
+        app = web.Application(client_max_size=int(config.max_request_mb * MB))
         app.router.add_route("*", "/{path:.*}", self._rest)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=config.keepalive_s)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, config.host, config.port)
-        await site.start()
-        self.rest_port = site._server.sockets[0].getsockname()[1]
+        self._connections = Connections(self._runner.server, config.max_connections, config.header_timeout_s,
+                                        lambda kind: self.metrics.errors.labels(kind).inc())
+        self.metrics.connections.set_function(lambda: len(self._connections.open))
+        self._listener = await asyncio.get_running_loop().create_server(self._connections, config.host, config.port)
+        self.rest_port = self._listener.sockets[0].getsockname()[1]
         if config.grpc_port >= 0:
-            size = int(config.max_request_mb * 2 ** 20)
+            size = int(config.max_request_mb * MB)
             self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", size),
-                                                  ("grpc.max_send_message_length", size)])
+                                                  ("grpc.max_send_message_length", size)],
+                                         maximum_concurrent_rpcs=self.grpc_calls)
             G.add_predict_handler(self._grpc, self._grpc_predict)
             self.grpc_port = self._grpc.add_insecure_port(f"{config.host}:{config.grpc_port}")
             if self.grpc_port == 0:
@@ -208,8 +249,10 @@ class Server:
             self._poller.cancel()
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
+        if self._listener is not None:
+            self._listener.close()
         if self._runner is not None:
-            await self._runner.cleanup()
+            await self._runner.cleanup()  # closes the connections aiohttp holds
         for batcher in self.batchers.values():
             await batcher.close()
         await self.catalog.close()
@@ -227,9 +270,6 @@ class Server:
         start = time.perf_counter()
         labels = ("", "", protocol)  # names become labels only once they exist (bounded label sets)
         try:
-            if len(instances) > self.config.max_instances:
-                raise ProtocolError(f"the request holds {len(instances)} instances, more than the limit of "
-                                    f"{self.config.max_instances} (--max-instances)")
             loaded = self.catalog.get(servable, version)
             loaded.method(method)
             labels = (servable, method, protocol)
@@ -277,52 +317,83 @@ class Server:
 
     async def _rest(self, request: web.Request) -> web.StreamResponse:
         path = request.path
-        try:
-            if path.startswith("/model/") or path == "/model":
-                return await self._rest_predict(request)
-            if request.method == "GET" and path in ("/health", "/ready", "/metrics", "/servables"):
-                return self._status_page(path)
-            match = ADMIN_URL.fullmatch(path)
-            if match and request.method == "POST":
-                return await self._admin(*match.groups())
-            raise Failure(f"please check url: {request.method} {path[:64]!r} is not served; predict with "
-                          f"POST /model/<servable>[/version/<n>]:<method>, or GET /health, /ready, /metrics, "
-                          f"/servables", 404, "protocol")
-        except Exception as error:
-            failure = _failure(error)
-            return self._json(encode_error(str(failure)), failure.status)
+        with self._connections.handling(request):
+            try:
+                if path.startswith("/model/") or path == "/model":
+                    return await self._rest_predict(request)
+                if request.method == "GET" and path in ("/health", "/ready", "/metrics", "/servables"):
+                    return self._status_page(path)
+                match = ADMIN_URL.fullmatch(path)
+                if match and request.method == "POST":
+                    return await self._admin(request, *match.groups())
+                raise Failure(f"please check url: {request.method} {path[:64]!r} is not served; predict with "
+                              f"POST /model/<servable>[/version/<n>]:<method>, or GET /health, /ready, /metrics, "
+                              f"/servables", 404, "protocol")
+            except Exception as error:
+                failure = _failure(error)
+                return self._json(encode_error(str(failure)), failure.status)
 
     async def _rest_predict(self, request: web.Request) -> web.Response:
+        """One predict request, answered while its body's bytes are held in the budget (max_inflight_mb): its
+        declared Content-Length, or max_request_mb when the length is undeclared or the body compressed
+        (aiohttp bounds a decoded body by client_max_size)."""
         if request.method != "POST":
             raise Failure("http message only support POST right now", 405, "protocol")
         try:
             servable, version, method = parse_url(path=request.path)
-            body = await self._read_body(request)
-            instances = parse_request(body, self.config.max_instances)
         except ProtocolError as error:
-            self.metrics.errors.labels("protocol").inc()
-            raise Failure(f"Parser request failed, {error}", 400, "protocol") from None
-        results, _ = await self.predict(servable, version, method, instances, "rest")
-        return self._json(encode_reply(results))
+            raise self._protocol_failure(error) from None
+        limit = int(self.config.max_request_mb * MB)
+        declared = request.content_length
+        if declared is not None and declared > limit:  # refused before a byte of it is read
+            raise self._too_large()
+        compressed = request.headers.get("Content-Encoding", "identity").lower() != "identity"
+        size = limit if declared is None or compressed else declared
+        try:
+            await asyncio.wait_for(self.bodies.acquire(size), self.config.timeout_s)
+        except asyncio.TimeoutError:
+            self.metrics.errors.labels("busy").inc()
+            raise Failure(f"the server is busy: {self.config.max_inflight_mb:g} MB of request bodies are being served "
+                          f"(--max-inflight-mb) and no room came free within {self.config.timeout_s:g} s; retry later",
+                          503, "busy") from None
+        try:
+            try:
+                instances = parse_request(await self._read_body(request), self.config.max_instances,
+                                          PARSE_FACTOR * limit)
+            except ProtocolError as error:
+                raise self._protocol_failure(error) from None
+            results, _ = await self.predict(servable, version, method, instances, "rest")
+            return self._json(encode_reply(results))
+        finally:
+            self.bodies.release(size)
+
+    def _protocol_failure(self, error: ProtocolError) -> Failure:
+        self.metrics.errors.labels("protocol").inc()
+        return Failure(f"Parser request failed, {error}", 400, "protocol")
+
+    def _too_large(self) -> Failure:
+        self.metrics.errors.labels("too_large").inc()
+        return Failure(f"request body exceeds {self.config.max_request_mb:g} MB (--max-request-mb)", 413, "too_large")
 
     async def _read_body(self, request: web.Request) -> bytes:
-        """The request's body: one that declares more than max_request_mb is refused before a byte of it is
-        read; one whose bytes do not decode as its Content-Encoding says is a protocol error, counted."""
-        declared = request.content_length
+        """The request's body, within timeout_s (a client that sends it a byte at a time is cut off, counted);
+        one past max_request_mb as it arrives (undeclared or understated) is refused; one whose bytes do not
+        decode as its Content-Encoding says is a protocol error; a client gone before the end is counted."""
         try:
-            fits = declared is None or declared <= self.config.max_request_mb * 2 ** 20
-            body = await request.read() if fits else None
-        except web.HTTPRequestEntityTooLarge:  # undeclared (chunked) or understated, past the limit as it arrives
-            body = None
+            return await asyncio.wait_for(request.read(), self.config.timeout_s)
+        except asyncio.TimeoutError:
+            self.metrics.errors.labels("slow_body").inc()
+            raise Failure(f"the request body did not arrive within {self.config.timeout_s:g} s (--timeout-s)", 408,
+                          "slow_body") from None
+        except ConnectionResetError:  # nobody to answer: counted, without the traceback of an internal error
+            self.metrics.errors.labels("disconnected").inc()
+            raise Failure("the client closed the connection before its body arrived", 400, "disconnected") from None
+        except web.HTTPRequestEntityTooLarge:
+            raise self._too_large() from None
         except web.RequestPayloadError as error:
             encoding = request.headers.get("Content-Encoding", "identity")
             raise ProtocolError(f"the body is not valid Content-Encoding {encoding} ({error.__cause__ or error}); "
                                 "send it uncompressed or encoded as labelled") from None
-        if body is None:
-            self.metrics.errors.labels("too_large").inc()
-            raise Failure(f"request body exceeds {self.config.max_request_mb:g} MB (--max-request-mb)", 413,
-                          "too_large")
-        return body
 
     def _status_page(self, path: str) -> web.Response:
         if path == "/metrics":
@@ -336,7 +407,15 @@ class Server:
         ready = self.ready and bool(state) and not waiting  # an empty servable directory serves nothing
         return web.json_response({"ready": ready, "not_loaded": waiting}, status=200 if ready else 503)
 
-    async def _admin(self, name: str, version_text: str, action: str) -> web.Response:
+    async def _admin(self, request: web.Request, name: str, version_text: str, action: str) -> web.Response:
+        if self.admin_token is None:
+            self.metrics.errors.labels("admin_off").inc()
+            raise Failure("the admin endpoints are off; start mindvl serve with --admin-token-file PATH or "
+                          "--admin-token-env VAR to load and unload versions over HTTP", 403, "admin_off")
+        if not authorized(request.headers.get("Authorization", ""), self.admin_token):
+            self.metrics.errors.labels("unauthorized").inc()
+            raise Failure("the admin endpoints need the header 'Authorization: Bearer <token>' with the token of "
+                          "--admin-token-file or --admin-token-env", 401, "unauthorized")
         version = int(version_text)
         if not 1 <= version <= MAX_VERSION:
             raise Failure(f"version {version}: expected 1..{MAX_VERSION}", 400, "protocol")
@@ -359,6 +438,8 @@ class Server:
     async def _grpc_predict(self, request, context) -> Any:
         spec = request.servable_spec
         try:
+            if len(request.instances) > self.config.max_instances:  # before a tensor is converted
+                raise too_many_instances(self.config.max_instances, len(request.instances))
             servable, method, version, instances = G.request_to_instances(request)
         except ProtocolError as error:
             self.metrics.errors.labels("protocol").inc()
@@ -373,6 +454,17 @@ class Server:
 
 
 # ---- running ------------------------------------------------------------------------------------------
+
+def _return_large_frees() -> None:
+    """Have glibc hand every block of 4 MB or more back to the system when it is freed, so that the process's
+    RSS follows what is alive. By default glibc raises that threshold once a large block is freed, and freed
+    image buffers then stay in each worker thread's arena: with one decode slot and 4 workers, RSS grew by
+    4 x 128 MB for 4096x4096 images, not 128 MB (measured). Not glibc (no libc.so.6): nothing to do."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 4 * MB)
+    except (OSError, AttributeError):
+        pass
+
 
 def serve(config: ServeConfig) -> None:
     """Run the server until SIGINT or SIGTERM (the `mindvl serve` command). A directory with no servable yet is

@@ -8,7 +8,9 @@ from mindvl.cli.options import add_key_args, file_bytes
 from mindvl.config import ConfigError
 
 SERVE_FLAGS = ("servable_dir", "host", "port", "grpc_port", "batching", "max_batch_size", "max_wait_ms", "workers",
-               "max_request_mb", "max_instances", "timeout_s", "strict_http", "poll_s", "key_file", "key_env")
+               "max_request_mb", "max_instances", "timeout_s", "header_timeout_s", "keepalive_s", "max_connections",
+               "max_inflight_mb", "decode_slots", "strict_http", "poll_s", "key_file", "key_env", "admin_token_file",
+               "admin_token_env")
 QUERY_METHODS = {  # the inputs of the methods `mindvl deploy` generates; --input NAME=VALUE for any other
     "predict": ("image", "question", "audio"), "embed_image": ("image",), "embed_text": ("text",),
     "embed_audio": ("audio",)}
@@ -127,13 +129,31 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--workers", type=int, metavar="N", help="threads for preprocessing stages (default 4)")
     serve.add_argument("--max-request-mb", type=float, metavar="MB", help="largest request body (default 32)")
     serve.add_argument("--max-instances", type=int, metavar="N", help="most instances per request (default 64)")
-    serve.add_argument("--timeout-s", type=float, metavar="S", help="per request, queueing included (default 60)")
+    serve.add_argument("--timeout-s", type=float, metavar="S",
+                       help="per request, queueing included; also for a REST body to arrive (default 60)")
+    serve.add_argument("--header-timeout-s", type=float, metavar="S",
+                       help="a REST request head must arrive within this, or its connection is closed (default 10)")
+    serve.add_argument("--keepalive-s", type=float, metavar="S",
+                       help="an idle kept-alive REST connection is closed after this (default 15)")
+    serve.add_argument("--max-connections", type=int, metavar="N",
+                       help="REST connections open at once; more are answered 503 and closed (default 256)")
+    serve.add_argument("--max-inflight-mb", type=float, metavar="MB",
+                       help="request bodies held at once: REST bodies wait for room; gRPC calls in progress are "
+                            "limited to MB / --max-request-mb, more refused RESOURCE_EXHAUSTED (default 512)")
+    serve.add_argument("--decode-slots", type=int, metavar="N",
+                       help="images decoded at once, each at most 4096x4096 (default 2)")
     serve.add_argument("--strict-http", action="store_const", const=True,
                        help="answer errors with 4xx/5xx (default: HTTP 200 with error_msg, as MindSpore Serving)")
     serve.add_argument("--poll-s", type=float, metavar="S",
                        help="how often DIR is checked for new versions (default 2; 0: never)")
     add_key_args(serve, "encrypted packages (AES-GCM; never a key on the command line)",
                  "file holding the key, raw or as hex text")
+    admin = serve.add_argument_group(
+        "admin endpoints (POST /servables/<name>/version/<n>:load|unload): off unless a token is given, then only "
+        "for 'Authorization: Bearer <token>' (never a token on the command line)")
+    admin.add_argument("--admin-token-file", metavar="PATH", help="file holding the token (surrounding whitespace "
+                       "ignored)")
+    admin.add_argument("--admin-token-env", metavar="VAR", help="environment variable holding the token")
     serve.set_defaults(func=_serve)
 
     deploy = commands.add_parser("deploy", help="add a model package as the next version of a servable")

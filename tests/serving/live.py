@@ -1,8 +1,10 @@
-"""Helpers of the live-server tests (test_server, test_versions, test_fuzz): settings on free ports, a urllib
-REST call that returns a 4xx/5xx answer instead of raising it, a raw gRPC predict, the request values of a
-test example, and /metrics as numbers."""
+"""Helpers of the live-server tests (test_server, test_versions, test_fuzz, test_hostile): settings on free ports,
+a urllib REST call that returns a 4xx/5xx answer instead of raising it, an admin call with the test token, a raw
+gRPC predict, the request values of a test example, and /metrics as numbers."""
 import base64
 import json
+import os
+import secrets
 import urllib.error
 import urllib.request
 
@@ -14,6 +16,8 @@ from mindvl.serving import grpc_protocol as G
 from mindvl.serving.server import ServeConfig
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1, never through a proxy
+ADMIN_ENV = "MINDVL_TEST_ADMIN_TOKEN"  # config(..., admin_token_env=ADMIN_ENV) turns the admin endpoints on
+os.environ.setdefault(ADMIN_ENV, secrets.token_hex(16))
 
 
 def config(servable_dir, **settings) -> ServeConfig:
@@ -31,6 +35,11 @@ def call(url, body=None, method="POST", headers=None):
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+def admin(server, path):
+    """POST the admin URL `path` with the test token (the server's config names ADMIN_ENV)."""
+    return call(server.rest_url + path, headers={"Authorization": f"Bearer {os.environ[ADMIN_ENV]}"})
 
 
 def predict(server, path, instances):

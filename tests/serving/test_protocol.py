@@ -6,8 +6,9 @@ import random
 import numpy as np
 import pytest
 
-from mindvl.serving.protocol import (InstanceError, ProtocolError, encode_error, encode_reply, parse_request,
-                                     parse_url)
+from mindvl.serving import protocol
+from mindvl.serving.protocol import (SCAN_TOKENS, InstanceError, ProtocolError, encode_error, encode_reply,
+                                     more_instances_than, parse_cost, parse_request, parse_url)
 
 
 def body(instances) -> bytes:
@@ -192,9 +193,67 @@ def test_several_instances_keep_order_and_other_top_level_keys_are_ignored():
     assert [instance["y"].tolist() for instance in instances] == [[0.0], [1.0], [2.0], [3.0]]
 
 
-def test_more_instances_than_the_limit_are_rejected_naming_it():
-    with pytest.raises(ProtocolError, match="3 instances, more than the limit of 2"):
+@pytest.fixture
+def parses(monkeypatch):
+    """The bodies handed to the JSON parser, in order (it still parses them)."""
+    seen = []
+    parse = protocol._load_json
+    monkeypatch.setattr(protocol, "_load_json", lambda raw: seen.append(raw) or parse(raw))
+    return seen
+
+
+def test_more_instances_than_the_limit_are_refused_before_any_parsing(parses):
+    """170,000 instances (4.9 MB) are refused from a scan of the first three; nothing reaches the parser."""
+    with pytest.raises(ProtocolError, match=r"^the request holds more than the limit of 2 instances "
+                                            r"\(--max-instances\)$"):
         parse_request(body([{"x": 1}] * 3), max_instances=2)
+    with pytest.raises(ProtocolError, match="more than the limit of 64 instances"):
+        parse_request(body([{"text": "what shape is it"}] * 170_000), max_instances=64)
+    assert parses == []
+    assert len(parse_request(body([{"x": 1}] * 2), max_instances=2)) == 2 and len(parses) == 1
+
+
+@pytest.mark.parametrize("raw, limit, more", [
+    (b'{"instances": [{"x": 1}, {"x": 2}, {"x": 3}]}', 2, True),
+    (b'{"instances": [{"x": 1}, {"x": 2}]}', 2, False),
+    (b'{"instances": []}', 1, False),
+    (b'{"instances": {"x": [1, 2, 3]}}', 1, False),  # one instance given as an object
+    (b'{"meta": [1, 2, 3, 4], "instances": [{"x": [1, 2, 3]}, {"y": "],[,{"}]}', 2, False),  # other keys, nesting
+    (b'{"instances": [{"s": "a\\"],"}, {}, {}]}', 2, True),  # an escaped quote inside a string
+    (b'{"\\u0069nstances": [1, 2, 3]}', 2, True),  # an escaped key is the same key
+    (b'{"a": "instances", "b": [1, 2, 3]}', 2, False),  # a value, not a key
+    (b'{"a": {"instances": [1, 2, 3]}}', 2, False),  # not the root's key
+    (b'[1, 2, 3]', 2, False),
+    (b'\xef\xbb\xbf {"instances" : [ {} , {} , {} ] }', 2, True),  # a BOM and spaces
+])
+def test_the_instance_scan_counts_the_root_instances_array_only(raw, limit, more):
+    assert more_instances_than(raw, limit) is more
+
+
+def test_a_scan_that_gives_up_leaves_the_exact_count_to_the_parse(parses):
+    """A first instance of more than SCAN_TOKENS brackets ends the scan; the parsed list is then counted."""
+    raw = body([{"x": [[]] * SCAN_TOKENS}] + [{"x": 1}] * 3)
+    assert not more_instances_than(raw, 2)
+    with pytest.raises(ProtocolError, match=r"^the request holds 4 instances, more than the limit of 2 "
+                                            r"\(--max-instances\)$"):
+        parse_request(raw, max_instances=2)
+    assert parses == [raw]
+
+
+def test_a_body_of_many_small_values_is_refused_before_parsing(parses):
+    """`{},{},...` and `[],[],...` take 28x and 22x their size once parsed: refused from their character counts,
+    while base64 bodies (2x) and float lists (5x to 9x) within the limit parse."""
+    limit = 8 * 2 ** 20
+    objects = b'{"instances": [{"x": [' + b"{}," * 300_000 + b'{}]}]}'
+    with pytest.raises(ProtocolError, match=r"^the body's JSON would take about 70 MB of memory to parse \(many small "
+                                            r"values\), more than 8 MB; send large tensors as \{\"b64\""):
+        parse_request(objects, max_instances=1, max_parse_bytes=limit)
+    assert parses == []
+    image = body([{"x": {"b64": b64(bytes(3 * 2 ** 20 // 4 * 3))}}])
+    floats = body([{"x": [0.123456] * 100_000}])
+    assert parse_cost(image) < limit and parse_cost(floats) < limit
+    for raw in (image, floats):
+        assert len(parse_request(raw, max_instances=1, max_parse_bytes=limit)) == 1
 
 
 # ---- request: rejections -----------------------------------------------------------------------------

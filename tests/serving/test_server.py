@@ -5,6 +5,7 @@ batched answers equal unbatched ones, gRPC equals REST, and the limits hold."""
 import base64
 import io
 import ipaddress
+import re
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,6 +16,8 @@ from PIL import Image
 
 from live import (QUESTION_MODES, b64, call, config, grpc_predict, grpc_raw, metrics, predict, rest_inputs,
                   total, vqa_inputs)
+from mindvl.cli.main import main
+from mindvl.config import ConfigError
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.data.examples import query_examples
 from mindvl.serving import grpc_protocol as G
@@ -206,10 +209,9 @@ REQUEST_ERRORS = {  # name: (HTTP method, path, body, error_msg fragment, strict
     "GET on /model": ("GET", "/model/vqa:predict", None, "http message only support POST right now", 405),
     "PUT on /model": ("PUT", "/model/vqa:predict", OK_BODY, "http message only support POST right now", 405),
     "GET on an admin url": ("GET", "/servables/vqa/version/1:unload", None, "please check url: GET", 404),
-    "unload a version not loaded": ("POST", "/servables/vqa/version/3:unload", None,
-                                    "unload servable vqa version 3: servable is not available", 404),
-    "load a version not on disk": ("POST", "/servables/vqa/version/3:load", None,
-                                   "load servable vqa version 3: servable vqa: has no version 3 (it has 1)", 400),
+    "an admin url with no token configured": (  # with one: tests/serving/test_hostile.py
+        "POST", "/servables/vqa/version/1:unload", None, "the admin endpoints are off; start mindvl serve with "
+        "--admin-token-file PATH or --admin-token-env VAR to load and unload versions over HTTP", 403),
 }
 
 
@@ -465,12 +467,13 @@ def test_the_server_listens_on_loopback_only_by_default(server):
 
 
 def test_max_instances_and_max_request_mb_refuse_a_request(strict):
-    """The limits refuse a request before any work is done for it (gRPC's size limit is its transport's)."""
+    """The limits refuse a request before any work is done for it: REST from a scan of the body that stops at the
+    fifth instance, gRPC from the parsed message's count (its size limit is its transport's)."""
     five = [{"text": "what shape is it"}] * 5
     assert call(f"{strict.rest_url}/model/vqa:embed_text", {"instances": five}) == (400, {
-        "error_msg": "Parser request failed, the request holds 5 instances, more than the limit of 4"})
-    with pytest.raises(G.RequestFailed, match=r"the request holds 5 instances, more than the limit of 4 "
-                                              r"\(--max-instances\)"):
+        "error_msg": "Parser request failed, the request holds more than the limit of 4 instances (--max-instances)"})
+    with pytest.raises(G.RequestFailed, match=r"^Parser request failed, the request holds 5 instances, more than the "
+                                              r"limit of 4 \(--max-instances\)$"):
         G.results_from_reply(grpc_predict(strict, "vqa", "embed_text", five))
     assert len(predict(strict, "vqa:embed_text", five[:4])) == 4  # at the limit: answered
 
@@ -480,6 +483,24 @@ def test_max_instances_and_max_request_mb_refuse_a_request(strict):
     with pytest.raises(grpc.RpcError) as refused:
         grpc_predict(strict, "vqa", "embed_text", big["instances"])
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"header_timeout_s": 0.0}, "header_timeout_s: expected a number > 0, got 0.0"),
+    ({"keepalive_s": -1.0}, "keepalive_s: expected a number > 0, got -1.0"),
+    ({"max_connections": 0}, "max_connections: expected an integer >= 1, got 0"),
+    ({"decode_slots": 0}, "decode_slots: expected an integer >= 1, got 0"),
+    ({"max_inflight_mb": 16.0, "max_request_mb": 32.0},
+     "max_inflight_mb: 16 is less than max_request_mb 32, so a body of the largest size could never be served; raise "
+     "--max-inflight-mb or lower --max-request-mb"),
+])
+def test_a_limit_out_of_range_is_refused_naming_it(settings, message, tmp_path, capsys):
+    """ServeConfig refuses it; `mindvl serve` says so in one line and exits 2."""
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        ServeConfig(servable_dir=str(tmp_path), **settings).validate()
+    flags = [f"--{name.replace('_', '-')}={value}" for name, value in settings.items()]
+    assert main(["serve", "--servable-dir", str(tmp_path), *flags]) == 2
+    assert capsys.readouterr().err == f"mindvl: error: {message}\n"
 
 
 def _raw_request(server, head: bytes, body: bytes = b"") -> bytes:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from live import b64, call, config, grpc_predict, predict, rest_inputs, vqa_inputs
+from live import ADMIN_ENV, admin, b64, call, config, grpc_predict, predict, rest_inputs, vqa_inputs
 from mindvl.data.examples import query_examples
 from mindvl.export.package import write_package
 from mindvl.model_package import read_manifest
@@ -102,7 +102,7 @@ def test_a_new_version_takes_over_under_load_without_a_failed_request(servables,
     then read "not available"; no request fails on the way."""
     instances = [vqa_inputs(example, "typed") for example in examples[:2]]
     body = [rest_inputs(i) for i in instances]
-    with BackgroundServer(config(servables, max_batch_size=4)) as server:
+    with BackgroundServer(config(servables, max_batch_size=4, admin_token_env=ADMIN_ENV)) as server:
         first = predict(server, "vqa/version/1:predict", body)
         phase, answers = ["v1 only"], {(protocol, version): [] for protocol in ("rest", "grpc") for version in (0, 1)}
         stops = {0: threading.Event(), 1: threading.Event()}
@@ -119,7 +119,7 @@ def test_a_new_version_takes_over_under_load_without_a_failed_request(servables,
             wait_until(lambda: answered(answers, "v1 only"), "answers from version 1")
             deploy(step10_package, servables, "vqa")
             phase[0] = "loading 2"
-            status, loaded = call(f"{server.rest_url}/servables/vqa/version/2:load")
+            status, loaded = admin(server, "/servables/vqa/version/2:load")
             phase[0] = "2 loaded"
             assert status == 200 and loaded["state"]["default_version"] == 2
             second = predict(server, "vqa/version/2:predict", body)
@@ -128,7 +128,7 @@ def test_a_new_version_takes_over_under_load_without_a_failed_request(servables,
             for key in [key for key in threads if key[1] == 1]:
                 threads[key].join()
             phase[0] = "unloading 1"
-            assert call(f"{server.rest_url}/servables/vqa/version/1:unload")[0] == 200
+            assert admin(server, "/servables/vqa/version/1:unload")[0] == 200
             phase[0] = "1 unloaded"
             wait_until(lambda: answered([key for key in answers if key[1] == 0], "1 unloaded"),
                        "answers after the unload")
@@ -178,9 +178,9 @@ def test_a_version_that_cannot_load_leaves_the_serving_one_in_place(servables, s
     answering; a good version then takes over."""
     body = [rest_inputs(vqa_inputs(example, "typed")) for example in examples[:2]]
     folder = servables / "vqa"
-    with BackgroundServer(config(servables, max_batch_size=1, poll_s=0.05)) as server:
+    with BackgroundServer(config(servables, max_batch_size=1, poll_s=0.05, admin_token_env=ADMIN_ENV)) as server:
         first = predict(server, "vqa:predict", body)
-        status, answer = call(f"{server.rest_url}/servables/vqa/version/2:load")  # asked for too early
+        status, answer = admin(server, "/servables/vqa/version/2:load")  # asked for too early
         assert status == 200 and "servable vqa: has no version 2 (it has 1)" in answer["error_msg"]
 
         tampered = writable_copy(step10_package, tmp_path)
@@ -192,7 +192,7 @@ def test_a_version_that_cannot_load_leaves_the_serving_one_in_place(servables, s
                    "version 2 to fail")
         assert "vqa.mindir: sha256 differs from the manifest" in servables_page(server)["vqa"]["versions"]["2"]["error"]
         assert same_answers(predict(server, "vqa:predict", body), first)
-        status, answer = call(f"{server.rest_url}/servables/vqa/version/2:load")
+        status, answer = admin(server, "/servables/vqa/version/2:load")
         assert status == 200 and "load servable vqa version 2: " in answer["error_msg"] and \
             "sha256 differs" in answer["error_msg"]
 
@@ -238,7 +238,7 @@ def test_ready_answers_503_until_every_servable_on_disk_has_a_loaded_version(vqa
     """A load balancer sends nothing to a server that has nothing loaded, or not yet all it should serve."""
     folder = tmp_path / "servables"
     folder.mkdir()
-    with BackgroundServer(config(folder, max_batch_size=1)) as server:
+    with BackgroundServer(config(folder, max_batch_size=1, admin_token_env=ADMIN_ENV)) as server:
         ready = f"{server.rest_url}/ready"
         assert call(f"{server.rest_url}/health", method="GET") == (200, {"status": "alive"})
         assert call(ready, method="GET") == (503, {"ready": False, "not_loaded": []})  # nothing to serve yet
@@ -246,7 +246,7 @@ def test_ready_answers_503_until_every_servable_on_disk_has_a_loaded_version(vqa
         (folder / "vqa" / CONFIG_FILE).write_text(config_text(read_manifest(step10_package), "vqa"))
         deploy(vqa_package[1], folder, "vqa")
         assert call(ready, method="GET") == (503, {"ready": False, "not_loaded": ["vqa"]})
-        assert call(f"{server.rest_url}/servables/vqa/version/1:load")[0] == 200
+        assert admin(server, "/servables/vqa/version/1:load")[0] == 200
         assert call(ready, method="GET") == (200, {"ready": True, "not_loaded": []})
 
 
@@ -254,18 +254,18 @@ def test_only_servables_inside_the_directory_are_served(servables, deployed, vqa
     """A servable folder that is a symlink to a servable elsewhere is neither loaded nor loadable, names with
     .. are refused, and the servables inside are listed and served as usual."""
     (servables / "outside").symlink_to(deployed / "vqa")
-    with BackgroundServer(config(servables, max_batch_size=1, strict_http=True)) as server:
+    with BackgroundServer(config(servables, max_batch_size=1, strict_http=True, admin_token_env=ADMIN_ENV)) as server:
         deploy(vqa_package[1], servables, "vqa")  # version 2 on disk, not loaded (no polling)
         url = server.rest_url
         text = {"instances": [{"text": "what shape is it"}]}
         assert call(f"{url}/model/outside:embed_text", text) == (404, {
             "error_msg": "servable is not available: servable 'outside' is not loaded (loaded: vqa)"})
-        status, answer = call(f"{url}/servables/outside/version/1:load")
+        status, answer = admin(server, "/servables/outside/version/1:load")
         assert status == 400 and "outside the servable directory" in answer["error_msg"]
         for path in ("/model/..:predict", "/model/..%2Foutside:predict", "/model/vqa%2F..%2F..%2Foutside:predict"):
             status, answer = call(url + path, text)
             assert status in (400, 404) and "please check url" in answer["error_msg"], path
-        status, answer = call(f"{url}/servables/%2E%2E/version/1:load")
+        status, answer = admin(server, "/servables/%2E%2E/version/1:load")
         assert status == 400 and "servable name '..': expected letters, digits" in answer["error_msg"]
         assert servables_page(server) == {"vqa": {"default_version": 1, "versions": {
             "1": {"status": "loaded", "methods": ["predict"]}, "2": {"status": "available"}}}}
