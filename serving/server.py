@@ -50,6 +50,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ADMIN_URL = re.compile(r"/servables/([^/]+)/version/([0-9]{1,10}):(load|unload)")
 MB = 2 ** 20
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+STOP_GRACE_S = 5.0  # how long a stopping server lets the requests in progress finish (a slow client held it 60 s)
 PARSE_FACTOR = 8  # a JSON body may take this many times --max-request-mb to parse (protocol.parse_cost)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -210,7 +211,8 @@ class Server:
         _return_large_frees()
         app = web.Application(client_max_size=int(config.max_request_mb * MB))
         app.router.add_route("*", "/{path:.*}", self._rest)
-        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=config.keepalive_s)
+        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=config.keepalive_s,
+                                     shutdown_timeout=STOP_GRACE_S)
         await self._runner.setup()
         self._connections = Connections(self._runner.server, config.max_connections, config.header_timeout_s,
                                         lambda kind: self.metrics.errors.labels(kind).inc())
@@ -248,7 +250,7 @@ class Server:
         if self._poller is not None:
             self._poller.cancel()
         if self._grpc is not None:
-            await self._grpc.stop(grace=1.0)
+            await self._grpc.stop(grace=STOP_GRACE_S)
         if self._listener is not None:
             self._listener.close()
         if self._runner is not None:
