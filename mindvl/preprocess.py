@@ -24,7 +24,7 @@ import re
 import threading
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -51,16 +51,46 @@ MAX_IMAGE_SIDE = 4096
 MAX_IMAGE_PIXELS = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE  # 16.8 MP, refused from the header before decoding (_opened)
 MORE_PIXELS = f"more than the limit of {MAX_IMAGE_PIXELS:,} pixels"
 RESIZE = f"resize it to at most {MAX_IMAGE_SIDE}x{MAX_IMAGE_SIDE}"
-_decode_slots = contextlib.nullcontext()  # limit_decodes() bounds the decodes in flight
+
+
+class _PixelBudget:
+    """The pixels being decoded at once, bounded: a decode waits until its image's pixels fit. Pillow's memory
+    goes with the pixels (about 8 bytes each), so the bound is on memory, and a small image never queues
+    behind large ones (a count of decodes made a 64x64 image wait for two 4096x4096 ones)."""
+
+    def __init__(self, pixels: int) -> None:
+        self.free = pixels
+        self.condition = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, pixels: int) -> Iterator[None]:
+        with self.condition:
+            self.condition.wait_for(lambda: self.free >= pixels)
+            self.free -= pixels
+        try:
+            yield
+        finally:
+            with self.condition:
+                self.free += pixels
+                self.condition.notify_all()
+
+
+_decode_budget: Optional[_PixelBudget] = None  # limit_decodes() bounds the pixels decoding in flight
+
+
+def _decoding(source: Image.Image) -> ContextManager:
+    """Hold the opened image's pixels in the decode budget while it decodes (nothing when unbounded)."""
+    width, height = source.size
+    return contextlib.nullcontext() if _decode_budget is None else _decode_budget.hold(width * height)
 
 
 def decode_image(data: bytes, pre: PreprocessConfig, name: str = "image") -> np.ndarray:
     """Encoded image bytes (PNG, JPEG, ...) -> normalised float32 (3, S, S), S = pre.image_size.
 
-    Decoded and resized within one decode slot (`limit_decodes`), which is released only once the full-size
-    pixels are freed, so those of at most that many images exist at once."""
+    Decoded and resized holding its pixels in the decode budget (`limit_decodes`), released only once the
+    full-size pixels are freed."""
     source = _opened(data, name)
-    with _decode_slots:
+    with _decoding(source):
         return image_to_array(_rgb(source, name), pre)
 
 
@@ -68,9 +98,9 @@ def open_image(data: bytes, name: str = "image") -> Image.Image:
     """Encoded image bytes -> a fully decoded PIL RGB image (truncated files fail here, not later).
 
     The training loader augments this image before `image_to_array`; serving goes through `decode_image`.
-    The caller holds the image after its decode slot is released."""
+    The caller holds the image after its pixels leave the decode budget."""
     source = _opened(data, name)
-    with _decode_slots:
+    with _decoding(source):
         return _rgb(source, name)
 
 
@@ -110,13 +140,14 @@ def _mapped_errors(name: str) -> Iterator[None]:
 
 
 def limit_decodes(slots: int) -> None:
-    """At most `slots` images decode at once in this process, from now on (`mindvl serve --decode-slots`; the
-    default is no bound, as the training loader's threads need). Peak decode memory is then about
-    slots x MAX_IMAGE_PIXELS x 8 bytes: Pillow holds 4 bytes a pixel, for the decoded image and its RGB copy."""
-    global _decode_slots
+    """The images decoding at once in this process hold at most `slots` x MAX_IMAGE_PIXELS pixels, from now on
+    (`mindvl serve --decode-slots`: `slots` images of the largest size, or many small ones; the default is no
+    bound, as the training loader's threads need). Peak decode memory is then about slots x MAX_IMAGE_PIXELS x
+    8 bytes: Pillow holds 4 bytes a pixel, for the decoded image and its RGB copy."""
+    global _decode_budget
     if slots < 1:
         raise ValueError(f"decode slots: expected an integer >= 1, got {slots}")
-    _decode_slots = threading.BoundedSemaphore(slots)
+    _decode_budget = _PixelBudget(slots * MAX_IMAGE_PIXELS)
 
 
 def resize_image(img: Image.Image, size: int) -> Image.Image:

@@ -76,7 +76,7 @@ class ServeConfig:
     max_connections: int = 256  # REST connections open at once (more are answered 503 and closed)
     max_inflight_mb: float = 512.0  # request bodies held at once: REST bodies wait for room (from before they are
     # read until answered); gRPC calls in progress are limited to max_inflight_mb / max_request_mb
-    decode_slots: int = 2  # images decoded at once in the process (each up to 4096x4096, 128 MB while decoding)
+    decode_slots: int = 2  # pixels decoding at once: this many 4096x4096 images (128 MB each), or more smaller ones
     strict_http: bool = False  # 4xx/5xx status codes instead of MindSpore Serving's HTTP 200 for errors
     poll_s: float = 2.0  # how often the servable directory is checked for new versions; 0: never
     key_file: str = ""  # AES-GCM key of encrypted packages, from a file ...

@@ -54,6 +54,34 @@ def test_decode_image_rejects_corrupt_bytes_naming_the_item(png_bytes, data):
         P.decode_image(data, PRE, name="request 42 image")
 
 
+def test_the_decode_budget_lets_small_images_past_a_large_one_and_holds_the_rest(png_bytes, monkeypatch):
+    """limit_decodes(1): the pixels decoding at once stay within one largest image; a small image decodes
+    while most of the budget is held, one that does not fit waits until pixels are released."""
+    import threading
+
+    monkeypatch.setattr(P, "_decode_budget", None)  # restored after the test
+    P.limit_decodes(1)
+    small = Image.open(io.BytesIO(png_bytes)).size
+    held = P.MAX_IMAGE_PIXELS - small[0] * small[1]  # what a large decode in flight holds: the small one fits
+    done = {}
+
+    def decode(key):
+        done[key] = P.decode_image(png_bytes, PRE)
+
+    with P._decode_budget.hold(held):
+        beside = threading.Thread(target=decode, args=("beside",))
+        beside.start()
+        beside.join(timeout=60)
+        assert "beside" in done  # it did not wait for the large decode
+        with P._decode_budget.hold(small[0] * small[1]):  # now the budget is full
+            waiting = threading.Thread(target=decode, args=("waiting",))
+            waiting.start()
+            waiting.join(timeout=0.5)
+            assert "waiting" not in done  # no room: it waits for pixels to be released
+    waiting.join(timeout=60)
+    assert np.array_equal(done["waiting"], done["beside"])
+
+
 # ----------------------------------------------------------------------------- audio
 
 def reference_log_mel(audio, pre):

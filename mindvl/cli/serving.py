@@ -141,7 +141,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="request bodies held at once: REST bodies wait for room; gRPC calls in progress are "
                             "limited to MB / --max-request-mb, more refused RESOURCE_EXHAUSTED (default 512)")
     serve.add_argument("--decode-slots", type=int, metavar="N",
-                       help="images decoded at once, each at most 4096x4096 (default 2)")
+                       help="pixels decoded at once, in images of 4096x4096 (the largest accepted; smaller ones "
+                            "share the budget); default 2")
     serve.add_argument("--strict-http", action="store_const", const=True,
                        help="answer errors with 4xx/5xx (default: HTTP 200 with error_msg, as MindSpore Serving)")
     serve.add_argument("--poll-s", type=float, metavar="S",
