@@ -1,28 +1,41 @@
-"""Dynamic batching: the instances of concurrent requests to one (servable, version, method) run together.
+"""Dynamic batching: the instances that concurrent requests bring to one model graph run on it together.
 
-A batch starts when a run slot is free. While another batch is running it waits at most `max_wait_s`
-for more requests unless it already holds `max_batch` instances; an idle batcher runs at once, so a lone
-client pays no batching delay. Two batches may run at once, so one batch's preprocessing overlaps the
-previous batch's graph. Each request gets back exactly its own instances' results, in order.
+Each request runs its method's Python stages on its own, as soon as it arrives; at a model stage its
+checked instances join the graph's batcher, so one slow instance's preprocessing (a large image) delays
+no other request's batch. A batch starts when a run slot is free. While another batch is running it
+waits at most `max_wait_s` for more instances unless it already holds `max_batch`; an idle batcher runs at
+once, so a lone client pays no batching delay. Each request gets back exactly its own instances' results,
+in order.
 """
 import asyncio
 import collections
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Deque, List, Optional, Tuple
 
 RunBatch = Callable[[List[Any]], Awaitable[List[Any]]]
-RUNNING_BATCHES = 2
+RUNNING_BATCHES = 2  # one batch runs on the graph while the next one gathers
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How model stages batch (`mindvl serve --max-batch-size/--max-wait-ms`); `on_batch(servable, graph,
+    size)` sees each executed batch (the batch-size metric)."""
+
+    max_batch: int
+    max_wait_s: float
+    on_batch: Callable[[str, str, int], None] = lambda servable, graph, size: None
 
 
 class Batcher:
     def __init__(self, run: RunBatch, max_batch: int, max_wait_s: float,
-                 on_batch: Optional[Callable[[int], None]] = None) -> None:
+                 on_batch: Optional[Callable[[int], None]] = None, running: int = RUNNING_BATCHES) -> None:
         self.run = run
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.on_batch = on_batch or (lambda size: None)
         self.waiting: Deque[Tuple[List[Any], asyncio.Future]] = collections.deque()
         self.arrived = asyncio.Event()
-        self.slots = asyncio.Semaphore(RUNNING_BATCHES)
+        self.slots = asyncio.Semaphore(running)
         self.collector: Optional[asyncio.Task] = None
         self.running: set = set()
 

@@ -108,6 +108,7 @@ class Catalog:
         while self.users.get(id(loaded), 0) > 0:
             await asyncio.sleep(0.01)
         self.users.pop(id(loaded), None)
+        await loaded.close_batchers()
         await asyncio.get_running_loop().run_in_executor(None, loaded.close)
 
     async def refresh(self) -> List[Tuple[str, int]]:

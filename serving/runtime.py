@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError
 from mindvl.mindir import mindir_io
 from mindvl.model_package import (MANIFEST, TOLERANCE, as_tuple, check_files, load_graph, load_samples,
                                   read_manifest)
+from mindvl.serving.batching import Batcher, BatchPolicy
 from mindvl.serving.protocol import InstanceError, ProtocolError
 from mindvl.serving.register import (Method, Model, Placeholder, ServableDefinition, ServableError, Stage,
                                      load_servable_config)
@@ -239,6 +240,7 @@ class LoadedVersion:
     definition: ServableDefinition
     models: Dict[int, ModelRunner]  # id(Model) -> its graphs
     levels: Dict[str, List[List[Stage]]] = field(default_factory=dict)
+    batchers: Dict[int, Batcher] = field(default_factory=dict)  # id(GraphRunner) -> its batcher, made at first use
     loaded_at: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
@@ -254,8 +256,10 @@ class LoadedVersion:
                                  f"method {name!r} (it has {', '.join(sorted(self.methods))})")
         return self.methods[name]
 
-    async def run(self, method_name: str, instances: List[Dict[str, Any]], pool: Executor) -> List[Any]:
-        """One result per instance: {output name: value} or the InstanceError that failed it."""
+    async def run(self, method_name: str, instances: List[Dict[str, Any]], pool: Executor,
+                  batching: Optional[BatchPolicy] = None) -> List[Any]:
+        """One result per instance: {output name: value} or the InstanceError that failed it. With `batching`, the
+        instances of concurrent runs meet in batches at each model stage."""
         method = self.method(method_name)
         values: List[Dict[Placeholder, Any]] = []
         failures: List[Optional[BaseException]] = []
@@ -271,7 +275,8 @@ class LoadedVersion:
             values.append({} if failure else {Placeholder(method.name, 0, i): self._input(instance[name])
                                               for i, name in enumerate(method.inputs)})
         for group in self.levels[method.name]:
-            await asyncio.gather(*(self._run_stage(method, stage, values, failures, pool) for stage in group))
+            await asyncio.gather(*(self._run_stage(method, stage, values, failures, pool, batching)
+                                   for stage in group))
         return [failure or {name: values[i][placeholder] for name, placeholder in zip(method.output_names,
                                                                                       method.returns)}
                 for i, failure in enumerate(failures)]
@@ -283,13 +288,14 @@ class LoadedVersion:
         return np.frombuffer(value, np.uint8) if self.manifest is None and isinstance(value, bytes) else value
 
     async def _run_stage(self, method: Method, stage: Stage, values: List[Dict[Placeholder, Any]],
-                         failures: List[Optional[BaseException]], pool: Executor) -> None:
+                         failures: List[Optional[BaseException]], pool: Executor,
+                         batching: Optional[BatchPolicy]) -> None:
         live = [i for i, failure in enumerate(failures) if failure is None]
         if not live:
             return
         arguments = [[values[i][arg] for arg in stage.args] for i in live]
         if stage.is_model:
-            outputs = await self._run_model(stage, arguments)
+            outputs = await self._run_model(stage, arguments, batching)
         elif stage.batch_size is None:
             loop = asyncio.get_running_loop()
             outputs = await asyncio.gather(*(loop.run_in_executor(pool, _call, stage, args) for args in arguments),
@@ -305,7 +311,7 @@ class LoadedVersion:
             else:
                 values[i].update(zip(stage.outputs, output))
 
-    async def _run_model(self, stage: Stage, arguments: List[List[Any]]) -> List[Any]:
+    async def _run_model(self, stage: Stage, arguments: List[List[Any]], batching: Optional[BatchPolicy]) -> List[Any]:
         graph = self.models[id(stage.target)].graphs[0]  # add_stage runs subgraph 0, as in MindSpore Serving
         outputs: List[Any] = [None] * len(arguments)
         checked = []
@@ -315,10 +321,22 @@ class LoadedVersion:
             except InstanceError as error:
                 outputs[position] = error
         if checked:
-            results = await graph.run_instances([arrays for _, arrays in checked])
+            arrays = [arrays for _, arrays in checked]
+            results = await (self._batcher(graph, batching).submit(arrays) if batching else graph.run_instances(arrays))
             for (position, _), result in zip(checked, results):
                 outputs[position] = result
         return outputs
+
+    def _batcher(self, graph: GraphRunner, batching: BatchPolicy) -> Batcher:
+        if id(graph) not in self.batchers:
+            self.batchers[id(graph)] = Batcher(graph.run_instances, batching.max_batch, batching.max_wait_s,
+                                               lambda size: batching.on_batch(self.name, graph.name, size))
+        return self.batchers[id(graph)]
+
+    async def close_batchers(self) -> None:
+        """Stop the batchers (on the event loop, before `close`)."""
+        for batcher in self.batchers.values():
+            await batcher.close()
 
     def close(self) -> None:
         for model in self.models.values():

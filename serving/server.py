@@ -37,7 +37,7 @@ from mindvl.model_package import MANIFEST, PackageError, read_key
 from mindvl.preprocess import limit_decodes
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.admission import BodyBudget, Connections, authorized, read_admin_token
-from mindvl.serving.batching import Batcher
+from mindvl.serving.batching import BatchPolicy
 from mindvl.serving.catalog import Catalog, NotAvailable
 from mindvl.serving.protocol import (MAX_VERSION, InstanceError, ProtocolError, encode_error, encode_reply,
                                      parse_request, parse_url, too_many_instances)
@@ -64,7 +64,7 @@ class ServeConfig:
     port: int = 1500  # REST; 0: any free port (MindSpore Serving's examples use 1500 for REST)
     grpc_port: int = 5500  # 0: any free port, -1: no gRPC server
     batching: bool = True
-    max_batch_size: int = 16  # instances run together per (servable, version, method)
+    max_batch_size: int = 16  # instances run together on a model graph (from concurrent requests)
     max_wait_ms: float = 2.0  # how long a batch waits for more requests once it could run
     workers: int = 4  # threads for the Python stages (decode, resize, tokenise, log-mel)
     max_request_mb: float = 32.0
@@ -132,7 +132,7 @@ class Metrics:
         self.instances = Counter("mindvl_instances", "Instances answered", ["servable", "method"], registry=self.registry)
         self.latency = Histogram("mindvl_request_latency_seconds", "Predict latency, queueing included",
                                  ["servable", "method", "protocol"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.batch_size = Histogram("mindvl_batch_size", "Instances per executed batch", ["servable", "method"],
+        self.batch_size = Histogram("mindvl_batch_size", "Instances per executed graph batch", ["servable", "model"],
                                     buckets=(1, 2, 4, 8, 16, 32, 64), registry=self.registry)
         self.loaded = Gauge("mindvl_loaded_versions", "Loaded versions per servable", ["servable"], registry=self.registry)
         self.connections = Gauge("mindvl_open_connections", "REST connections open", registry=self.registry)
@@ -173,7 +173,9 @@ class Server:
         self.catalog = Catalog(Path(config.servable_dir), self.key, config.max_batch_size if config.batching else 1)
         self.metrics = Metrics()
         self.pool = ThreadPoolExecutor(config.workers, thread_name_prefix="stage")
-        self.batchers: Dict[Tuple[str, int, str], Batcher] = {}
+        self.batching = BatchPolicy(config.max_batch_size, config.max_wait_ms / 1000, lambda servable, graph, size:
+                                    self.metrics.batch_size.labels(servable, graph).observe(size)) \
+            if config.batching else None
         self.ready = False
         self.rest_port: Optional[int] = None
         self.grpc_port: Optional[int] = None
@@ -255,8 +257,6 @@ class Server:
             self._listener.close()
         if self._runner is not None:
             await self._runner.cleanup()  # closes the connections aiohttp holds
-        for batcher in self.batchers.values():
-            await batcher.close()
         await self.catalog.close()
         self.pool.shutdown(wait=False)
 
@@ -276,7 +276,8 @@ class Server:
             loaded.method(method)
             labels = (servable, method, protocol)
             with self.catalog.using(loaded):
-                results = await asyncio.wait_for(self._run(loaded, method, instances), self.config.timeout_s)
+                results = await asyncio.wait_for(loaded.run(method, instances, self.pool, self.batching),
+                                                 self.config.timeout_s)
         except asyncio.TimeoutError:
             failure = Failure(f"request timed out after {self.config.timeout_s:g} s (--timeout-s)", 504, "timeout")
             self._count(labels, start, failure.kind)
@@ -298,18 +299,6 @@ class Server:
         if not answered:
             self.metrics.errors.labels(outcome).inc()
         self.metrics.latency.labels(*labels).observe(time.perf_counter() - start)
-
-    async def _run(self, loaded, method: str, instances: List[Dict[str, Any]]) -> List[Any]:
-        if not self.config.batching:
-            return await loaded.run(method, instances, self.pool)
-        key = (loaded.name, loaded.version, method)
-        batcher = self.batchers.get(key)
-        if batcher is None:
-            sizes = self.metrics.batch_size.labels(loaded.name, method)
-            batcher = self.batchers[key] = Batcher(lambda batch: loaded.run(method, batch, self.pool),
-                                                   self.config.max_batch_size, self.config.max_wait_ms / 1000,
-                                                   sizes.observe)
-        return await batcher.submit(instances)
 
     # ---- REST -----------------------------------------------------------------------------------------
 
@@ -426,8 +415,6 @@ class Server:
                 await self.catalog.load(name, version)
             else:
                 await self.catalog.unload(name, version)
-                for key in [k for k in self.batchers if k[:2] == (name, version)]:
-                    await self.batchers.pop(key).close()
         except (ServableError, PackageError, ValueError, OSError) as error:  # ValueError: ProtocolError
             status = 404 if isinstance(error, NotAvailable) else 400
             raise Failure(f"{action} servable {name} version {version}: {error}", status, "admin") from None

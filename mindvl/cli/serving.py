@@ -122,7 +122,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, help="REST port (default 1500; 0: any free port)")
     serve.add_argument("--grpc-port", type=int, help="gRPC port (default 5500; 0: any free port, -1: no gRPC)")
-    serve.add_argument("--max-batch-size", type=int, metavar="N", help="instances batched per run (default 16)")
+    serve.add_argument("--max-batch-size", type=int, metavar="N", help="instances batched per model graph run, from concurrent requests (default 16)")
     serve.add_argument("--max-wait-ms", type=float, metavar="MS", help="how long a batch waits to fill (default 2)")
     serve.add_argument("--no-batching", dest="batching", action="store_const", const=False,
                        help="run each request alone (no dynamic batching)")
