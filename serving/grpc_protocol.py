@@ -12,7 +12,7 @@ Errors in a reply (MindSpore Serving's layout, from its `proto_tensor.cc` and it
   * the whole request failed: one `error_msg` entry and no `instances`.
 `error_code` is MindSpore's status code (`ErrorCode`), not a position. MindSpore's master also folds
 "every instance failed with the same message" into the whole-request form; this module keeps the
-per-instance entries, which MindSpore's client reads the same way.
+per-instance entries it is given, and the server folds them for MindSpore Serving servables.
 """
 import enum
 import math

@@ -287,9 +287,14 @@ class Server:
             self._count(labels, start, failure.kind)
             raise failure from None
         failed = sum(isinstance(result, BaseException) for result in results)
+        self.metrics.instances.labels(servable, method).inc(len(results))
+        if failed == len(results) and loaded.manifest is None and len({str(r) for r in results}) == 1:
+            # MindSpore Serving folds a request whose every instance failed alike into one error_msg; its
+            # servables get that reply (mindvl packages keep an entry per instance, which mindvl's client reads)
+            self._count(labels, start, "instance")
+            raise Failure(str(results[0]), 400, "instance")
         if failed:
             self.metrics.errors.labels("instance").inc(failed)
-        self.metrics.instances.labels(servable, method).inc(len(results))
         self._count(labels, start, "partial" if failed else "ok")
         return results, loaded.version
 

@@ -339,8 +339,9 @@ def test_inputs_are_checked_by_size_and_dtype_with_mindspore_serving_messages(se
     np.testing.assert_allclose(good, X1 + X2 + 1, rtol=1e-6)  # the bad instances fail alone
 
     reply = grpc_predict(server, "add", "add_common", [{"x1": X1.astype(np.float64), "x2": X2}])
-    assert "Given model input 0 size 32 not match the size 16 defined in model" in \
-        str(G.results_from_reply(reply)[0])
+    assert not reply.instances and len(reply.error_msg) == 1  # every instance failed alike: one error for all
+    assert reply.error_msg[0].error_msg.decode().startswith(
+        "Given model input 0 size 32 not match the size 16 defined in model")
 
 
 def test_a_b64_tensor_of_the_model_size_takes_the_model_shape(server):
@@ -366,8 +367,8 @@ def test_inputs_without_batch_dim_are_shared_by_the_instances_that_give_them(ser
     biases = [[1.0, 1.0], [1.0, 1.0], [5.0, 7.0], [1.0, 1.0], [5.0, 7.0]]
     answers = outputs(rest(server, "batch:add_bias", [{"x": row.tolist(), "b": b} for row, b in zip(x, biases)]))
     np.testing.assert_allclose(answers, x + np.array(biases, np.float32), rtol=1e-6)
-    (wrong,) = outputs(rest(server, "batch:add_bias", [{"x": [1.0, 2.0], "b": [1.0, 2.0, 3.0]}]))
-    assert wrong.startswith("Given model input 1 size 12 not match the size 8 defined in model")
+    wrong = rest(server, "batch:add_bias", [{"x": [1.0, 2.0], "b": [1.0, 2.0, 3.0]}])
+    assert wrong["error_msg"].startswith("Given model input 1 size 12 not match the size 8 defined in model")
 
 
 def test_the_pre_1_5_call_names_run(server):
@@ -381,11 +382,21 @@ def test_python_stages_call_the_model_and_its_subgraphs(server):
     instances = [{"x1": (X1 * k).tolist(), "x2": X2.tolist()} for k in range(5)]  # batch_size=2: 3 calls
     np.testing.assert_allclose(outputs(rest(server, "pipeline:add_batched", instances)),
                                [X1 * k + X2 for k in range(5)], rtol=1e-6)
-    (wrong,) = outputs(rest(server, "pipeline:round_trip", [{"x1": [[1.0, 2.0, 3.0]], "x2": X2.tolist()}]), "x")
+    wrong = rest(server, "pipeline:round_trip", [{"x1": [[1.0, 2.0, 3.0]], "x2": X2.tolist()}])["error_msg"]
     assert wrong == ("Call Function 'pipeline.add_then_sub' Failed, method: 'round_trip', stage index(begin with 1): "
                      "1, error msg: Given model input 0 size 12 not match the size 16 defined in model (graph "
                      "tensor_add.mindir input x1: given float32 of shape [1, 3], expected float32 of "
                      "shape [2, 2])")
+
+
+def test_a_request_whose_instances_all_fail_alike_gets_one_error_msg_as_mindspore_serving_gives(server):
+    """MindSpore Serving folds "every instance failed with the same message" into the whole-request form."""
+    same = {"x1": [[1, 2], [3, 4]], "x2": [[5, 6], [7, 8]]}  # int32: add_common takes float32
+    answer = rest(server, "add:add_common", [same, same])
+    assert list(answer) == ["error_msg"] and answer["error_msg"].startswith(
+        "Given model input 0 data type kMSI_Int32 not match the data type kMSI_Float32 defined in model")
+    different = rest(server, "add:add_common", [same, {"x1": [1.0], "x2": [2.0]}])
+    assert [sorted(i) for i in different["instances"]] == [["error_msg"], ["error_msg"]]  # each its own
 
 
 def test_strings_and_a_failing_python_stage(server):
