@@ -66,15 +66,12 @@ def _levels(method: Method) -> List[List[Stage]]:
 
 
 def serving_type_name(dtype) -> str:
-    """MindSpore Serving's name of a dtype in its messages (kMSI_Float32, ...)."""
+    """MindSpore Serving's name of a dtype in its messages: kMSI_ and numpy's name capitalised (kMSI_Float32,
+    kMSI_Uint8, kMSI_Bool), kMSI_String for text."""
     kind = np.dtype(dtype)
-    return SERVING_TYPE_NAMES.get(kind.name, "kMSI_String" if kind.kind in "OUS" else "kMSI_Unknown")
-
-
-SERVING_TYPE_NAMES = {"bool": "kMSI_Bool", "int8": "kMSI_Int8", "uint8": "kMSI_Uint8", "int16": "kMSI_Int16",
-                      "uint16": "kMSI_Uint16", "int32": "kMSI_Int32", "uint32": "kMSI_Uint32", "int64": "kMSI_Int64",
-                      "uint64": "kMSI_Uint64", "float16": "kMSI_Float16", "float32": "kMSI_Float32",
-                      "float64": "kMSI_Float64"}
+    if kind.kind in "biuf" and kind.itemsize <= 8:
+        return f"kMSI_{kind.name.capitalize()}"
+    return "kMSI_String" if kind.kind in "OUS" else "kMSI_Unknown"
 
 
 class GraphRunner:
@@ -141,16 +138,17 @@ class GraphRunner:
         padding = (self.batch or bucket(rows)) - rows  # repeats of row 0: real inputs, so no NaN from an empty mask
         columns = [np.concatenate([c, np.repeat(c[:1], padding, axis=0)]) if padding and i not in self.shared else c
                    for i, c in enumerate(columns)]
+        return tuple(output[:rows] for output in self._execute(columns))
+
+    def _execute(self, arrays: Sequence[np.ndarray]) -> Tuple[np.ndarray, ...]:
+        """The graph once on `arrays`, as they are."""
         with GRAPH_LOCK:
-            outputs = as_tuple(self.cell(*(ms.Tensor(c) for c in columns)))
-            return tuple(output.asnumpy()[:rows] for output in outputs)
+            return tuple(output.asnumpy() for output in as_tuple(self.cell(*(ms.Tensor(a) for a in arrays))))
 
     def run_checked(self, instances: List[List[np.ndarray]]) -> List[Tuple[np.ndarray, ...]]:
         """Outputs per instance for checked instances (blocking: call it on the graph's thread)."""
         if not self.batched:
-            with GRAPH_LOCK:
-                return [tuple(o.asnumpy() for o in as_tuple(self.cell(*(ms.Tensor(a) for a in arrays))))
-                        for arrays in instances]
+            return [self._execute(arrays) for arrays in instances]
         groups: Dict[tuple, List[int]] = {}  # instances giving the shared inputs the same values run together
         for row, arrays in enumerate(instances):
             groups.setdefault(tuple(arrays[i].tobytes() for i in sorted(self.shared)), []).append(row)
@@ -168,10 +166,9 @@ class GraphRunner:
 
     def warm_up(self, sample: Sequence[np.ndarray], max_batch: int) -> None:
         """Compile the graph now, not on the first request: every batch bucket up to `max_batch` for a dynamic
-        batch, else its one shape. `sample`: one batch of inputs."""
+        batch, else its one shape. `sample`: one batch of inputs (one instance without `batched`)."""
         if not self.batched or self.batch:
-            self.run_checked([[np.asarray(a)[0] if self.batched and i not in self.shared else np.asarray(a)
-                               for i, a in enumerate(sample)]] if self.batched else [list(sample)])
+            self._execute(sample)
             return
         for size in BATCH_BUCKETS:
             self.run(*(a if i in self.shared else np.repeat(a[:1], size, axis=0) for i, a in enumerate(sample)))
@@ -389,17 +386,16 @@ def load_version(servable_dir: Path, name: str, version: int, key: Optional[byte
     try:
         for model in definition.models:
             model.check_loadable()
-            if model.context is not None or model.options is not None or model.config_file is not None:
+            settings = {"context": model.context, "options": model.options, "config_file": model.config_file}
+            recorded = ", ".join(f"{what}={value!r}" for what, value in settings.items() if value is not None)
+            if recorded:
                 LOG.warning("servable %s version %s: model %s: %s recorded, not applied (mindvl runs the graph "
-                            "with MindSpore's CPU settings)", name, folder.name, model.key,
-                            ", ".join(f"{what}={value!r}" for what, value in (("context", model.context), (
-                                "options", model.options), ("config_file", model.config_file)) if value is not None))
-            graphs = models.setdefault(id(model), ModelRunner([])).graphs
+                            "with MindSpore's CPU settings)", name, folder.name, model.key, recorded)
+            model.runner = models[id(model)] = ModelRunner([])  # its graphs join it as they load (closed on failure)
             if manifest is not None:
-                graphs.append(_package_graph(folder, manifest, definition, model, key, max_batch))
+                _add_package_graph(model.runner.graphs, folder, manifest, definition, model, key, max_batch)
             else:
-                graphs += _mindir_graphs(folder, definition, model, key, max_batch)
-            model.runner = models[id(model)]
+                _add_mindir_graphs(model.runner.graphs, folder, definition, model, max_batch)
     except BaseException:
         for runner in models.values():
             for graph in runner.graphs:
@@ -408,63 +404,52 @@ def load_version(servable_dir: Path, name: str, version: int, key: Optional[byte
     return LoadedVersion(name, int(folder.name), folder, manifest, definition, models)
 
 
-def _package_graph(folder: Path, manifest: dict, definition: ServableDefinition, model: Model,
-                   key: Optional[bytes], max_batch: int) -> GraphRunner:
-    """The package graph a model declares, checked against the samples stored at export."""
+def _add_package_graph(graphs: List[GraphRunner], folder: Path, manifest: dict, definition: ServableDefinition,
+                       model: Model, key: Optional[bytes], max_batch: int) -> None:
+    """The package graph a model declares, added to `graphs`, then checked against the samples stored at export."""
     if model is definition.models[0]:  # once per version: hashes and the config's fit to the package
         check_files(folder, manifest)
         check_config(definition, manifest, folder)
     graph = {entry["file"]: graph for graph, entry in manifest["graphs"].items()}[model.files[0]]
     entry = manifest["graphs"][graph]
     runner = GraphRunner(graph, load_graph(folder, manifest, graph, key), entry["inputs"], entry["outputs"])
-    try:
-        runner.warm_up(_check_samples(folder, manifest, graph, runner), max_batch)
-    except BaseException:
-        runner.close()
-        raise
-    return runner
+    graphs.append(runner)
+    runner.warm_up(_check_samples(folder, manifest, graph, runner), max_batch)
 
 
-def _mindir_graphs(folder: Path, definition: ServableDefinition, model: Model, key: Optional[bytes],
-                   max_batch: int) -> List[GraphRunner]:
-    """A MindSpore Serving model's files (subgraph i: file i): inputs and outputs read from each MindIR, the
-    counts add_stage gives checked against them, each graph compiled on zeros of its shapes."""
+def _add_mindir_graphs(graphs: List[GraphRunner], folder: Path, definition: ServableDefinition, model: Model,
+                       max_batch: int) -> None:
+    """A MindSpore Serving model's files (subgraph i: file i), added to `graphs`: inputs and outputs read from
+    each MindIR, the counts add_stage gives checked against them, each graph compiled on zeros of its shapes."""
     counts = [(method.name, len(stage.args), len(stage.outputs)) for method in definition.methods.values()
               for stage in method.stages if stage.target is model]
-    graphs = []
-    try:
-        for subgraph, file in enumerate(model.files):
-            path = folder / file
-            if not path.is_file():
-                have = ", ".join(sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))) or "nothing"
-                raise ServableError(f"{definition.config}: model file {file}: not in {folder} (it has: {have}); "
-                                    f"put the MindIR file into each version folder")
-            try:
-                inputs, outputs = (
-                    [{"name": n, "dtype": d, "shape": list(shape)} for n, d, shape in tensors]
-                    for tensors in mindir_io(path.read_bytes()))
-            except (DecodeError, ValueError) as exc:
-                raise ServableError(f"{path}: cannot read the graph's inputs and outputs ({exc}); is it a MindIR "
-                                    f"file exported by mindspore.export(..., file_format='MINDIR')? (an encrypted "
-                                    f"MindIR is served inside a mindvl model package)") from None
-            for method, given_in, given_out in (counts if subgraph == 0 else []):
-                for what, given, have in (("inputs", given_in, inputs), ("outputs", given_out, outputs)):
-                    if given != len(have):
-                        raise ServableError(f"{definition.config}: method {method}: The {what} count {given} in "
-                                            f"register_method not equal to the count {len(have)} defined in model, "
-                                            f"model info: {model.key}, subgraph: {subgraph}")
-            try:
-                cell = ms.nn.GraphCell(ms.load(str(path)))
-            except (RuntimeError, ValueError) as exc:
-                raise ServableError(f"{path}: MindSpore could not load it: {str(exc).strip().splitlines()[0]}") from exc
-            graph = GraphRunner(file, cell, inputs, outputs, model.with_batch_dim, model.without_batch_dim_inputs)
-            graphs.append(graph)
-            graph.warm_up(_zeros(graph), max_batch)
-    except BaseException:
-        for graph in graphs:
-            graph.close()
-        raise
-    return graphs
+    for subgraph, file in enumerate(model.files):
+        path = folder / file
+        if not path.is_file():
+            have = ", ".join(sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))) or "nothing"
+            raise ServableError(f"{definition.config}: model file {file}: not in {folder} (it has: {have}); "
+                                f"put the MindIR file into each version folder")
+        try:
+            inputs, outputs = (
+                [{"name": n, "dtype": d, "shape": list(shape)} for n, d, shape in tensors]
+                for tensors in mindir_io(path.read_bytes()))
+        except (DecodeError, ValueError) as exc:
+            raise ServableError(f"{path}: cannot read the graph's inputs and outputs ({exc}); is it a MindIR "
+                                f"file exported by mindspore.export(..., file_format='MINDIR')? (an encrypted "
+                                f"MindIR is served inside a mindvl model package)") from None
+        for method, given_in, given_out in (counts if subgraph == 0 else []):
+            for what, given, have in (("inputs", given_in, inputs), ("outputs", given_out, outputs)):
+                if given != len(have):
+                    raise ServableError(f"{definition.config}: method {method}: The {what} count {given} in "
+                                        f"register_method not equal to the count {len(have)} defined in model, "
+                                        f"model info: {model.key}, subgraph: {subgraph}")
+        try:
+            cell = ms.nn.GraphCell(ms.load(str(path)))
+        except (RuntimeError, ValueError) as exc:
+            raise ServableError(f"{path}: MindSpore could not load it: {str(exc).strip().splitlines()[0]}") from exc
+        graph = GraphRunner(file, cell, inputs, outputs, model.with_batch_dim, model.without_batch_dim_inputs)
+        graphs.append(graph)
+        graph.warm_up(_zeros(graph), max_batch)
 
 
 def _zeros(graph: GraphRunner) -> List[np.ndarray]:
