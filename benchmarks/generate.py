@@ -94,7 +94,7 @@ def run_mindvl(args, ids: list, mindir: bool) -> dict:
     slot_valid[:, :bucket] = valid
     inputs = [Tensor(tokens), Tensor(valid)]
     step_inputs = lambda t, p, s, caches: [Tensor(np.array([[t]], np.int32)), Tensor(np.array([[p]], np.int32)),  # noqa: E731
-                                           Tensor(np.array([s], np.int32)), Tensor(slot_valid), *caches[0], *caches[1]]
+                                           Tensor(np.full((1, 1), s, np.int32)), Tensor(slot_valid), *caches[0], *caches[1]]
     export_s = 0.0
     if mindir:  # the graphs exported and loaded back
         folder = Path(tempfile.mkdtemp(prefix="mindvl_mindir_"))

@@ -148,7 +148,7 @@ class MultiHeadAttention(nn.Cell):
 
     def construct_cached(self, x, mask, rotary, cache_k, cache_v, slot):
         """One step: x (batch, 1, width) written into the caches (batch, cache_len, kv_heads * head_dim) where
-        `slot` (1, cache_len, 1) bool is true, then attended against the whole cache under `mask` (batch, 1, 1,
+        `slot` (batch, cache_len, 1) bool is true, then attended against the whole cache under `mask` (batch, 1, 1,
         cache_len). Returns (output, cache_k, cache_v) with the step's key and value in place."""
         q, k, v = self.project(x, rotary)
         cache_k = self.select(slot, k, cache_k)

@@ -4,14 +4,17 @@ family (cells/transformer.py), in three graphs' worth of entry points:
   construct(ids, valid)              every position's logits (parity, training)
   prefill(ids, valid)                the last position's logits and the key/value caches, cache_len long
   decode(token, position, slot, slot_valid, cache_k, cache_v)
-                                     one token per sequence against the caches: logits and the caches
+                                     one token per sequence against the caches: logits and the caches (each
+                                     sequence writes at its own cache slot, so sequences that started at
+                                     different times decode in one batch: continuous batching)
 
 and the pieces a multimodal model (cells/multimodal_lm.py) composes: embed_tokens (into which it writes its
 image and audio tokens), packed_states (rows of several sequences, each masked and positioned alone),
 logits_at (the LM head at chosen positions only) and prefill_embedded.
 
-Prompts of a batch are left-padded (`valid` False on the padding): every sequence's next token is written
-at the same cache slot, so one decode graph with a tensor slot serves every step. Positions count the valid
+Prompts of a batch are left-padded (`valid` False on the padding), so a batch prefilled together writes its
+next tokens at the same cache slot; the slot is a per-sequence tensor, so one decode graph serves every step
+and sequences of different ages share it. Positions count the valid
 tokens only, so a padded prompt is rotated and masked exactly as it is alone. The caches are explicit
 inputs and outputs, a tuple per layer of (batch, cache_len, kv_heads * head_dim) float32 (one stacked tensor
 cost a 1.2 ms slice per layer and step: 43 of Gemma 3's 102 ms), so the same graphs export to MindIR and
@@ -177,15 +180,16 @@ class CausalLM(nn.Cell):
         return self._logits(last), cache_k, cache_v
 
     def decode(self, token, position, slot, slot_valid, cache_k, cache_v):
-        """token (batch, 1) int32, its position (batch, 1) int32, the cache slot it is written to (1,) int32,
-        slot_valid (batch, cache_len) bool (the prompt's valid slots, the generated ones and this one), caches
-        -> (logits (batch, vocab), cache_k, cache_v)."""
+        """token (batch, 1) int32, its position (batch, 1) int32, the cache slot each sequence writes it to
+        (batch, 1) int32, slot_valid (batch, cache_len) bool (the prompt's valid slots, the generated ones and
+        this one), caches -> (logits (batch, vocab), cache_k, cache_v)."""
         x = self.embed_tokens(token)
-        slots = ops.arange(self.cache_len)
-        at_slot = self.reshape(slots == slot, (1, self.cache_len, 1))
+        slots = ops.arange(self.cache_len).reshape(1, self.cache_len)
+        at_slot = self.expand(slots == slot, 2)  # (batch, cache_len, 1)
         seen = self.expand(self.expand(slot_valid, 1), 1)  # (batch, 1, 1, cache_len)
         global_mask = self._additive(seen)
-        local_mask = self._additive(self.logical_and(seen, slots > slot - self.window)) if self.window else global_mask
+        recent = self.expand(self.expand(slots > slot - self.window, 1), 1)  # (batch, 1, 1, cache_len)
+        local_mask = self._additive(self.logical_and(seen, recent)) if self.window else global_mask
         global_rotary, local_rotary = self._rotaries(position)
         keys, values = (), ()
         for index, block in enumerate(self.blocks):

@@ -123,3 +123,50 @@ class AudioEmbedNet(nn.Cell):
 
     def construct(self, audio_mel, audio_mask):
         return self.model.embed_audio(audio_mel, audio_mask)
+
+
+# ----------------------------------------------------------------------------- a MultimodalLM's generation graphs
+# Masks arrive as int32 (0/1), not bool: every runtime a package reaches (GraphCell, Lite, the C++ runner) takes
+# int32 tensors; the graphs cast them. The caches are separate inputs and outputs (cells.decoder.Decode).
+
+class AttachmentNet(nn.Cell):
+    """(image (B, 3, S, S), audio_mel (B, n_mels, T), audio_mask (B, T)) -> (image_tokens (B, Ni, width),
+    audio_tokens (B, Na, width)): the attachments in the decoder's width, once per prompt."""
+
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, image, audio_mel, audio_mask):
+        return self.model.encode(image, audio_mel, audio_mask)
+
+
+class PrefillNet(nn.Cell):
+    """(ids, valid, slot_index (B, L) int32, image_tokens, audio_tokens) -> (last logits (B, vocab), every
+    layer's key cache, then every layer's value cache (B, cache_len, kv_width)): one prompt-length bucket."""
+
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.cast = ops.Cast()
+
+    def construct(self, ids, valid, slot_index, image_tokens, audio_tokens):
+        x = self.model.embed(ids, slot_index, image_tokens, audio_tokens)
+        logits, keys, values = self.model.decoder.prefill_embedded(x, self.cast(valid, mstype.bool_))
+        return (logits,) + keys + values
+
+
+class DecodeNet(nn.Cell):
+    """(token, position, slot (B, 1) int32, slot_valid (B, cache_len) int32, caches) -> (logits (B, vocab),
+    caches): one step of every running sequence, each at its own cache slot."""
+
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.lm = model.decoder
+        self.layers = self.lm.layers
+        self.cast = ops.Cast()
+
+    def construct(self, token, position, slot, slot_valid, *caches):
+        logits, keys, values = self.lm.decode(token, position, slot, self.cast(slot_valid, mstype.bool_),
+                                              caches[:self.layers], caches[self.layers:])
+        return (logits,) + keys + values

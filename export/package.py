@@ -54,18 +54,31 @@ def sample_graph_inputs(spec: GraphSpec, columns: Mapping[str, np.ndarray]) -> D
                                          .astype(DTYPES[t.dtype][1])) for t in spec.inputs}
 
 
-def _file_entries(folder: Path) -> Dict[str, dict]:
+def file_entries(folder: Path) -> Dict[str, dict]:
     return {str(p.relative_to(folder)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
 
 
-def _write_graph(spec: GraphSpec, model: nn.Cell, columns: Mapping[str, np.ndarray], folder: Path,
-                 key: Optional[bytes]) -> dict:
-    """Export one graph into `folder`, store its samples with the framework's outputs; -> its manifest entry."""
-    net = spec.build(model)
+def manifest_head(cfg: Config, model: nn.Cell, source: Mapping[str, object], version: int,
+                  compression: Optional[Mapping[str, object]], key: Optional[bytes]) -> dict:
+    """The manifest fields every package starts with: format, model, versions, provenance, compression."""
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "name": cfg.name, "version": int(version),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "mindvl_version": __version__, "mindspore_version": ms.__version__,
+        "source": dict(source), "parameters": count_cell_parameters(model),
+        "compression": dict(compression or {"method": "none"}),
+        "encryption": {"mode": "AES-GCM", "applies_to": "every .mindir; the key is never stored"} if key else None,
+    }
+
+
+def write_graph(spec: GraphSpec, net: nn.Cell, inputs: Mapping[str, np.ndarray], folder: Path,
+                key: Optional[bytes]) -> dict:
+    """Export `net` as graph `spec` into `folder`, store the sample `inputs` with the framework's outputs;
+    -> its manifest entry."""
     net.set_train(False)
     path = export_graph(net, spec.name, spec.inputs, folder / f"{spec.name}.mindir", key)
-    inputs = sample_graph_inputs(spec, columns)
     expected = as_tuple(net(*(ms.Tensor(v) for v in inputs.values())))
     save_file({**{f"input.{k}": v for k, v in inputs.items()},
                **{f"output.{t.name}": np.ascontiguousarray(o.asnumpy()) for t, o in zip(spec.outputs, expected)}},
@@ -114,27 +127,21 @@ def write_package(cfg: Config, model: nn.Cell, out: Path, source: Mapping[str, o
     (work / "samples").mkdir()
     try:
         model.set_train(False)
-        entries = {spec.name: _write_graph(spec, model, columns, work, key)
+        entries = {spec.name: write_graph(spec, spec.build(model), sample_graph_inputs(spec, columns), work, key)
                    for spec in tqdm(specs, desc="export graphs", disable=not progress, leave=False)}
         tokenizer.save(work / "tokenizer.json")
         lite2 = None if lite2_batch is None else write_lite2(work, model, chosen, lite2_batch, tokenizer, labels,
                                                              cfg.preprocess)
         (work / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         manifest = {
-            "format": FORMAT, "format_version": FORMAT_VERSION,
-            "name": cfg.name, "version": int(version),
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "mindvl_version": __version__, "mindspore_version": ms.__version__,
-            "source": dict(source), "parameters": count_cell_parameters(model),
-            "compression": dict(compression or {"method": "none"}),
-            "encryption": {"mode": "AES-GCM", "applies_to": "every .mindir; the key is never stored"} if key else None,
+            **manifest_head(cfg, model, source, version, compression, key),
             "preprocess": {**preprocess_dict(cfg.preprocess), "tokenizer": "tokenizer.json",
                            "pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id},
             "labels": labels,
             "graphs": entries,
             **({"lite2": lite2} if lite2 else {}),
             "tolerance": TOLERANCE,
-            "files": _file_entries(work),
+            "files": file_entries(work),
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2))
         swap_folder(work, out)

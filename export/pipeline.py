@@ -24,13 +24,35 @@ class PackageOptions:
     lite2_batch: Optional[int] = None  # also write the Lite 2.0 graphs (--target lite2) at this static batch
 
 
+def _write_generative(cfg, model, source: Mapping[str, object], out: Path, options: PackageOptions,
+                      compression: Optional[Mapping[str, object]]) -> Path:
+    """A generative run's package (export/generative.py), its sample questions from the test split."""
+    from mindvl.chat import recipe_chat
+    from mindvl.eval.generative import GenerativeEvaluator
+    from mindvl.export.generative import SAMPLE_QUESTIONS, write_generative_package
+
+    given = [flag for flag, value in (("--static-batch", options.static_batches), ("--key-file/--key-env",
+             options.key), ("--graph", options.graphs), ("--target lite2", options.lite2_batch is not None),
+             ("--evaluate", options.evaluate)) if value]
+    if given:
+        raise PackageError(f"{', '.join(given)}: not available for a generative model's package yet (its graphs "
+                           f"are attachments, prefill per bucket and decode); leave {given[0]} out")
+    prompts = [prompt for _, prompt in GenerativeEvaluator(cfg, model).questions("test", SAMPLE_QUESTIONS)]
+    chat = recipe_chat(cfg, model.image_tokens, model.audio_tokens)
+    return write_generative_package(cfg, model, chat, prompts, out, source, version=options.version,
+                                    force=options.force, progress=options.progress, compression=compression)
+
+
 def package_and_check(cfg, model, source: Mapping[str, object], out: Path, options: PackageOptions,
                       compression: Optional[Mapping[str, object]] = None,
                       log: Callable[[str], None] = print) -> dict:
     """Write `out`, verify it (PackageError on any mismatch, naming graph and output) and, when asked,
-    evaluate it; returns {"package", "verify", "evaluation"?}."""
-    path = write_package(cfg, model, out, source, options.static_batches, options.key, compression,
-                         options.version, options.force, options.progress, options.graphs, options.lite2_batch)
+    evaluate it; returns {"package", "verify", "evaluation"?}. A generative run writes its generation graphs."""
+    if cfg.model.generative:
+        path = _write_generative(cfg, model, source, out, options, compression)
+    else:
+        path = write_package(cfg, model, out, source, options.static_batches, options.key, compression,
+                             options.version, options.force, options.progress, options.graphs, options.lite2_batch)
     report = verify_package(path, options.key)
     log(report.summary())
     if not report.ok:

@@ -85,7 +85,47 @@ def verify_package(package: Path, key: Optional[bytes] = None) -> VerifyReport:
             report.checks.append(compare(name, output, got.asnumpy(), want, manifest["tolerance"]))
     if manifest.get("lite2"):
         _verify_lite2(package, manifest, report)
+    if manifest.get("generation_samples"):
+        _verify_generation(package, manifest, report, key)
     return report
+
+
+def _verify_generation(package: Path, manifest: dict, report: VerifyReport, key: Optional[bytes]) -> None:
+    """The stored questions generated again through the graphs (greedy): the framework's tokens, exactly."""
+    from mindvl.decoding import sampling_config
+    from mindvl.generative_package import GenerationSpec, generate, package_chat
+    from mindvl.preprocess import preprocess_config
+    from mindvl.prompting import PromptLayout
+
+    spec = GenerationSpec.from_manifest(manifest)
+    graphs = {name: load_graph(package, manifest, name, key) for name in spec.graph_names()}
+    prompts = stored_prompts(package, manifest)
+    layout = PromptLayout(package_chat(package, spec), preprocess_config(manifest["preprocess"]), spec.buckets,
+                          spec.cache_len, spec.pad_id)
+
+    def run(name, inputs):
+        return as_tuple(graphs[name](*(v if isinstance(v, ms.Tensor) else ms.Tensor(v) for v in inputs)))
+
+    samples = manifest["generation_samples"]
+    generated = generate(spec, layout, run, lambda v: v.asnumpy() if isinstance(v, ms.Tensor) else np.asarray(v),
+                         prompts, sampling_config(max_new_tokens=samples["max_new_tokens"]))
+    for index, (stored, deltas) in enumerate(zip(samples["prompts"], generated)):
+        want = np.asarray(stored["tokens"], np.int64)
+        got = np.asarray([d.token for d in deltas], np.int64)
+        report.checks.append(compare("generate", f"sample {index} tokens", got, want, manifest["tolerance"]))
+
+
+def stored_prompts(package: Path, manifest: dict) -> list:
+    """The generation samples' prompts (question, image, log-mel) as MultimodalPrompts."""
+    from safetensors.numpy import load_file
+
+    from mindvl.prompting import MultimodalPrompt
+
+    samples = manifest["generation_samples"]
+    check_files(package, manifest, [samples["file"]])
+    arrays = load_file(str(Path(package) / samples["file"]))
+    return [MultimodalPrompt(p["question"], arrays.get(f"{i}.image"), arrays.get(f"{i}.mel"),
+                             arrays.get(f"{i}.frame_mask")) for i, p in enumerate(samples["prompts"])]
 
 
 LITE2_VERIFY_THREADS = 2  # more than one: the case Lite 2.0's own LayerNorm got wrong

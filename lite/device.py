@@ -23,7 +23,6 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from mindvl import preprocess as P
-from mindvl.config import PreprocessConfig
 from mindvl.lite.model import Context, LiteError, LiteModel
 
 MODALITIES = ("image", "question", "audio")
@@ -97,7 +96,7 @@ class DevicePipeline:
             raise LiteError(f"{self.package}: has no vqa graph (it has {', '.join(self.manifest['graphs'])}); "
                             f"export the package with the vqa graph to answer questions")
         recorded = self.manifest["preprocess"]
-        self.pre = PreprocessConfig(**{f.name: recorded[f.name] for f in dataclasses.fields(PreprocessConfig)})
+        self.pre = P.preprocess_config(recorded)
         self.labels: List[str] = list(self.manifest["labels"])
         check_files(self.package, self.manifest, [recorded["tokenizer"]])
         self.tokenizer = P.TextTokenizer.load(self.package / recorded["tokenizer"])

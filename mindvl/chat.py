@@ -196,6 +196,16 @@ class Rendered:
         return int((self.kinds == kind).sum())
 
 
+def modality_slots(sample: Rendered, index: int, count: int, image_tokens: int, audio_tokens: int) -> np.ndarray:
+    """Per position of sample `index` of `count`, its row in the batch's modality table [count images' tokens |
+    count clips' tokens | the zero row]: its image's and its clip's tokens in order, the zero row for text."""
+    rows = np.full(len(sample), count * (image_tokens + audio_tokens), np.int32)
+    for kind, base in ((IMAGE_SLOT, index * image_tokens), (AUDIO_SLOT, count * image_tokens + index * audio_tokens)):
+        where = np.flatnonzero(sample.kinds == kind)
+        rows[where] = base + np.arange(len(where))
+    return rows
+
+
 class ChatEncoder:
     """Renders turns with a tokenizer (a `tokenizers.Tokenizer`) and a template; `image_tokens` and
     `audio_tokens`: the slots one image and one clip take (the model's projector counts)."""

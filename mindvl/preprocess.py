@@ -444,6 +444,13 @@ def preprocess_dict(pre: PreprocessConfig) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(pre)))
 
 
+def preprocess_config(recorded: dict) -> PreprocessConfig:
+    """The PreprocessConfig a manifest recorded (its other keys, the tokenizer's, left out)."""
+    import dataclasses
+
+    return PreprocessConfig(**{f.name: recorded[f.name] for f in dataclasses.fields(PreprocessConfig)})
+
+
 # ----------------------------------------------------------------------------- a request's graph inputs
 
 def expect(value, kind: type, name: str):

@@ -241,6 +241,20 @@ def vqa_package(trained_run, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def generative_package(generative_run, tmp_path_factory):
+    """(config, package folder) of the small generative run (generative_run): attachments, prefill per bucket
+    and decode graphs over one weights file, its sample questions' greedy tokens, verified."""
+    from mindvl.export.pipeline import PackageOptions, package_and_check
+    from mindvl.models import load_model
+
+    _, result = generative_run
+    cfg, model, record = load_model(result.output_dir)
+    out = tmp_path_factory.mktemp("generative_pkg") / "vlm"
+    return cfg, Path(package_and_check(cfg, model, record, out, PackageOptions(progress=False),
+                                       log=lambda *_: None)["package"])
+
+
+@pytest.fixture(scope="session")
 def package(vqa_package):
     """The folder of vqa_package (tests/lite)."""
     return vqa_package[1]

@@ -15,7 +15,7 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
-from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, Rendered
+from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, Rendered, modality_slots
 from mindvl.preprocess import InputError
 
 from .packing import pack_rows
@@ -46,16 +46,6 @@ class PackedConversations:
     @property
     def fill(self) -> float:
         return self.useful_tokens / self.ids.size
-
-
-def modality_slots(sample: Rendered, index: int, count: int, image_tokens: int, audio_tokens: int) -> np.ndarray:
-    """Per position of sample `index` of `count`, its row in the batch's modality table [count images' tokens |
-    count clips' tokens | the zero row]: its image's and its clip's tokens in order, the zero row for text."""
-    rows = np.full(len(sample), count * (image_tokens + audio_tokens), np.int32)
-    for kind, base in ((IMAGE_SLOT, index * image_tokens), (AUDIO_SLOT, count * image_tokens + index * audio_tokens)):
-        where = np.flatnonzero(sample.kinds == kind)
-        rows[where] = base + np.arange(len(where))
-    return rows
 
 
 def _bucket(needed: int, buckets: Sequence[int], what: str) -> int:

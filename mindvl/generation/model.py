@@ -8,88 +8,24 @@ own, so a prompt gives the same tokens in a batch as alone.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Union
+from typing import Iterator, List, Sequence, Union
 
 import numpy as np
 
 from mindvl.config import ConfigError
+from mindvl.decoding import (Delta, Generation, SamplingConfig, TextSequence, next_tokens, sampling_config,
+                             token_logprobs)
 from mindvl.pretrained.llm import FORMAT, TOKENIZER_FILE, load_llm_weights, read_llm_config
+from mindvl.prompting import SMALLEST_BUCKET, choose_bucket, prompt_buckets
 
-from .sampling import SamplingConfig, next_tokens
 
-SMALLEST_BUCKET = 16
 GENERATION_KERNELS = ("fused", "standard")  # LanguageModel(kernels=...): see its docstring
 
 
 def check_kernels(kernels: str) -> None:
     if kernels not in GENERATION_KERNELS:
         raise ConfigError(f"kernels: expected one of {list(GENERATION_KERNELS)}, got {kernels!r}")
-
-
-def prompt_buckets(cache_len: int) -> tuple:
-    """Prompt lengths a prefill graph is compiled for: 16, 24, 32, 48, 64, 96, ... (powers of two and the
-    halfway steps between them, so padding wastes at most a third), each leaving room in the cache."""
-    sizes, size = [], SMALLEST_BUCKET
-    while size < cache_len:
-        sizes += [size, size * 3 // 2]
-        size *= 2
-    return tuple(s for s in sizes if s < cache_len)
-
-
-@dataclass
-class Delta:
-    """One step of one sequence: the token chosen and the text it adds (empty while a multi-byte character
-    or a possible stop string is incomplete). `finish` is set on the sequence's last delta."""
-
-    index: int
-    token: int
-    text: str
-    finish: Optional[str] = None  # "stop" (end-of-sequence token or stop string) or "length"
-
-
-@dataclass
-class Generation:
-    """A finished sequence: its text, its tokens (the stop token included when it stopped on one), why it
-    ended, and how many tokens the prompt had."""
-
-    text: str
-    tokens: List[int] = field(default_factory=list)
-    finish: str = "length"
-    prompt_tokens: int = 0
-
-
-class _Sequence:
-    """Host-side state of one sequence while it generates: tokens, the text emitted, stop handling."""
-
-    def __init__(self, index: int, tokenizer, settings: SamplingConfig, stop_ids: set):
-        self.index = index
-        self.tokenizer = tokenizer
-        self.settings = settings
-        self.stop_ids = stop_ids
-        self.tokens: List[int] = []
-        self.emitted = ""
-        self.finish: Optional[str] = None
-
-    def add(self, token: int, last_step: bool) -> Delta:
-        self.tokens.append(int(token))
-        text = self.tokenizer.decode([t for t in self.tokens if t not in self.stop_ids], skip_special_tokens=True)
-        cut = min((text.find(s) for s in self.settings.stop_strings if s in text), default=-1)
-        if token in self.stop_ids or cut >= 0:
-            self.finish = "stop"
-            text = text[:cut] if cut >= 0 else text
-        elif last_step:
-            self.finish = "length"
-        if self.finish is None:  # hold back an incomplete character and what may start a stop string
-            text = text.rstrip("\ufffd")
-            held = max((k for s in self.settings.stop_strings for k in range(1, len(s))
-                        if text.endswith(s[:k])), default=0)
-            text = text[:len(text) - held]
-        delta = Delta(self.index, int(token), text[len(self.emitted):] if text.startswith(self.emitted) else "",
-                      self.finish)
-        self.emitted = text if text.startswith(self.emitted) else self.emitted
-        return delta
 
 
 class LanguageModel:
@@ -167,25 +103,10 @@ class LanguageModel:
     # ------------------------------------------------------------------ generation
 
     def settings(self, **overrides) -> SamplingConfig:
-        names = {f.name for f in fields(SamplingConfig)}
-        unknown = sorted(set(overrides) - names)
-        if unknown:
-            raise ConfigError(f"generation settings: unknown {unknown}; valid are {sorted(names)}")
-        settings = replace(SamplingConfig(), **{k: v for k, v in overrides.items() if v is not None})
-        settings.validate()
-        return settings
+        return sampling_config(**overrides)
 
     def _bucket(self, longest: int, max_new_tokens: int) -> int:
-        for bucket in self.buckets:
-            if bucket >= longest:
-                if bucket + max_new_tokens > self.cache_len:
-                    raise ConfigError(f"a prompt of {longest} tokens (bucket {bucket}) + max_new_tokens="
-                                      f"{max_new_tokens} exceed the cache of {self.cache_len} tokens; lower "
-                                      f"max_new_tokens or load the model with a larger cache_len")
-                return bucket
-        raise ConfigError(f"a prompt of {longest} tokens is longer than the largest bucket "
-                          f"({self.buckets[-1]}) of the {self.cache_len}-token cache; shorten it or load the "
-                          f"model with a larger cache_len")
+        return choose_bucket(self.buckets, self.cache_len, longest, max_new_tokens)
 
     def stream(self, prompts: Union[str, Sequence[str]], **settings) -> Iterator[Delta]:
         """Deltas as tokens are chosen, step by step, for every sequence still running."""
@@ -217,7 +138,7 @@ class LanguageModel:
 
         batch, bucket = valid.shape
         stop_ids = self.stop_ids | set(config.stop_tokens)
-        sequences = [_Sequence(i, self.tokenizer, config, stop_ids) for i in range(batch)]
+        sequences = [TextSequence(i, self.tokenizer, config, stop_ids) for i in range(batch)]
         seen = np.zeros((batch, self.cfg.vocab_size), bool)
         for row, sequence in enumerate(encoded):
             seen[row, np.asarray(sequence, np.int64)] = True
@@ -226,19 +147,21 @@ class LanguageModel:
         slot_valid[:, :bucket] = valid
         positions = valid.sum(axis=1).astype(np.int32)
         for step in range(config.max_new_tokens):
-            chosen = next_tokens(logits.asnumpy(), config, rng, seen)
+            step_logits = logits.asnumpy()
+            chosen = next_tokens(step_logits, config, rng, seen)
+            logprobs = token_logprobs(step_logits, chosen)
             last = step == config.max_new_tokens - 1
-            for sequence, token in zip(sequences, chosen):
+            for sequence, token, logprob in zip(sequences, chosen, logprobs):
                 if sequence.finish is None:
                     seen[sequence.index, token] = True
-                    yield sequence.add(int(token), last)
+                    yield sequence.add(int(token), last, logprob)
             if all(s.finish for s in sequences):
                 return
             chosen = np.where([s.finish is None for s in sequences], chosen, self.pad_id).astype(np.int32)
             slot = bucket + step
             slot_valid[:, slot] = True
             logits, cache_k, cache_v = self.decode_graph(
-                Tensor(chosen[:, None]), Tensor(positions[:, None]), Tensor(np.array([slot], np.int32)),
+                Tensor(chosen[:, None]), Tensor(positions[:, None]), Tensor(np.full((batch, 1), slot, np.int32)),
                 Tensor(slot_valid), *cache_k, *cache_v)
             positions += 1
 
@@ -248,11 +171,7 @@ class LanguageModel:
         batch = [prompts] if single else list(prompts)
         results = [Generation("", prompt_tokens=self.prompt_length(p)) for p in batch]
         for delta in self.stream(batch, **settings):
-            result = results[delta.index]
-            result.text += delta.text
-            result.tokens.append(delta.token)
-            if delta.finish:
-                result.finish = delta.finish
+            results[delta.index].add(delta)
         return results[0] if single else results
 
 

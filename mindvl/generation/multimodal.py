@@ -7,28 +7,16 @@ and the decode steps are the decoder's own, shared with text generation (Languag
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
-import numpy as np
-
-from mindvl.chat import ChatEncoder, question_turn
+from mindvl.chat import ChatEncoder
 from mindvl.config import ConfigError
-from mindvl.data.conversations import modality_slots
+from mindvl.prompting import SMALLEST_BUCKET, MultimodalPrompt, PromptLayout
 
-from .model import SMALLEST_BUCKET, LanguageModel, check_kernels
+from .model import LanguageModel, check_kernels
 
-
-@dataclass
-class MultimodalPrompt:
-    """One question: its text (may be empty when spoken), the image (3, H, W) float32 as
-    mindvl.preprocess normalises it, the clip's log-mel (n_mels, T) and frame mask (T,) (pad_mel)."""
-
-    question: str = ""
-    image: Optional[np.ndarray] = None
-    mel: Optional[np.ndarray] = None
-    frame_mask: Optional[np.ndarray] = None
+__all__ = ["MultimodalGenerator", "MultimodalPrompt", "from_run", "prompt_from_files"]
 
 
 class MultimodalGenerator(LanguageModel):
@@ -64,6 +52,7 @@ class MultimodalGenerator(LanguageModel):
         ms.set_context(mode=ms.GRAPH_MODE)
         use_kernels(model, kernels)  # the encoders and projectors too: they run in the prefill graph
         self._ready(model.decoder, kernels)
+        self.layout = PromptLayout(chat, pre, self.buckets, self.cache_len, self.pad_id)
         model.set_train(False)
         self.multimodal_prefill = MultimodalPrefill(model)
 
@@ -72,45 +61,16 @@ class MultimodalGenerator(LanguageModel):
         return isinstance(prompts, MultimodalPrompt)
 
     def prompt_length(self, prompt: MultimodalPrompt) -> int:
-        return len(self._render(prompt))
-
-    def _render(self, prompt: MultimodalPrompt):
-        image, audio = prompt.image is not None, prompt.mel is not None
-        turn = question_turn(prompt.question, image=image, audio=audio)
-        return self.chat.prompt([turn], images=int(image), audios=int(audio))
+        return len(self.layout.render(prompt))
 
     def stream(self, prompts: Union[MultimodalPrompt, Sequence[MultimodalPrompt]], **settings) -> Iterator:
         from mindspore import Tensor
 
         config = self.settings(**settings)
-        prompts = [prompts] if self.is_single(prompts) else list(prompts)
-        if not prompts:
-            raise ConfigError("generate: no prompt given")
-        rendered = [self._render(p) for p in prompts]
-        batch, longest = len(rendered), max(len(r) for r in rendered)
-        bucket = self._bucket(longest, config.max_new_tokens)
-        model = self.model
-        table = batch * (model.image_tokens + model.audio_tokens)  # the zero row's index
-        ids = np.full((batch, bucket), self.pad_id, np.int32)
-        valid = np.zeros((batch, bucket), bool)
-        slot_index = np.full((batch, bucket), table, np.int32)
-        size = self.pre.image_size
-        image = np.zeros((batch, 3, size, size), np.float32)
-        mel = np.zeros((batch, self.pre.n_mels, self.pre.max_audio_frames), np.float32)
-        frame_mask = np.zeros((batch, self.pre.max_audio_frames), np.float32)
-        for row, (prompt, r) in enumerate(zip(prompts, rendered)):
-            start = bucket - len(r)
-            ids[row, start:] = r.ids
-            valid[row, start:] = True
-            slot_index[row, start:] = modality_slots(r, row, batch, model.image_tokens, model.audio_tokens)
-            if prompt.image is not None:
-                image[row] = prompt.image
-            if prompt.mel is not None:
-                mel[row], frame_mask[row] = prompt.mel, prompt.frame_mask
-        logits, cache_k, cache_v = self.multimodal_prefill(Tensor(ids), Tensor(valid), Tensor(slot_index),
-                                                           Tensor(image), Tensor(mel), Tensor(frame_mask))
-        encoded = [r.ids[r.kinds == 0] for r in rendered]
-        yield from self.continue_from(logits, cache_k, cache_v, valid, encoded, config)
+        batch = self.layout.batch([prompts] if self.is_single(prompts) else list(prompts), config.max_new_tokens)
+        logits, cache_k, cache_v = self.multimodal_prefill(*(Tensor(a) for a in (
+            batch.ids, batch.valid, batch.slot_index, batch.image, batch.mel, batch.frame_mask)))
+        yield from self.continue_from(logits, cache_k, cache_v, batch.valid, batch.encoded, config)
 
 
 def from_run(path: Union[str, Path], cache_len: int = 256, kernels: str = "fused") -> MultimodalGenerator:

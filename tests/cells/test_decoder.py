@@ -92,7 +92,7 @@ def test_decode_steps_equal_the_full_forward_pass():
     for slot in range(prompt, 9):  # feed the rest of the sequence one token at a time
         slot_valid[:, slot] = True
         logits, cache_k, cache_v = decode(Tensor(ids[:, slot:slot + 1]), Tensor(positions[:, None].astype(np.int32)),
-                                          Tensor(np.array([slot], np.int32)), Tensor(slot_valid), *cache_k, *cache_v)
+                                          Tensor(np.full((2, 1), slot, np.int32)), Tensor(slot_valid), *cache_k, *cache_v)
         np.testing.assert_allclose(logits.asnumpy(), full[:, slot], atol=1e-4)  # past the window of 3 too
         positions += 1
     assert len(decode.compile_cache) == 1

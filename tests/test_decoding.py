@@ -1,7 +1,7 @@
 """The host-side token choice: each setting against its definition on hand-made logits."""
 import numpy as np
 
-from mindvl.generation.sampling import SamplingConfig, next_tokens, penalise_repetition
+from mindvl.decoding import SamplingConfig, next_tokens, penalise_repetition
 
 
 def test_greedy_is_argmax():

@@ -1,0 +1,60 @@
+"""A generative run's model package: attachments, a prefill graph per prompt bucket and one decode graph over
+ONE weights file, loaded back as MindIR (GraphCell, no model code) and generating the framework's tokens."""
+
+import pytest
+
+from mindvl.model_package import PackageError, read_manifest
+
+
+def test_the_package_holds_the_generation_graphs_over_one_weights_file(generative_package):
+    _, package = generative_package
+    manifest = read_manifest(package)
+    spec = manifest["generation"]
+    assert list(manifest["graphs"]) == ["attachments", *(f"prefill_{b}" for b in spec["buckets"]), "decode"]
+    assert spec["buckets"][0] == 16 and all(b + spec["max_new_tokens"] <= spec["cache_len"] for b in spec["buckets"])
+    weights = manifest["weights"]
+    # every graph's parameters point into weights.bin: the graph files hold no weights of their own, and the
+    # decoder, in every prefill graph and in decode, is stored once
+    graph_files = sum(manifest["files"][e["file"]]["bytes"] for e in manifest["graphs"].values())
+    assert weights["shared_bytes"] == graph_files + weights["weights_bytes"]
+    assert weights["shared_bytes"] < weights["graph_bytes"] / 3
+    assert weights["weights_bytes"] < 1.1 * 4 * manifest["parameters"] + 64 * 200  # one float32 copy (+ alignment)
+    assert (package / "tokenizer.json").is_file()
+    assert spec["stop_ids"] and spec["chat_template"] == "word"
+
+
+def test_export_verify_regenerates_the_stored_questions_with_the_frameworks_tokens(generative_package):
+    from mindvl.export.verify import verify_package
+
+    _, package = generative_package
+    report = verify_package(package)
+    assert report.ok, report.summary()
+    tokens = [c for c in report.checks if c.graph == "generate"]
+    samples = read_manifest(package)["generation_samples"]["prompts"]
+    assert len(tokens) == len(samples) == 4 and all(c.max_abs_diff == 0 for c in tokens)
+    assert any(s["audio"] for s in samples) and any(s["question"] for s in samples)
+    assert all(s["image"] for s in samples) and all(s["tokens"] for s in samples)
+    decode = [c for c in report.checks if c.graph == "decode"]
+    assert decode and all(c.ok for c in decode)
+
+
+def test_a_tampered_weights_file_is_refused_by_name(generative_package, writable_copy, tmp_path):
+    from mindvl.export.verify import verify_package
+
+    _, package = generative_package
+    copy = writable_copy(package, tmp_path)
+    data = bytearray((copy / "weights.bin").read_bytes())
+    data[100] ^= 0xFF
+    (copy / "weights.bin").write_bytes(bytes(data))
+    with pytest.raises(PackageError, match="weights.bin: sha256 differs"):
+        verify_package(copy)
+
+
+def test_options_a_generative_package_does_not_have_yet_are_refused(generative_run, tmp_path):
+    from mindvl.export.pipeline import PackageOptions, package_and_check
+    from mindvl.models import load_model
+
+    cfg, model, record = load_model(generative_run[1].output_dir)
+    with pytest.raises(PackageError, match="--static-batch: not available for a generative model's package"):
+        package_and_check(cfg, model, record, tmp_path / "p", PackageOptions(static_batches=(2,)), log=print)
+    assert not (tmp_path / "p").exists()
