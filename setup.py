@@ -53,6 +53,7 @@ setup(
     ],
     # onnxruntime: the peer runtime the ONNX export is checked against (tests only; mindvl never imports it)
     # import-linter: the import contracts in .importlinter, checked by tests/test_imports.py
-    extras_require={"test": ["pytest>=8,<10", "onnxruntime==1.32.0", "import-linter>=2.1,<3"]},
+    # openai: the real OpenAI client the chat API is tested with (tests/serving/test_generation.py)
+    extras_require={"test": ["pytest>=8,<10", "onnxruntime==1.32.0", "import-linter>=2.1,<3", "openai>=1.40,<4"]},
     entry_points={"console_scripts": ["mindvl = mindvl.cli:main"]},
 )

@@ -17,7 +17,6 @@ import shutil
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence
 
-import mindspore as ms
 import numpy as np
 from safetensors.numpy import save_file
 from tqdm import tqdm
@@ -31,7 +30,7 @@ from mindvl.export.shared_weights import share_weights
 from mindvl.files import swap_folder, work_folder
 from mindvl.generative_package import (ATTACHMENTS, DECODE, SECTION, DecodeBatch, GenerationSpec, generate,
                                        prefill_name)
-from mindvl.model_package import MANIFEST, TOLERANCE, PackageError
+from mindvl.model_package import MANIFEST, TOLERANCE, PackageError, as_array, graph_caller
 from mindvl.preprocess import preprocess_dict
 from mindvl.prompting import MultimodalPrompt, PromptLayout, prompt_buckets
 
@@ -73,18 +72,6 @@ def graph_specs(spec: GenerationSpec, pre) -> List[GraphSpec]:
     return specs
 
 
-def _cell_runner(nets: Mapping[str, ms.nn.Cell]):
-    """run(name, inputs) over the framework's cells (what the graphs were exported from)."""
-    def run(name, inputs):
-        outputs = nets[name](*(value if isinstance(value, ms.Tensor) else ms.Tensor(value) for value in inputs))
-        return outputs if isinstance(outputs, tuple) else (outputs,)
-    return run
-
-
-def _to_numpy(value) -> np.ndarray:
-    return value.asnumpy() if isinstance(value, ms.Tensor) else np.asarray(value)
-
-
 def _fitting(prompts: Sequence[MultimodalPrompt], layout: PromptLayout, bucket: int) -> List[MultimodalPrompt]:
     """The sample prompts a bucket can hold; the typed questions without their image when none fits."""
     fits = [p for p in prompts if len(layout.render(p)) <= bucket]
@@ -113,7 +100,7 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
     model.set_train(False)
     nets = {s.name: s.build(model) for s in graph_specs(spec, cfg.preprocess)}
     layout = PromptLayout(chat, cfg.preprocess, spec.buckets, cache_len, spec.pad_id)
-    batch = DecodeBatch(spec, layout, _cell_runner(nets), _to_numpy)
+    batch = DecodeBatch(spec, layout, graph_caller(nets), as_array)
     work = work_folder(out)
     (work / "samples").mkdir()
     try:
@@ -124,7 +111,7 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
                                                                                  inputs)), work, None)
         sizes = share_weights(work, [entry["file"] for entry in entries.values()])
         greedy = sampling_config(max_new_tokens=SAMPLE_TOKENS)
-        generated = generate(spec, layout, _cell_runner(nets), _to_numpy, prompts, greedy)
+        generated = generate(spec, layout, graph_caller(nets), as_array, prompts, greedy)
         save_file({**{f"{i}.{name}": np.ascontiguousarray(value) for i, p in enumerate(prompts)
                       for name, value in (("image", p.image), ("mel", p.mel), ("frame_mask", p.frame_mask))
                       if value is not None}},
@@ -134,7 +121,7 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
         manifest = {
             **manifest_head(cfg, model, source, version, compression, None),
             "kind": "generative",
-            "preprocess": preprocess_dict(cfg.preprocess),
+            "preprocess": {**preprocess_dict(cfg.preprocess), "tokenizer": spec.tokenizer},
             "labels": [],
             "graphs": entries,
             SECTION: spec.to_dict(),
@@ -172,7 +159,7 @@ def _sample_inputs(name: str, batch: DecodeBatch, layout: PromptLayout,
             row.slot_valid[row.slot] = True
         return [np.array([[r.sequence.tokens[-1]] for r in rows], np.int32),
                 np.array([[r.position] for r in rows], np.int32), np.array([[r.slot] for r in rows], np.int32),
-                np.stack([r.slot_valid for r in rows]).astype(np.int32), *(_to_numpy(c) for c in step.caches)]
+                np.stack([r.slot_valid for r in rows]).astype(np.int32), *(as_array(c) for c in step.caches)]
     bucket = int(name.rsplit("_", 1)[1])
     only = PromptLayout(layout.chat, layout.pre, [bucket], layout.cache_len, layout.pad_id)  # this bucket's layout
     return batch.prefill_inputs(only.batch(_fitting(prompts, layout, bucket), 1))

@@ -14,7 +14,8 @@ from typing import List, Optional
 import mindspore as ms
 import numpy as np
 
-from mindvl.model_package import PackageError, as_tuple, check_files, load_graph, load_samples, read_manifest
+from mindvl.model_package import (PackageError, as_array, as_tuple, check_files, graph_caller, load_graph,
+                                  load_samples, read_manifest)
 
 
 @dataclass
@@ -103,12 +104,9 @@ def _verify_generation(package: Path, manifest: dict, report: VerifyReport, key:
     layout = PromptLayout(package_chat(package, spec), preprocess_config(manifest["preprocess"]), spec.buckets,
                           spec.cache_len, spec.pad_id)
 
-    def run(name, inputs):
-        return as_tuple(graphs[name](*(v if isinstance(v, ms.Tensor) else ms.Tensor(v) for v in inputs)))
-
     samples = manifest["generation_samples"]
-    generated = generate(spec, layout, run, lambda v: v.asnumpy() if isinstance(v, ms.Tensor) else np.asarray(v),
-                         prompts, sampling_config(max_new_tokens=samples["max_new_tokens"]))
+    generated = generate(spec, layout, graph_caller(graphs), as_array, prompts,
+                         sampling_config(max_new_tokens=samples["max_new_tokens"]))
     for index, (stored, deltas) in enumerate(zip(samples["prompts"], generated)):
         want = np.asarray(stored["tokens"], np.int64)
         got = np.asarray([d.token for d in deltas], np.int64)

@@ -94,6 +94,27 @@ def load_graph(package: Path, manifest: dict, name: str, key: Optional[bytes] = 
                            f"{str(exc).strip().splitlines()[0]}") from exc
 
 
+def graph_caller(graphs, lock=None):
+    """run(name, inputs) -> the outputs' tuple, over callables taking MindSpore Tensors (GraphCells, or the cells
+    they were exported from): arrays are made Tensors, Tensors pass as they are (caches stay on the runtime's side
+    between decode steps). `lock`, when given, is held around each call."""
+    import contextlib
+
+    import mindspore as ms
+
+    def run(name, inputs):
+        with lock if lock is not None else contextlib.nullcontext():
+            return as_tuple(graphs[name](*(v if isinstance(v, ms.Tensor) else ms.Tensor(v) for v in inputs)))
+    return run
+
+
+def as_array(value):
+    """A graph output as a numpy array (a MindSpore Tensor's data, or the array a runtime returned)."""
+    import numpy as np
+
+    return value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
+
+
 def load_samples(package: Path, manifest: dict, name: str) -> tuple:
     """(inputs, expected outputs) of graph `name`, each {tensor name: array} in the graph's order."""
     entry = manifest["graphs"][name]

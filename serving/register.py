@@ -154,6 +154,7 @@ class ServableDefinition:
     config: Path
     models: List[Model]
     methods: Dict[str, Method]
+    generation: bool = False  # declare_generation: method `generate` runs the package's generation engine
 
 
 class _Registry:
@@ -164,6 +165,7 @@ class _Registry:
         self.building: Optional[Method] = None  # the method whose body is running
         self.legacy_counts: Dict[str, int] = {}  # outputs_count of the building method's call_* stages
         self.legacy_used: Set[str] = set()  # the call_* interfaces its body has called
+        self.generation = False
 
 
 _LOCK = threading.RLock()  # one load at a time: the registry and the sys.modules entries are process-wide
@@ -188,10 +190,35 @@ def _model_files(model_file, where: str) -> Tuple[str, ...]:
     return tuple(files)
 
 
+GENERATE = "generate"
+GENERATION_INPUTS = ("text", "image", "audio", "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty",
+                     "stop", "seed")
+GENERATION_OUTPUTS = ("text", "tokens", "finish_reason", "prompt_tokens", "completion_tokens", "mean_logprob")
+
+
+def declare_generation():
+    """mindvl's own declaration (MindSpore Serving has no generation loop): the servable's versions are generative
+    model packages, and method `generate` (an image, the question typed as `text` or spoken as `audio`, the
+    generation settings -> the answer) runs their generation engine (serving/generation.py)."""
+    registry = _registry("declare_generation")
+    if registry.generation or registry.models or registry.methods:
+        raise ServableError(f"{registry.config}: declare_generation() declares the whole servable; call it once, "
+                            f"with no declare_model or register_method beside it")
+    registry.generation = True
+    registry.methods[GENERATE] = Method(GENERATE, GENERATION_INPUTS, GENERATION_OUTPUTS)
+
+
+def _not_generative(registry: "_Registry", api: str) -> None:
+    if registry.generation:
+        raise ServableError(f"{registry.config}: {api} after declare_generation(); a generative servable has only "
+                            f"its generate method")
+
+
 def declare_model(model_file, model_format, with_batch_dim=True, options=None, without_batch_dim_inputs=None,
                   context=None, config_file=None) -> Model:
     """Declare a model of this servable: `model_file` (a name or a list) relative to the version folder."""
     registry = _registry("declare_model")
+    _not_generative(registry, "declare_model")
     where = f"{registry.config}: declare_model"
     if registry.building is not None:
         raise ServableError(f"{where}: called inside method {registry.building.name}; declare models at module level")
@@ -230,6 +257,7 @@ def declare_servable(servable_file, model_format, with_batch_dim=True, options=N
 def register_method(output_names):
     """Decorator: register the function as a method named after it, its parameters being the inputs."""
     registry = _registry("register_method")
+    _not_generative(registry, "register_method")
     names = (output_names,) if isinstance(output_names, str) else output_names
     if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) and n for n in names) \
             or len(set(names)) != len(names):
@@ -431,7 +459,7 @@ def load_servable_config(path: Union[str, Path]) -> ServableDefinition:
     if not registry.methods:
         raise ServableError(f"{path}: registers no method; decorate a function with "
                             f"@register.register_method(output_names=[...])")
-    return ServableDefinition(path, registry.models, registry.methods)
+    return ServableDefinition(path, registry.models, registry.methods, registry.generation)
 
 
 def _execute(path: Path) -> None:

@@ -25,12 +25,17 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from mindvl.mindir import mindir_io
-from mindvl.model_package import (MANIFEST, TOLERANCE, as_tuple, check_files, load_graph, load_samples,
+from mindvl import preprocess as P
+from mindvl.config import ConfigError
+from mindvl.decoding import sampling_config
+from mindvl.generative_package import SECTION
+from mindvl.model_package import (MANIFEST, TOLERANCE, as_array, as_tuple, check_files, load_graph, load_samples,
                                   read_manifest)
 from mindvl.serving.batching import Batcher, BatchPolicy
+from mindvl.serving.generation import GenerationEngine, GenerationRequest, generation_settings
 from mindvl.serving.protocol import InstanceError, ProtocolError
-from mindvl.serving.register import (Method, Model, Placeholder, ServableDefinition, ServableError, Stage,
-                                     load_servable_config)
+from mindvl.serving.register import (GENERATION_INPUTS, Method, Model, Placeholder, ServableDefinition,
+                                     ServableError, Stage, load_servable_config)
 from mindvl.serving.servable import CONFIG_FILE, check_config, resolve
 
 # A graph with a dynamic batch dimension compiles once per batch size it meets (~0.2 s each for the tiny
@@ -239,6 +244,7 @@ class LoadedVersion:
     levels: Dict[str, List[List[Stage]]] = field(default_factory=dict)
     batchers: Dict[int, Batcher] = field(default_factory=dict)  # id(GraphRunner) -> its batcher, made at first use
     loaded_at: float = field(default_factory=time.time)
+    engine: Optional[GenerationEngine] = None  # a generative package's (declare_generation)
 
     def __post_init__(self) -> None:
         self.levels = {name: _levels(method) for name, method in self.definition.methods.items()}
@@ -258,6 +264,9 @@ class LoadedVersion:
         """One result per instance: {output name: value} or the InstanceError that failed it. With `batching`, the
         instances of concurrent runs meet in batches at each model stage."""
         method = self.method(method_name)
+        if self.engine is not None:
+            return await asyncio.gather(*(self._generate(instance, pool) for instance in instances),
+                                        return_exceptions=True)
         values: List[Dict[Placeholder, Any]] = []
         failures: List[Optional[BaseException]] = []
         for instance in instances:
@@ -277,6 +286,35 @@ class LoadedVersion:
         return [failure or {name: values[i][placeholder] for name, placeholder in zip(method.output_names,
                                                                                       method.returns)}
                 for i, failure in enumerate(failures)]
+
+    async def start_generation(self, instance: Dict[str, Any], pool: Executor) -> GenerationRequest:
+        """Queue one `generate` instance (its image and audio preprocessed in `pool`); InstanceError for a bad one."""
+        unknown = [name for name in instance if name not in GENERATION_INPUTS]
+        if unknown:
+            raise InstanceError(f"input {unknown[0]!r} is not an input of the method; method generate takes "
+                                f"{', '.join(GENERATION_INPUTS)}")
+        try:
+            text = instance.get("text", "")
+            for name, kind in (("text", str), ("image", bytes), ("audio", bytes)):
+                if instance.get(name) is not None:
+                    P.expect(instance[name], kind, name)
+            settings = sampling_config(**generation_settings(instance))
+            loop = asyncio.get_running_loop()
+            prompt = await loop.run_in_executor(pool, self.engine.prompt, text, instance.get("image"),
+                                                instance.get("audio"))
+            return self.engine.submit(prompt, settings, loop)
+        except (ConfigError, P.InputError, TypeError, ValueError) as error:
+            raise InstanceError(str(error)) from None
+
+    async def _generate(self, instance: Dict[str, Any], pool: Executor) -> Dict[str, Any]:
+        request = await self.start_generation(instance, pool)
+        try:
+            result = await request.result()
+        finally:
+            request.cancel()  # a request abandoned (timeout, disconnect) stops at the next step
+        return {"text": result.text, "tokens": np.asarray(result.tokens, np.int32), "finish_reason": result.finish,
+                "prompt_tokens": result.prompt_tokens, "completion_tokens": len(result.tokens),
+                "mean_logprob": np.float32(result.mean_logprob)}
 
     def _input(self, value: Any) -> Any:
         """A request value as the method's stages get it: MindSpore Serving hands bytes to Python stages as a
@@ -336,6 +374,8 @@ class LoadedVersion:
             await batcher.close()
 
     def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
         for model in self.models.values():
             for graph in model.graphs:
                 graph.close()
@@ -382,6 +422,9 @@ def load_version(servable_dir: Path, name: str, version: int, key: Optional[byte
     folder = resolve(servable_dir, name, version or None)
     definition = load_servable_config(folder.parent / CONFIG_FILE)
     manifest = read_manifest(folder) if (folder / MANIFEST).is_file() else None
+    if definition.generation:
+        return LoadedVersion(name, int(folder.name), folder, manifest, definition, {},
+                             engine=_generation_engine(folder, manifest, definition, key, max_batch))
     models: Dict[int, ModelRunner] = {}
     try:
         for model in definition.models:
@@ -402,6 +445,35 @@ def load_version(servable_dir: Path, name: str, version: int, key: Optional[byte
                 graph.close()
         raise
     return LoadedVersion(name, int(folder.name), folder, manifest, definition, models)
+
+
+def _generation_engine(folder: Path, manifest: Optional[dict], definition: ServableDefinition, key: Optional[bytes],
+                       max_streams: int) -> GenerationEngine:
+    """A generative package's engine, every graph checked against its stored samples first."""
+    if manifest is None or SECTION not in manifest:
+        raise ServableError(f"{definition.config}: declare_generation() serves generative model packages; {folder} "
+                            f"holds {'no manifest.json' if manifest is None else 'a package that does not generate'}")
+    check_files(folder, manifest)
+    check_config(definition, manifest, folder)
+    engine = GenerationEngine(folder, manifest, key, GRAPH_LOCK, max_streams)
+    try:
+        for graph in engine.graphs:
+            _check_samples(folder, manifest, graph, _SampleRunner(engine.run, graph))
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+@dataclass
+class _SampleRunner:
+    """`run(*inputs)` of one generation graph, as _check_samples calls it."""
+
+    call: Any
+    graph: str
+
+    def run(self, *inputs: np.ndarray) -> Tuple[np.ndarray, ...]:
+        return tuple(as_array(o) for o in self.call(self.graph, inputs))
 
 
 def _add_package_graph(graphs: List[GraphRunner], folder: Path, manifest: dict, definition: ServableDefinition,

@@ -1,7 +1,10 @@
 """`mindvl serve`: MindSpore Serving 2.0's REST and gRPC protocols over a servable directory, in one event loop.
 
 REST (aiohttp) and gRPC (grpc.aio) share the catalog of loaded versions, the dynamic batchers, the worker
-pool for Python stages and the metrics. Besides `POST /model/<servable>[/version/<n>]:<method>`:
+pool for Python stages and the metrics. A generative servable's `generate` streams its answer as Server-Sent
+Events when asked with `Accept: text/event-stream`. Besides `POST /model/<servable>[/version/<n>]:<method>`:
+  POST /v1/chat/completions              the OpenAI chat API over the generative servables (openai_api.py)
+  GET  /v1/models                        the generative servables, as OpenAI lists models
   GET  /health                           the process answers (liveness)
   GET  /ready                            200 once there are servables and each has a loaded version, else 503
   GET  /metrics                          Prometheus text: requests, errors, latency, batch sizes
@@ -15,6 +18,7 @@ What a client may hold (connections, request heads, bodies, decodes) is bounded:
 admission.py; docs/serving.md states the memory bound that follows.
 """
 import asyncio
+import contextlib
 import ctypes
 import json
 import logging
@@ -36,13 +40,14 @@ from mindvl.config import ConfigError, build_dataclass
 from mindvl.model_package import MANIFEST, PackageError, read_key
 from mindvl.preprocess import limit_decodes
 from mindvl.serving import grpc_protocol as G
+from mindvl.serving import openai_api as O
 from mindvl.serving.admission import BodyBudget, Connections, authorized, read_admin_token
 from mindvl.serving.batching import BatchPolicy
 from mindvl.serving.catalog import Catalog, NotAvailable
 from mindvl.serving.protocol import (MAX_VERSION, InstanceError, ProtocolError, encode_error, encode_reply,
                                      parse_request, parse_url, too_many_instances)
-from mindvl.serving.register import ServableError
-from mindvl.serving.runtime import MAX_GRAPH_BATCH, MethodNotFound
+from mindvl.serving.register import GENERATE, ServableError
+from mindvl.serving.runtime import MAX_GRAPH_BATCH, LoadedVersion, MethodNotFound
 from mindvl.serving.servable import CONFIG_FILE, list_servables
 
 LOG = logging.getLogger("mindvl.serving")
@@ -52,6 +57,7 @@ MB = 2 ** 20
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 STOP_GRACE_S = 5.0  # how long a stopping server lets the requests in progress finish (a slow client held it 60 s)
 PARSE_FACTOR = 8  # a JSON body may take this many times --max-request-mb to parse (protocol.parse_cost)
+WATCH_S = 0.05  # how often a streaming request's connection is checked
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -317,6 +323,8 @@ class Server:
             try:
                 if path.startswith("/model/") or path == "/model":
                     return await self._rest_predict(request)
+                if path.startswith("/v1/"):
+                    return await self._openai_answer(request)
                 if request.method == "GET" and path in ("/health", "/ready", "/metrics", "/servables"):
                     return self._status_page(path)
                 match = ADMIN_URL.fullmatch(path)
@@ -339,7 +347,26 @@ class Server:
             servable, version, method = parse_url(path=request.path)
         except ProtocolError as error:
             raise self._protocol_failure(error) from None
-        limit = int(self.config.max_request_mb * MB)
+        async with self._held_body(request) as body:
+            try:
+                instances = parse_request(body, self.config.max_instances, PARSE_FACTOR * self._request_limit)
+            except ProtocolError as error:
+                raise self._protocol_failure(error) from None
+            if method == GENERATE and "text/event-stream" in request.headers.get("Accept", ""):
+                return await self._generate_events(request, servable, version, instances)
+            results, _ = await self.predict(servable, version, method, instances, "rest")
+            return self._json(encode_reply(results))
+
+    @property
+    def _request_limit(self) -> int:
+        return int(self.config.max_request_mb * MB)
+
+    @contextlib.asynccontextmanager
+    async def _held_body(self, request: web.Request):
+        """The request's body, its bytes held in the budget (max_inflight_mb) until the block ends: its declared
+        Content-Length, or max_request_mb when the length is undeclared or the body compressed (aiohttp bounds a
+        decoded body by client_max_size)."""
+        limit = self._request_limit
         declared = request.content_length
         if declared is not None and declared > limit:  # refused before a byte of it is read
             raise self._too_large()
@@ -353,15 +380,127 @@ class Server:
                           f"(--max-inflight-mb) and no room came free within {self.config.timeout_s:g} s; retry later",
                           503, "busy") from None
         try:
-            try:
-                instances = parse_request(await self._read_body(request), self.config.max_instances,
-                                          PARSE_FACTOR * limit)
-            except ProtocolError as error:
-                raise self._protocol_failure(error) from None
-            results, _ = await self.predict(servable, version, method, instances, "rest")
-            return self._json(encode_reply(results))
+            yield await self._read_body(request)
         finally:
             self.bodies.release(size)
+
+    # ---- generation: Server-Sent Events and the OpenAI chat API ------------------------------------------
+
+    def _generative(self, servable: str, version: int) -> LoadedVersion:
+        loaded = self.catalog.get(servable, version)
+        if loaded.engine is None:
+            raise Failure(f"servable {servable} does not generate (it has {', '.join(sorted(loaded.methods))}); "
+                          f"deploy a generative model package to stream answers", 400, "protocol")
+        return loaded
+
+    async def _generate_events(self, request: web.Request, servable: str, version: int,
+                               instances: List[Dict[str, Any]]) -> web.StreamResponse:
+        """`:generate` with `Accept: text/event-stream`: one instance's deltas as Server-Sent Events
+        ({"text", "token", "finish_reason"}), then `data: [DONE]`."""
+        if len(instances) != 1:
+            raise Failure(f"a streamed generate takes one instance, got {len(instances)}", 400, "protocol")
+        loaded = self._generative(servable, version)
+        with self.catalog.using(loaded):
+            try:
+                generation = await loaded.start_generation(instances[0], self.pool)
+            except InstanceError as error:
+                raise Failure(str(error), 400, "instance") from None
+            return await self._stream(request, generation, lambda d: O.Completion.event(
+                {"text": d.text, "token": d.token, "logprob": d.logprob, "finish_reason": d.finish}), O.DONE)
+
+    async def _stream(self, request: web.Request, generation, event, done: bytes, first: bytes = b"",
+                      last=lambda: b"") -> web.StreamResponse:
+        """Write `generation`'s deltas as events while they come; a client that goes away cancels it."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        watcher = asyncio.create_task(self._watch(request, generation))
+        try:
+            await response.prepare(request)
+            if first:
+                await response.write(first)
+            try:
+                async for delta in generation.stream():
+                    await response.write(event(delta))
+                await response.write(last() + done)
+            except (ConfigError, RuntimeError, ValueError) as error:  # the engine failed it: said in the stream
+                await response.write(O.Completion.event({"error": {"message": str(error), "type": "server_error"}}))
+            await response.write_eof()
+        except (ConnectionResetError, ConnectionError):
+            self.metrics.errors.labels("disconnected").inc()
+        finally:
+            watcher.cancel()
+            generation.cancel()
+        return response
+
+    async def _watch(self, request: web.Request, generation) -> None:
+        """Cancel `generation` as soon as its client's connection closes (not only at the next write: a token
+        may be long in coming)."""
+        while not generation.cancelled:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                self.metrics.errors.labels("disconnected").inc()
+                generation.cancel()
+                return
+            await asyncio.sleep(WATCH_S)
+
+    async def _openai(self, request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models" and request.method == "GET":
+            names = sorted(name for name, versions in self.catalog.loaded.items()
+                           if versions and versions[max(versions)].engine is not None)
+            return web.Response(body=O.models_list(names), content_type="application/json")
+        if request.path != "/v1/chat/completions":
+            raise O.OpenAIError(f"{request.method} {request.path[:64]}: not served; use POST /v1/chat/completions or "
+                                f"GET /v1/models", 404, code="not_found")
+        if request.method != "POST":
+            raise O.OpenAIError("use POST for /v1/chat/completions", 405, code="method_not_allowed")
+        async with self._held_body(request) as body:
+            model, instance, stream, include_usage = O.parse_chat(body)
+            name, _, version = model.partition("@")
+            try:
+                loaded = self._generative(name, int(version or 0))
+            except (NotAvailable, ValueError):
+                raise O.OpenAIError(f"The model {model!r} does not exist; GET /v1/models lists the served models",
+                                    404, "model", "model_not_found") from None
+            except Failure as failure:
+                raise O.OpenAIError(str(failure), 400, "model", "model_not_generative") from None
+            with self.catalog.using(loaded):
+                try:
+                    generation = await loaded.start_generation(instance, self.pool)
+                except InstanceError as error:
+                    param = next((p for p in ("max_tokens", "temperature", "top_p", "stop", "seed")
+                                  if p in str(error)), None)
+                    raise O.OpenAIError(str(error), 400, param, "invalid_value") from None
+                completion = O.Completion(model)
+                if stream:
+                    count = [0]
+
+                    def event(delta):
+                        count[0] += 1
+                        text = completion.chunk({"content": delta.text}) if delta.text else b""
+                        return text + (completion.chunk({}, delta.finish) if delta.finish else b"")
+                    return await self._stream(
+                        request, generation, event, O.DONE, completion.chunk({"role": "assistant", "content": ""}),
+                        lambda: completion.usage_chunk(generation.prompt_tokens, count[0]) if include_usage else b"")
+                try:
+                    result = await asyncio.wait_for(generation.result(), self.config.timeout_s)
+                except asyncio.TimeoutError:
+                    raise O.OpenAIError(f"generation timed out after {self.config.timeout_s:g} s (--timeout-s)", 504,
+                                        code="timeout", kind="server_error") from None
+                finally:
+                    generation.cancel()
+                return web.Response(body=completion.whole(result.text, result.finish, result.prompt_tokens,
+                                                          len(result.tokens)), content_type="application/json")
+
+    async def _openai_answer(self, request: web.Request) -> web.StreamResponse:
+        """The OpenAI API's reply, its errors as OpenAI error objects with their HTTP status."""
+        try:
+            return await self._openai(request)
+        except O.OpenAIError as error:
+            self.metrics.errors.labels("openai").inc()
+            return web.Response(body=error.body(), status=error.status, content_type="application/json")
+        except Failure as failure:
+            error = O.OpenAIError(str(failure), failure.status, kind="invalid_request_error" if failure.status < 500
+                                  else "server_error")
+            return web.Response(body=error.body(), status=error.status, content_type="application/json")
 
     def _protocol_failure(self, error: ProtocolError) -> Failure:
         self.metrics.errors.labels("protocol").inc()

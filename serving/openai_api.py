@@ -1,0 +1,171 @@
+"""The OpenAI chat API over generative servables: `POST /v1/chat/completions`, `GET /v1/models`.
+
+The request's `model` names a servable (its newest version; `name@N` a version). The last user message is the
+question: its text parts, at most one image (`image_url` with a `data:` URL; remote URLs are refused, the server
+fetches nothing) and at most one clip (`input_audio`, base64 WAV). System messages are accepted and not used (the
+model was not trained with one); earlier turns are not replayed (the chat template holds one question). The
+settings are OpenAI's: max_tokens (or max_completion_tokens), temperature, top_p, stop, seed, n = 1; `stream`
+answers with Server-Sent Events of `chat.completion.chunk` deltas and `data: [DONE]`, `stream_options.
+include_usage` adds a last chunk with the token counts. Errors are OpenAI's error objects with its status codes.
+"""
+import base64
+import binascii
+import json
+import re
+import time
+import uuid
+from typing import Any, Dict, List, Optional, Tuple
+
+SETTINGS = ("max_tokens", "temperature", "top_p", "stop", "seed")
+DATA_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+)?(;[^,]*)?;base64,(.*)", re.S)
+
+
+class OpenAIError(Exception):
+    """An OpenAI-style error: message, HTTP status, type, param and code."""
+
+    def __init__(self, message: str, status: int = 400, param: Optional[str] = None, code: Optional[str] = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.param, self.code, self.kind = status, param, code, kind
+
+    def body(self) -> bytes:
+        return json.dumps({"error": {"message": str(self), "type": self.kind, "param": self.param,
+                                     "code": self.code}}).encode()
+
+
+def _b64(data: str, what: str, param: str) -> bytes:
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise OpenAIError(f"{what}: not valid base64", param=param, code="invalid_base64") from None
+
+
+def _image(part: dict, param: str) -> bytes:
+    url = part.get("image_url")
+    url = url.get("url") if isinstance(url, dict) else url
+    if not isinstance(url, str) or not url:
+        raise OpenAIError("image_url: expected {\"url\": \"data:image/...;base64,...\"}", param=param,
+                          code="missing_image_data")
+    if not url.startswith("data:"):
+        raise OpenAIError("image_url: remote URLs are not fetched by this server; send the image inline as a data: "
+                          "URL (data:image/png;base64,...)", param=param, code="remote_url_refused")
+    match = DATA_URL.fullmatch(url)
+    if match is None:
+        raise OpenAIError("image_url: a malformed data: URL; expected data:image/<type>;base64,<data>", param=param,
+                          code="invalid_data_url")
+    data = _b64(match.group(3), "image_url", param)
+    if not data:
+        raise OpenAIError("image_url: the data: URL holds no image data", param=param, code="missing_image_data")
+    return data
+
+
+def _audio(part: dict, param: str) -> bytes:
+    audio = part.get("input_audio")
+    if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
+        raise OpenAIError("input_audio: expected {\"data\": \"<base64 WAV>\", \"format\": \"wav\"}", param=param)
+    if audio.get("format", "wav") != "wav":
+        raise OpenAIError(f"input_audio: format {audio.get('format')!r} is not supported; send a WAV (format "
+                          f"\"wav\")", param=param, code="unsupported_audio_format")
+    return _b64(audio["data"], "input_audio", param)
+
+
+def question(messages: Any) -> Dict[str, Any]:
+    """The last user message as a generate instance's text, image and audio."""
+    if not isinstance(messages, list) or not messages:
+        raise OpenAIError("messages: expected a non-empty list of messages", param="messages")
+    users = [(i, m) for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("system", "developer", "user", "assistant"):
+            raise OpenAIError(f"messages[{index}]: expected an object with role system, user or assistant",
+                              param=f"messages[{index}]")
+    if not users:
+        raise OpenAIError("messages: no user message; the last user message holds the question", param="messages")
+    index, message = users[-1]
+    content = message.get("content")
+    parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    if not isinstance(parts, list):
+        raise OpenAIError(f"messages[{index}].content: expected a string or a list of parts",
+                          param=f"messages[{index}].content")
+    instance: Dict[str, Any] = {"text": ""}
+    for number, part in enumerate(parts):
+        param = f"messages[{index}].content[{number}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            instance["text"] = (instance["text"] + " " + part["text"]).strip()
+        elif kind in ("image_url", "input_audio"):
+            key = "image" if kind == "image_url" else "audio"
+            if key in instance:
+                raise OpenAIError(f"{param}: a second {kind}; the model takes one image and one clip per question",
+                                  param=param, code="too_many_attachments")
+            instance[key] = _image(part, param) if kind == "image_url" else _audio(part, param)
+        else:
+            raise OpenAIError(f"{param}: unsupported content part type {kind!r}; use text, image_url or input_audio",
+                              param=param, code="unsupported_content_part")
+    return instance
+
+
+def parse_chat(body: bytes) -> Tuple[str, Dict[str, Any], bool, bool]:
+    """A chat completions request -> (model, generate instance, stream, include_usage)."""
+    try:
+        request = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise OpenAIError(f"the body is not valid JSON ({exc})") from None
+    if not isinstance(request, dict):
+        raise OpenAIError("the body must be a JSON object")
+    model = request.get("model")
+    if not isinstance(model, str) or not model:
+        raise OpenAIError("model: required; GET /v1/models lists the served models", param="model")
+    if request.get("n", 1) != 1:
+        raise OpenAIError("n: only 1 choice per request is generated", param="n", code="unsupported_value")
+    instance = question(request.get("messages"))
+    if request.get("max_completion_tokens") is not None and request.get("max_tokens") is None:
+        request["max_tokens"] = request["max_completion_tokens"]
+    for name in SETTINGS:
+        if request.get(name) is not None:
+            instance[name] = request[name]
+    stream = bool(request.get("stream", False))
+    options = request.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise OpenAIError("stream_options: expected an object", param="stream_options")
+    return model, instance, stream, bool(options.get("include_usage", False))
+
+
+class Completion:
+    """The ids and bodies of one chat completion's answer, whole or as chunks."""
+
+    def __init__(self, model: str) -> None:
+        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.model = model
+
+    def _head(self, kind: str) -> Dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    @staticmethod
+    def usage(prompt: int, completion: int) -> Dict[str, int]:
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def whole(self, text: str, finish: str, prompt: int, completion: int) -> bytes:
+        return json.dumps({**self._head("chat.completion"), "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+             "finish_reason": finish}], "usage": self.usage(prompt, completion)}).encode()
+
+    def chunk(self, delta: Dict[str, Any], finish: Optional[str] = None) -> bytes:
+        return self.event({**self._head("chat.completion.chunk"), "choices": [
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+
+    def usage_chunk(self, prompt: int, completion: int) -> bytes:
+        return self.event({**self._head("chat.completion.chunk"), "choices": [],
+                           "usage": self.usage(prompt, completion)})
+
+    @staticmethod
+    def event(payload: Any) -> bytes:
+        return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def models_list(names: List[str]) -> bytes:
+    return json.dumps({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                                   "owned_by": "mindvl"} for name in names]}).encode()
