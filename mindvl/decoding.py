@@ -25,6 +25,7 @@ class SamplingConfig:
     stop_tokens: List[int] = field(default_factory=list)  # besides the model's own end-of-sequence ids
     stop_strings: List[str] = field(default_factory=list)  # the text is cut before the first one
     seed: Optional[int] = None
+    ignore_eos: bool = False  # vLLM's: keep generating past the end-of-sequence tokens (fixed-length benchmarks)
 
     def validate(self) -> None:
         if self.max_new_tokens <= 0:
@@ -149,7 +150,7 @@ class TextSequence:
         self.tokens.append(int(token))
         text = self.tokenizer.decode([t for t in self.tokens if t not in self.stop_ids], skip_special_tokens=True)
         cut = min((text.find(s) for s in self.settings.stop_strings if s in text), default=-1)
-        if token in self.stop_ids or cut >= 0:
+        if (token in self.stop_ids and not self.settings.ignore_eos) or cut >= 0:
             self.finish = "stop"
             text = text[:cut] if cut >= 0 else text
         elif last_step:

@@ -40,13 +40,23 @@ def generation_settings(fields: dict) -> dict:
         return kind(value)
 
     stop = fields.get("stop")
+    stop = stop.tolist() if isinstance(stop, np.ndarray) else stop
     stop = [stop] if isinstance(stop, str) else stop
     if stop is not None and (not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop)):
         raise ConfigError(f"stop: expected a string or a list of strings, got {stop!r}")
     return {"max_new_tokens": number("max_tokens", int), "temperature": number("temperature", float),
             "top_p": number("top_p", float), "top_k": number("top_k", int),
             "repetition_penalty": number("repetition_penalty", float), "seed": number("seed", int),
-            "stop_strings": list(stop) if stop else None}
+            "stop_strings": list(stop) if stop else None, "ignore_eos": _flag(fields.get("ignore_eos"), "ignore_eos")}
+
+
+def _flag(value, name: str):
+    """A JSON boolean: MindSpore Serving's protocol hands scalars over as 0-d arrays."""
+    if value is None:
+        return None
+    if np.ndim(value) == 0 and np.asarray(value).dtype == np.bool_:
+        return bool(value)
+    raise ConfigError(f"{name}: expected true or false, got {value!r}")
 
 
 @dataclass

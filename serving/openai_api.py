@@ -4,7 +4,8 @@ The request's `model` names a servable (its newest version; `name@N` a version).
 question: its text parts, at most one image (`image_url` with a `data:` URL; remote URLs are refused, the server
 fetches nothing) and at most one clip (`input_audio`, base64 WAV). System messages are accepted and not used (the
 model was not trained with one); earlier turns are not replayed (the chat template holds one question). The
-settings are OpenAI's: max_tokens (or max_completion_tokens), temperature, top_p, stop, seed, n = 1; `stream`
+settings are OpenAI's: max_tokens (or max_completion_tokens), temperature, top_p, stop, seed, n = 1 (and vLLM's
+extra top_k, repetition_penalty, ignore_eos, as the openai client sends them with `extra_body`); `stream`
 answers with Server-Sent Events of `chat.completion.chunk` deltas and `data: [DONE]`, `stream_options.
 include_usage` adds a last chunk with the token counts. Errors are OpenAI's error objects with its status codes.
 """
@@ -16,7 +17,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
-SETTINGS = ("max_tokens", "temperature", "top_p", "stop", "seed")
+SETTINGS = ("max_tokens", "temperature", "top_p", "stop", "seed", "top_k", "repetition_penalty", "ignore_eos")
 DATA_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+)?(;[^,]*)?;base64,(.*)", re.S)
 
 

@@ -25,3 +25,18 @@ def test_top_k_and_top_p_only_draw_from_the_kept_tokens():
     assert draws == {0, 1}
     draws = [int(next_tokens(logits, SamplingConfig(temperature=1.0), rng)[0]) for _ in range(4000)]
     assert abs(draws.count(0) / 4000 - 0.5) < 0.05 and 3 in draws
+
+
+def test_ignore_eos_generates_past_the_end_of_sequence_token_and_keeps_it_out_of_the_text():
+    from mindvl.decoding import TextSequence, sampling_config
+
+    class Words:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(str(i) for i in ids)
+
+    stopping = TextSequence(0, Words(), sampling_config(), stop_ids={9})
+    assert stopping.add(9, last_step=False).finish == "stop"
+    going = TextSequence(0, Words(), sampling_config(ignore_eos=True), stop_ids={9})
+    deltas = [going.add(token, last_step=index == 2) for index, token in enumerate((4, 9, 5))]
+    assert [d.finish for d in deltas] == [None, None, "length"]
+    assert "".join(d.text for d in deltas) == "4 5"
