@@ -39,12 +39,21 @@ SAMPLE_TOKENS = 16  # tokens generated for each at export (greedy) and again by 
 MAX_NEW_TOKENS = 64  # the most tokens one request may ask for (the cache holds the longest bucket + these)
 
 
-def generation_spec(cfg: Config, model, chat, cache_len: int, max_new_tokens: int) -> GenerationSpec:
+def generation_spec(cfg: Config, model, chat, cache_len: int, max_new_tokens: int,
+                    buckets: Sequence[int] = ()) -> GenerationSpec:
+    """buckets: the prompt lengths to export a prefill graph for (default: every prompt_buckets size that leaves
+    room for max_new_tokens). Each prefill graph holds the decoder: a server or device keeps one copy of its
+    weights in memory per graph, so a large decoder wants few buckets."""
     lm = model.decoder
-    buckets = [b for b in prompt_buckets(cache_len) if b + max_new_tokens <= cache_len]
-    if not buckets:
+    fitting = [b for b in prompt_buckets(cache_len) if b + max_new_tokens <= cache_len]
+    if not fitting:
         raise PackageError(f"a cache of {cache_len} tokens leaves no prompt bucket with room for {max_new_tokens} "
-                           f"new tokens; lower --max-new-tokens")
+                           f"new tokens; raise --cache-len")
+    wrong = [b for b in buckets if b < 1 or b + max_new_tokens > cache_len]
+    if wrong:
+        raise PackageError(f"--prompt-bucket {wrong[0]}: expected 1..{cache_len - max_new_tokens} (the cache of "
+                           f"{cache_len} tokens holds the prompt and {max_new_tokens} new tokens)")
+    buckets = sorted(set(buckets)) or fitting
     return GenerationSpec(cache_len=cache_len, buckets=buckets, layers=lm.layers, vocab_size=lm.cfg.vocab_size,
                           width=lm.width, kv_width=lm.kv_width, image_tokens=model.image_tokens,
                           audio_tokens=model.audio_tokens, pad_id=chat.pad_id, stop_ids=[chat.stop_id],
@@ -86,20 +95,25 @@ def _fitting(prompts: Sequence[MultimodalPrompt], layout: PromptLayout, bucket: 
 def write_generative_package(cfg: Config, model, chat, prompts: Sequence[MultimodalPrompt], out: Path,
                              source: Mapping[str, object], cache_len: int = 0, max_new_tokens: int = MAX_NEW_TOKENS,
                              version: int = 1, force: bool = False, progress: bool = True,
-                             compression: Optional[Mapping[str, object]] = None) -> Path:
+                             compression: Optional[Mapping[str, object]] = None,
+                             buckets: Sequence[int] = ()) -> Path:
     """Export `model` (a MultimodalLM in eval mode, `chat` its recipe's ChatEncoder) into the package `out`;
-    `prompts`: real test questions stored with the framework's greedy tokens. cache_len 0: the decoder's
-    max_positions, at most 512."""
+    `prompts`: real test questions stored with the framework's greedy tokens (those no bucket holds are left
+    out). cache_len 0: the decoder's max_positions, at most 512; buckets: generation_spec's."""
     out = Path(out)
     if out.exists() and not force:
         raise PackageError(f"{out}: already exists; pass --force to replace it or choose another --out")
     lm = model.decoder
     cache_len = int(cache_len or min(lm.cfg.max_positions, 512))
-    spec = generation_spec(cfg, model, chat, cache_len, max_new_tokens)
+    spec = generation_spec(cfg, model, chat, cache_len, max_new_tokens, buckets)
     lm.cache_len = cache_len  # a constant of the generation graphs
     model.set_train(False)
     nets = {s.name: s.build(model) for s in graph_specs(spec, cfg.preprocess)}
     layout = PromptLayout(chat, cfg.preprocess, spec.buckets, cache_len, spec.pad_id)
+    prompts = [p for p in prompts if len(layout.render(p)) <= spec.buckets[-1]]
+    if not prompts:
+        raise PackageError(f"no sample question fits the largest prompt bucket ({spec.buckets[-1]} tokens); add a "
+                           f"larger --prompt-bucket")
     batch = DecodeBatch(spec, layout, graph_caller(nets), as_array)
     work = work_folder(out)
     (work / "samples").mkdir()

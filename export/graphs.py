@@ -106,6 +106,9 @@ def export_graph(net: nn.Cell, name: str, inputs: Sequence[TensorSpec], path: Pa
                       file_format="MINDIR", **options)
     except (RuntimeError, TypeError, ValueError) as exc:
         raise PackageError(f"graph {name}: MindIR export failed: {str(exc).strip().splitlines()[0]}") from exc
+    split = path.with_name(f"{path.stem}_graph.mindir")  # over 1 GB of parameters MindSpore writes the graph
+    if not path.is_file() and split.is_file():  # there and the weights in <stem>_variables/ (external data)
+        split.rename(path)
     if not path.is_file():
         raise PackageError(f"graph {name}: ms.export wrote no {path.name}")
     return path

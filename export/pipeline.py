@@ -22,6 +22,8 @@ class PackageOptions:
     progress: bool = True
     graphs: Sequence[str] = field(default_factory=tuple)  # default: every graph
     lite2_batch: Optional[int] = None  # also write the Lite 2.0 graphs (--target lite2) at this static batch
+    prompt_buckets: Sequence[int] = field(default_factory=tuple)  # a generative package's prefill buckets
+    cache_len: int = 0  # a generative package's key/value cache length (0: export/generative.py's default)
 
 
 def _write_generative(cfg, model, source: Mapping[str, object], out: Path, options: PackageOptions,
@@ -39,8 +41,9 @@ def _write_generative(cfg, model, source: Mapping[str, object], out: Path, optio
                            f"are attachments, prefill per bucket and decode); leave {given[0]} out")
     prompts = [prompt for _, prompt in GenerativeEvaluator(cfg, model).questions("test", SAMPLE_QUESTIONS)]
     chat = recipe_chat(cfg, model.image_tokens, model.audio_tokens)
-    return write_generative_package(cfg, model, chat, prompts, out, source, version=options.version,
-                                    force=options.force, progress=options.progress, compression=compression)
+    return write_generative_package(cfg, model, chat, prompts, out, source, cache_len=options.cache_len,
+                                    version=options.version, force=options.force, progress=options.progress,
+                                    compression=compression, buckets=options.prompt_buckets)
 
 
 def package_and_check(cfg, model, source: Mapping[str, object], out: Path, options: PackageOptions,
@@ -50,6 +53,9 @@ def package_and_check(cfg, model, source: Mapping[str, object], out: Path, optio
     evaluate it; returns {"package", "verify", "evaluation"?}. A generative run writes its generation graphs."""
     if cfg.model.generative:
         path = _write_generative(cfg, model, source, out, options, compression)
+    elif options.prompt_buckets or options.cache_len:
+        raise PackageError("--prompt-bucket / --cache-len: only a generative model's package has prompt buckets and "
+                           "a cache; leave them out")
     else:
         path = write_package(cfg, model, out, source, options.static_batches, options.key, compression,
                              options.version, options.force, options.progress, options.graphs, options.lite2_batch)

@@ -7,6 +7,7 @@ form itself for models over 1 GB (`<name>_variables/data_0`: a first byte of 1 m
 then each parameter 64-byte aligned). Here every graph's parameters point into ONE such file, each parameter
 stored once under its name, so N graphs cost one copy of the weights on disk instead of N.
 """
+import shutil
 from pathlib import Path
 from typing import Dict, Sequence
 
@@ -23,13 +24,22 @@ def _name(proto) -> str:
     return proto.name[proto.name.find(":") + 1:]
 
 
+def _external(folder: Path, where, split_files: Dict[str, bytes]) -> bytes:
+    if where.location not in split_files:
+        split_files[where.location] = (folder / where.location).read_bytes()
+    return split_files[where.location][where.offset:where.offset + where.length]
+
+
 def share_weights(folder: Path, files: Sequence[str], weights: str = "weights.bin") -> Dict[str, int]:
     """Move the parameters of `files` (MindIR files in `folder`, not encrypted) into `folder/weights`, each once;
-    -> {"graph_bytes": the MindIR files' bytes before, "shared_bytes": the MindIR files + the weights file after,
-    "weights_bytes"}. Parameters with the same name must hold the same bytes (one model's graphs)."""
+    -> {"graph_bytes": the MindIR files' bytes before (with MindSpore's own <graph>_variables/ for graphs over
+    1 GB), "shared_bytes": the MindIR files + the weights file after, "weights_bytes"}. Parameters with the
+    same name must hold the same bytes (one model's graphs)."""
     folder = Path(folder)
     offsets: Dict[str, tuple] = {}
-    before = sum((folder / f).stat().st_size for f in files)
+    split_files: Dict[str, bytes] = {}
+    before = sum(p.stat().st_size for f in files for p in [folder / f, *(folder / f"{Path(f).stem}_variables")
+                                                         .glob("*")] if p.is_file())
     with open(folder / weights, "wb") as out:
         out.write(HEADER)
         for file in files:
@@ -37,8 +47,8 @@ def share_weights(folder: Path, files: Sequence[str], weights: str = "weights.bi
             model.ParseFromString((folder / file).read_bytes())
             for proto in model.graph.parameter:
                 name, data = _name(proto), proto.raw_data
-                if proto.HasField("external_data"):
-                    raise PackageError(f"{file}: parameter {name} is already external; export it whole first")
+                if proto.HasField("external_data"):  # MindSpore's own split (over 1 GB): read from there
+                    data = _external(folder, proto.external_data, split_files)
                 if name not in offsets:
                     offset = out.tell()
                     out.write(data + bytes(-len(data) % ALIGN))
@@ -52,6 +62,9 @@ def share_weights(folder: Path, files: Sequence[str], weights: str = "weights.bi
                 proto.external_data.offset = offset
                 proto.external_data.length = length
             (folder / file).write_bytes(model.SerializeToString())
+            for location in split_files:  # nothing points into this graph's <graph>_variables/ any more
+                shutil.rmtree(folder / Path(location).parent, ignore_errors=True)
+            split_files.clear()
     after = sum((folder / f).stat().st_size for f in files)
     size = (folder / weights).stat().st_size
     return {"graph_bytes": before, "shared_bytes": after + size, "weights_bytes": size}

@@ -11,7 +11,8 @@ from mindvl.config import ConfigError, load_config
 def _package_options(args, evaluate: bool):
     from mindvl.export.pipeline import PackageOptions
     return PackageOptions(args.static_batch, package_key(args), args.version, args.force, evaluate, args.data_root,
-                          graphs=args.graph, lite2_batch=args.lite2_batch if args.target == "lite2" else None)
+                          graphs=args.graph, lite2_batch=args.lite2_batch if args.target == "lite2" else None,
+                          prompt_buckets=args.prompt_bucket, cache_len=args.cache_len)
 
 
 def _print_export(result: dict, as_json: bool) -> None:
@@ -133,6 +134,13 @@ def _add_package_args(parser: argparse.ArgumentParser) -> None:
                              "Lite 2.0 runtime, and the device assets (mindvl lite, lite/runner)")
     parser.add_argument("--lite2-batch", type=int, default=1, metavar="N",
                         help="static batch of the lite2 graphs (the device resizes them; default 1)")
+    parser.add_argument("--prompt-bucket", type=int, action="append", default=[], metavar="L",
+                        help="a generative model: export a prefill graph for prompts of up to L tokens (repeatable; "
+                             "default: 16, 24, 32, 48, ... while they fit the cache). Each holds the decoder, whose "
+                             "weights a server or device keeps once per graph in memory: few buckets for a large one")
+    parser.add_argument("--cache-len", type=int, default=0, metavar="N",
+                        help="a generative model: the key/value cache's length, prompt + new tokens (default: the "
+                             "decoder's max_positions, at most 512)")
     parser.add_argument("--version", type=int, default=1, help="model version recorded in the manifest")
     parser.add_argument("--force", action="store_true", help="replace an existing package folder")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
