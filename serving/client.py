@@ -5,6 +5,10 @@
     client.infer({"image": png_bytes, "question": "what shape is it?", "audio": b""})
     -> [{"answer": "circle", "confidence": 0.87, "answer_text": "circle"}]
 
+    generator = Client("127.0.0.1:5500", "vlm", "generate")         # a generative servable
+    for delta in generator.stream({"image": png_bytes, "text": "what shape is it?", "max_tokens": 32}):
+        print(delta["text"], end="")                                # as each token comes
+
 Inputs: str, bytes, numpy arrays and numpy or Python scalars (and, over REST, nested lists). Outputs: numpy
 arrays, Python scalars (0-d tensors), str and bytes; an instance the server failed is {"error": message} in
 its place, as MindSpore Serving's client returns it. A request the server refuses as a whole, or one that
@@ -20,7 +24,7 @@ import http.client
 import json
 import urllib.error
 import urllib.request
-from typing import Any, Dict, List, Mapping, Sequence, Union
+from typing import Any, Dict, Iterator, List, Mapping, Sequence, Union
 from urllib.parse import urlsplit
 
 import grpc
@@ -28,8 +32,10 @@ import numpy as np
 
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.protocol import MAX_VERSION, TENSOR_TYPES, InstanceError, ProtocolError, is_safe_name
+from mindvl.serving.register import GENERATE
 
 Instances = Union[Mapping[str, Any], Sequence[Mapping[str, Any]]]
+Delta = Dict[str, Any]  # {"text": str, "token": int, "logprob": float, "finish_reason": str}
 WIRE_NAMES = {np.dtype(code).newbyteorder("="): name for name, code in TENSOR_TYPES.items()}  # <f4 -> "float32"
 ADDRESS_FORMS = "http://host:port (REST), grpc://host:port or host:port (gRPC)"
 
@@ -135,25 +141,65 @@ class _Rest:
         self.url, self.timeout = url, timeout
 
     def infer(self, path: str, instances: List[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+        with self._post(path, instances, "application/json") as response:
+            reply = self._reply(path, response)
+        answered = reply["instances"]
+        if not isinstance(answered, list) or len(answered) != len(instances) or \
+                not all(isinstance(item, dict) for item in answered):
+            raise ServingError(f"{self.url}{path}: the reply's 'instances' is not one object per request instance "
+                               f"({len(instances)})")
+        return [{"error": item["error_msg"]} if set(item) == {"error_msg"} else
+                {name: _rest_output(value) for name, value in item.items()} for item in answered]
+
+    def stream(self, path: str, instance: Mapping[str, Any]) -> Iterator[Delta]:
+        """`generate` asked with `Accept: text/event-stream`: its Server-Sent Events (`data: {json}`, then
+        `data: [DONE]`) as deltas; a refusal comes as an ordinary JSON reply, a failure mid-stream as an event."""
+        with self._post(path, [instance], "text/event-stream") as response:
+            if not response.headers.get("Content-Type", "").startswith("text/event-stream"):
+                self._reply(path, response)  # raises its error_msg
+                raise ServingError(f"{self.url}{path}: the server answered without streaming; streaming needs "
+                                   f"`mindvl serve` and a generative servable")
+            try:
+                for line in response:
+                    data = line[len(b"data: "):].strip() if line.startswith(b"data: ") else None
+                    if data == b"[DONE]":
+                        return
+                    if data:
+                        yield _event_delta(json.loads(data), f"{self.url}{path}")
+            except (OSError, http.client.HTTPException) as error:  # timeouts and resets while reading
+                raise self._failed(error) from None
+            except ValueError:
+                raise ServingError(f"{self.url}{path}: an event is not JSON; is this `mindvl serve`?") from None
+        raise ServingError(f"{self.url}{path}: the stream ended before `data: [DONE]` (the server stopped?)")
+
+    def _post(self, path: str, instances: List[Mapping[str, Any]], accept: str):
+        """The open response to POSTing `instances`; an error status's response too (a server in strict mode
+        answers errors with 4xx/5xx and a JSON body)."""
         try:
             body = json.dumps({"instances": [_rest_instance(i, inputs) for i, inputs in enumerate(instances)]},
                               allow_nan=False)
         except (TypeError, ValueError) as error:  # a list holding numpy values, nan or inf
             raise ProtocolError(f"an input cannot be sent as JSON: {error}; send it as a numpy array") from None
         request = urllib.request.Request(self.url + path, body.encode("utf-8"),
-                                         {"Content-Type": "application/json"}, method="POST")
+                                         {"Content-Type": "application/json", "Accept": accept}, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                payload = response.read()
-        except urllib.error.HTTPError as error:  # a server in strict mode answers errors with 4xx/5xx
-            payload = error.read()
-            if not payload.lstrip().startswith(b"{"):
-                raise ServingError(f"{self.url}{path}: HTTP {error.code} {error.reason}; is this the REST address "
-                                   f"of `mindvl serve` or MindSpore Serving?") from None
+            return urllib.request.urlopen(request, timeout=self.timeout)
+        except urllib.error.HTTPError as error:
+            return error
         except urllib.error.URLError as error:
             raise self._failed(error.reason) from None
+        except (OSError, http.client.HTTPException) as error:  # timeouts and resets
+            raise self._failed(error) from None
+
+    def _reply(self, path: str, response) -> Dict[str, Any]:
+        """A JSON reply holding 'instances'; ServingError for its error_msg or a reply that is not the protocol's."""
+        try:
+            payload = response.read()
         except (OSError, http.client.HTTPException) as error:  # timeouts and resets while reading
             raise self._failed(error) from None
+        if isinstance(response, urllib.error.HTTPError) and not payload.lstrip().startswith(b"{"):
+            raise ServingError(f"{self.url}{path}: HTTP {response.code} {response.reason}; is this the REST address "
+                               f"of `mindvl serve` or MindSpore Serving?")
         try:
             reply = json.loads(payload)
         except ValueError:
@@ -163,13 +209,7 @@ class _Rest:
             raise ServingError(f"{self.url}{path}: the reply holds neither 'instances' nor 'error_msg'")
         if "error_msg" in reply:
             raise ServingError(str(reply["error_msg"]))
-        answered = reply["instances"]
-        if not isinstance(answered, list) or len(answered) != len(instances) or \
-                not all(isinstance(item, dict) for item in answered):
-            raise ServingError(f"{self.url}{path}: the reply's 'instances' is not one object per request instance "
-                               f"({len(instances)})")
-        return [{"error": item["error_msg"]} if set(item) == {"error_msg"} else
-                {name: _rest_output(value) for name, value in item.items()} for item in answered]
+        return reply
 
     def _failed(self, reason: Any) -> ServingError:
         if isinstance(reason, TimeoutError):
@@ -181,7 +221,7 @@ class _Rest:
 
 
 class _Grpc:
-    """MSService/Predict over one channel."""
+    """MSService/Predict and PredictStream over one channel."""
 
     def __init__(self, target: str, timeout: float) -> None:
         self.target, self.timeout = target, timeout
@@ -189,22 +229,14 @@ class _Grpc:
         self.channel = grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", -1),
                                                               ("grpc.max_send_message_length", -1)])
         self.stub = G.predict_stub(self.channel)
+        self.stream_stub = G.predict_stream_stub(self.channel)
 
     def infer(self, spec: G.ServableSpec, instances: List[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-        # the tensor codec takes numpy arrays, not lists
-        arrays = [{name: np.asarray(v) if isinstance(v, list) else v for name, v in inputs.items()}
-                  for inputs in instances]
-        request = G.instances_to_request(spec.name, spec.method_name, spec.version_number, arrays)
+        request = G.instances_to_request(spec.name, spec.method_name, spec.version_number, _arrays(instances))
         try:
             reply = self.stub(request, timeout=self.timeout)
         except grpc.RpcError as error:
-            code, details = error.code(), error.details()
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise ServingError(f"grpc://{self.target}: no reply within {self.timeout:g} s (the Client's "
-                                   f"timeout)") from None
-            if code == grpc.StatusCode.UNAVAILABLE:
-                raise _unreachable(f"grpc://{self.target}", details) from None
-            raise ServingError(f"grpc://{self.target}: gRPC {code.name}: {details}") from None
+            raise self._failed(error) from None
         try:
             results = G.results_from_reply(reply)
         except G.RequestFailed as error:
@@ -215,8 +247,44 @@ class _Grpc:
         return [{"error": str(result)} if isinstance(result, InstanceError) else
                 {name: _grpc_output(value) for name, value in result.items()} for result in results]
 
+    def stream(self, spec: G.ServableSpec, instance: Mapping[str, Any]) -> Iterator[Delta]:
+        request = G.instances_to_request(spec.name, spec.method_name, spec.version_number, _arrays([instance]))
+        call = self.stream_stub(request, timeout=self.timeout)
+        try:
+            for reply in call:
+                yield G.delta_from_reply(reply)
+        except grpc.RpcError as error:
+            raise self._failed(error) from None
+        finally:
+            call.cancel()  # a caller that stops reading ends the call, and the server cancels the generation
+
+    def _failed(self, error: grpc.RpcError) -> ServingError:
+        code, details = error.code(), error.details()
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return ServingError(f"grpc://{self.target}: no reply within {self.timeout:g} s (the Client's timeout)")
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return _unreachable(f"grpc://{self.target}", details)
+        return ServingError(f"grpc://{self.target}: gRPC {code.name}: {details}")
+
     def close(self) -> None:
         self.channel.close()
+
+
+def _arrays(instances: List[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """Lists as numpy arrays: the tensor codec takes numpy arrays, not lists."""
+    return [{name: np.asarray(v) if isinstance(v, list) else v for name, v in inputs.items()} for inputs in instances]
+
+
+def _event_delta(event: Any, where: str) -> Delta:
+    """A Server-Sent Event of a streamed generate as a delta; its {"error": {"message"}} as ServingError."""
+    if isinstance(event, dict) and "error" in event:  # {"error": {"message": ..., "type": "server_error"}}
+        error = event["error"]
+        message = error.get("message", error) if isinstance(error, dict) else error
+        raise ServingError(f"{where}: the generation failed: {message}")
+    if not isinstance(event, dict) or not set(G.STREAM_OUTPUTS) <= set(event):
+        raise ServingError(f"{where}: an event holds {event!r:.80}, expected {', '.join(G.STREAM_OUTPUTS)}")
+    return {"text": event["text"], "token": event["token"], "logprob": event["logprob"],
+            "finish_reason": event["finish_reason"] or ""}
 
 
 def _unreachable(address: str, reason: Any) -> ServingError:
@@ -262,15 +330,39 @@ class Client:
                 raise ServingError(f"instance {index}: expected a non-empty dict of input names to values, got "
                                    f"{inputs!r:.80}")
         try:
-            if self.protocol == "rest":
-                version = f"/version/{self.version_number}" if self.version_number else ""
-                return self._transport.infer(f"/model/{self.servable_name}{version}:{self.method_name}",
-                                             list(instances))
-            spec = G.ServableSpec(name=self.servable_name, method_name=self.method_name,
-                                  version_number=self.version_number)
-            return self._transport.infer(spec, list(instances))
+            return self._transport.infer(self._target, list(instances))
         except ProtocolError as error:  # an input this client cannot encode, or a reply that breaks the protocol
             raise ServingError(f"{self.servable_name}.{self.method_name}: {error}") from None
+
+    def stream(self, instance: Mapping[str, Any]) -> Iterator[Delta]:
+        """The deltas of one `generate` instance as the server makes them, each {"text": str, "token": int,
+        "logprob": float, "finish_reason": str} ("" until the last delta's "stop" or "length"): their texts
+        concatenate to infer's "text", their tokens to its "tokens". gRPC calls MSService/PredictStream, REST asks
+        for Server-Sent Events. The Client's timeout bounds the whole stream over gRPC and each wait for the next
+        delta over REST. Leaving the loop early (or closing the iterator) cancels the generation on the server.
+
+        Raises ServingError at once for a client of another method or a bad instance, and while iterating when
+        the server refuses the request or the stream fails."""
+        if self.method_name != GENERATE:
+            raise ServingError(f"stream: only method {GENERATE} streams; this client calls {self.servable_name}."
+                               f"{self.method_name}, use infer")
+        if not isinstance(instance, Mapping) or not instance:
+            raise ServingError(f"instance: expected a non-empty dict of input names to values, got {instance!r:.80}")
+        return self._deltas(instance)
+
+    def _deltas(self, instance: Mapping[str, Any]) -> Iterator[Delta]:
+        try:
+            yield from self._transport.stream(self._target, instance)
+        except ProtocolError as error:  # as in infer
+            raise ServingError(f"{self.servable_name}.{self.method_name}: {error}") from None
+
+    @property
+    def _target(self) -> Union[str, G.ServableSpec]:
+        """What the transport calls: the REST path, or the gRPC servable_spec."""
+        if self.protocol == "rest":
+            version = f"/version/{self.version_number}" if self.version_number else ""
+            return f"/model/{self.servable_name}{version}:{self.method_name}"
+        return G.ServableSpec(name=self.servable_name, method_name=self.method_name, version_number=self.version_number)
 
     def close(self) -> None:
         self._transport.close()

@@ -1,4 +1,5 @@
-"""The MindSpore Serving 2.0 gRPC protocol: ms_service.proto's messages, the tensor codec and the Predict rpc.
+"""The MindSpore Serving 2.0 gRPC protocol: ms_service.proto's messages, the tensor codec, the Predict rpc and
+mindvl's server-streaming PredictStream beside it.
 
 The messages are built at import from a descriptor written here (no protoc, no generated code) with
 the field numbers of MindSpore Serving's `ms_service.proto`, so its clients and ours interoperate. Only
@@ -13,10 +14,15 @@ Errors in a reply (MindSpore Serving's layout, from its `proto_tensor.cc` and it
 `error_code` is MindSpore's status code (`ErrorCode`), not a position. MindSpore's master also folds
 "every instance failed with the same message" into the whole-request form; this module keeps the
 per-instance entries it is given, and the server folds them for MindSpore Serving servables.
+
+PredictStream (mindvl's; MindSpore Serving has no streaming rpc and answers it UNIMPLEMENTED) takes the same
+PredictRequest with exactly one instance of a generative servable's `generate` and answers a PredictReply per
+generated token, its one instance holding STREAM_OUTPUTS. A refused request ends with a gRPC status (no reply
+holds an error_msg): the stream has no request-wide reply to put one in.
 """
 import enum
 import math
-from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 import numpy as np
@@ -118,8 +124,11 @@ def _file_proto() -> descriptor_pb2.FileDescriptorProto:
     file.enum_type.add(name=DataType.__name__).value.extend(
         descriptor_pb2.EnumValueDescriptorProto(name=item.name, number=item.value) for item in DataType)
     file.message_type.extend(_message_proto(name, fields) for name, fields in MESSAGES.items())
-    file.service.add(name="MSService").method.add(
-        name="Predict", input_type=f".{PACKAGE}.PredictRequest", output_type=f".{PACKAGE}.PredictReply")
+    service = file.service.add(name="MSService")
+    service.method.add(name="Predict", input_type=f".{PACKAGE}.PredictRequest",
+                       output_type=f".{PACKAGE}.PredictReply")
+    service.method.add(name="PredictStream", input_type=f".{PACKAGE}.PredictRequest",
+                       output_type=f".{PACKAGE}.PredictReply", server_streaming=True)
     return file
 
 
@@ -140,8 +149,11 @@ PredictRequest = _message_class("PredictRequest")
 PredictReply = _message_class("PredictReply")
 
 _PREDICT = POOL.FindMethodByName(f"{PACKAGE}.MSService.Predict")
+_PREDICT_STREAM = POOL.FindMethodByName(f"{PACKAGE}.MSService.PredictStream")
 SERVICE = _PREDICT.containing_service.full_name  # "mindspore.serving.proto.MSService"
 PREDICT_METHOD = f"/{SERVICE}/{_PREDICT.name}"  # the HTTP/2 path clients call
+PREDICT_STREAM_METHOD = f"/{SERVICE}/{_PREDICT_STREAM.name}"
+STREAM_OUTPUTS = ("text", "token", "logprob", "finish_reason")  # each streamed reply's instance
 
 
 # ---- tensors -----------------------------------------------------------------------------------------
@@ -294,6 +306,16 @@ def request_to_instances(request: PredictRequest) -> Tuple[str, str, int, List[D
     return spec.name, spec.method_name, spec.version_number, instances
 
 
+def stream_request_to_instance(request: PredictRequest) -> Tuple[str, str, int, Dict[str, Value]]:
+    """(servable, method, version, the one instance) of a PredictStream request, checked as request_to_instances
+    checks a Predict request; a stream answers one instance, so more are refused before a tensor is decoded."""
+    if len(request.instances) > 1:
+        raise ProtocolError(f"PredictStream streams one instance, got {len(request.instances)}; send each instance "
+                            f"in a call of its own")
+    servable, method, version, instances = request_to_instances(request)
+    return servable, method, version, instances[0]
+
+
 # ---- replies -----------------------------------------------------------------------------------------
 
 def _error_msg(error: BaseException) -> ErrorMsg:
@@ -366,6 +388,38 @@ def results_from_reply(reply: PredictReply) -> List[Union[Dict[str, Value], Inst
     return results
 
 
+def stream_reply(spec: ServableSpec, text: str, token: int, logprob: float,
+                 finish_reason: Optional[str]) -> PredictReply:
+    """One PredictStream reply: the `text` a token adds (empty while a character or a possible stop string is
+    incomplete), the `token` id (int32), its `logprob` under the model (float32) and `finish_reason` ("stop" or
+    "length" on the last reply, "" before it)."""
+    values = {"text": text, "token": np.int32(token), "logprob": np.float32(logprob),
+              "finish_reason": finish_reason or ""}
+    return PredictReply(servable_spec=spec, instances=[_encode_items(values, "output")])
+
+
+def delta_from_reply(reply: PredictReply) -> Dict[str, Any]:
+    """A PredictStream reply as {"text": str, "token": int, "logprob": float, "finish_reason": str}; ProtocolError
+    for a reply that is not one instance of STREAM_OUTPUTS with their types."""
+    if reply.error_msg or len(reply.instances) != 1:
+        raise ProtocolError(f"a PredictStream reply holds {len(reply.instances)} instances and {len(reply.error_msg)} "
+                            f"error_msg entries, expected one instance and no error_msg")
+    values = _decode_items(reply.instances[0], "output")
+    if sorted(values) != sorted(STREAM_OUTPUTS):
+        raise ProtocolError(f"a PredictStream reply holds outputs {sorted(values)}, expected {list(STREAM_OUTPUTS)}")
+    text, token, logprob, finish = (values[name] for name in STREAM_OUTPUTS)
+    if not (isinstance(text, str) and isinstance(finish, str) and _is_scalar(token, "iu") and _is_scalar(logprob, "f")):
+        kinds = ", ".join(f"{name} {type(values[name]).__name__} {getattr(values[name], 'dtype', '')}"
+                          for name in STREAM_OUTPUTS)
+        raise ProtocolError(f"a PredictStream reply's outputs are {kinds}; expected text and finish_reason strings, "
+                            f"token an integer scalar and logprob a float scalar")
+    return {"text": text, "token": int(token), "logprob": float(logprob), "finish_reason": finish}
+
+
+def _is_scalar(value: Value, kinds: str) -> bool:
+    return isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in kinds
+
+
 # ---- service -----------------------------------------------------------------------------------------
 
 def add_predict_handler(server: Union[grpc.Server, grpc.aio.Server],
@@ -374,12 +428,33 @@ def add_predict_handler(server: Union[grpc.Server, grpc.aio.Server],
 
     On a grpc.aio server `predict` may be `async def`; a plain function would block the event loop.
     """
-    handler = grpc.unary_unary_rpc_method_handler(predict, request_deserializer=PredictRequest.FromString,
-                                                  response_serializer=PredictReply.SerializeToString)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {_PREDICT.name: handler}),))
+    _add_handler(server, _PREDICT.name, grpc.unary_unary_rpc_method_handler, predict)
 
 
 def predict_stub(channel: Union[grpc.Channel, grpc.aio.Channel]) -> Callable[..., Any]:
     """`stub(request, timeout=...) -> PredictReply` (awaitable on a grpc.aio channel)."""
     return channel.unary_unary(PREDICT_METHOD, request_serializer=PredictRequest.SerializeToString,
                                response_deserializer=PredictReply.FromString)
+
+
+def add_predict_stream_handler(server: grpc.aio.Server,
+                               predict_stream: Callable[[PredictRequest, Any], Any]) -> None:
+    """Serve MSService/PredictStream on a grpc.aio `server` with `predict_stream(request, context)`, an async
+    generator of PredictReply (grpc cancels it where it waits when the client cancels or goes away)."""
+    _add_handler(server, _PREDICT_STREAM.name, grpc.unary_stream_rpc_method_handler, predict_stream)
+
+
+def predict_stream_stub(channel: Union[grpc.Channel, grpc.aio.Channel]) -> Callable[..., Iterator[PredictReply]]:
+    """`stub(request, timeout=...)` -> the call: an iterator of PredictReply (an async one on a grpc.aio channel)
+    whose `cancel()` ends the stream and the server's generation; `timeout` bounds the whole stream."""
+    return channel.unary_stream(PREDICT_STREAM_METHOD, request_serializer=PredictRequest.SerializeToString,
+                                response_deserializer=PredictReply.FromString)
+
+
+def _add_handler(server: Union[grpc.Server, grpc.aio.Server], method: str, kind: Callable[..., Any],
+                 behaviour: Callable[[PredictRequest, Any], Any]) -> None:
+    """Serve MSService/`method` with `behaviour`, as grpc's handler factory `kind` (unary_unary_rpc_method_handler
+    ...) wraps it, taking a PredictRequest and answering PredictReply."""
+    handler = kind(behaviour, request_deserializer=PredictRequest.FromString,
+                   response_serializer=PredictReply.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {method: handler}),))

@@ -233,6 +233,7 @@ class Server:
                                                   ("grpc.max_send_message_length", size)],
                                          maximum_concurrent_rpcs=self.grpc_calls)
             G.add_predict_handler(self._grpc, self._grpc_predict)
+            G.add_predict_stream_handler(self._grpc, self._grpc_predict_stream)
             self.grpc_port = self._grpc.add_insecure_port(f"{config.host}:{config.grpc_port}")
             if self.grpc_port == 0:
                 raise OSError(f"gRPC: cannot listen on {config.host}:{config.grpc_port} (in use?)")
@@ -584,6 +585,42 @@ class Server:
             return G.reply_from_error(spec, error)
         answered = G.ServableSpec(name=servable, method_name=method, version_number=served)
         return G.reply_from_results(answered, results)
+
+    async def _grpc_predict_stream(self, request, context):
+        """MSService/PredictStream: one `generate` instance's deltas, a PredictReply each as the engine makes them.
+        A refused request ends with a status and no reply (NOT_FOUND: no such servable or version; INVALID_ARGUMENT:
+        a bad request or instance, another method, a servable that does not generate); the initial metadata goes
+        out once the generation is queued. A client that cancels or goes away cancels the generation at the
+        engine's next step (counted `disconnected`); an engine failure mid-stream ends it ABORTED (the version was
+        unloaded while it ran: retry) or INTERNAL."""
+        try:
+            servable, method, version, instance = G.stream_request_to_instance(request)
+            if method != GENERATE:
+                raise ProtocolError(f"PredictStream streams method {GENERATE}, not {method}; call Predict for it")
+            loaded = self._generative(servable, version)
+        except (ProtocolError, Failure) as error:  # NotAvailable is a ProtocolError
+            missing = isinstance(error, NotAvailable)
+            self.metrics.errors.labels("not_found" if missing else "protocol").inc()
+            await context.abort(grpc.StatusCode.NOT_FOUND if missing else grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        with self.catalog.using(loaded):
+            try:
+                generation = await loaded.start_generation(instance, self.pool)
+            except InstanceError as error:
+                self.metrics.errors.labels("instance").inc()
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            spec = G.ServableSpec(name=servable, method_name=method, version_number=loaded.version)
+            try:
+                await context.send_initial_metadata(())
+                async for delta in generation.stream():
+                    yield G.stream_reply(spec, delta.text, delta.token, delta.logprob, delta.finish)
+            except (asyncio.CancelledError, GeneratorExit):  # grpc cancels the handler, or closes it, for a gone client
+                self.metrics.errors.labels("disconnected").inc()
+                raise
+            except (ConfigError, RuntimeError, ValueError) as error:  # the engine failed it
+                await context.abort(grpc.StatusCode.ABORTED if isinstance(error, ConfigError)
+                                    else grpc.StatusCode.INTERNAL, str(error))
+            finally:
+                generation.cancel()
 
 
 # ---- running ------------------------------------------------------------------------------------------
