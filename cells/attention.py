@@ -44,6 +44,8 @@ class AttentionCore(nn.Cell):
         self.attn_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
 
     def _split_heads(self, x, batch, seq, heads):
+        if heads == 1:  # one (kv) head: the layout is already (batch, 1, seq, head_dim); a transpose would copy
+            return self.reshape(x, (batch, 1, seq, self.head_dim))  # every key of a decode step's whole cache
         x = self.reshape(x, (batch, seq, heads, self.head_dim))  # (batch, seq, heads, head_dim)
         return self.transpose(x, (0, 2, 1, 3))  # (batch, heads, seq, head_dim)
 

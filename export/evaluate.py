@@ -20,7 +20,12 @@ import numpy as np
 from mindvl.config import config_from_dict
 from mindvl.eval.retrieval import audio_to_text, image_to_caption
 from mindvl.eval.vqa import score_vqa
-from mindvl.model_package import PackageError, as_tuple, load_graph, load_samples, read_manifest
+from mindvl.decoding import sampling_config
+from mindvl.generative_package import SECTION, GenerationSpec, generate, package_chat
+from mindvl.model_package import (PackageError, as_array, as_tuple, graph_caller, load_graph, load_samples,
+                                  read_manifest)
+from mindvl.preprocess import preprocess_config
+from mindvl.prompting import PromptLayout
 
 EVALUATION = "evaluation.json"
 LATENCY_BATCHES = (1, 32)
@@ -47,14 +52,62 @@ def measure_latency(package: Path, key: Optional[bytes] = None, repeats: int = 2
     return {f"latency_ms_b{batch}": round(_latency_ms(graph, samples, batch, repeats), 2) for batch in LATENCY_BATCHES}
 
 
+class PackageGenerator:
+    """A generative package's graphs (GraphCells) generating greedily, as GenerativeEvaluator asks a generator."""
+
+    def __init__(self, package: Path, manifest: dict, key: Optional[bytes] = None) -> None:
+        self.spec = GenerationSpec.from_manifest(manifest)
+        self.chat = package_chat(package, self.spec)
+        self.layout = PromptLayout(self.chat, preprocess_config(manifest["preprocess"]), self.spec.buckets,
+                                   self.spec.cache_len, self.spec.pad_id)
+        self.run = graph_caller({name: load_graph(package, manifest, name, key) for name in self.spec.graph_names()})
+
+    def generate(self, prompts, max_new_tokens: int, **settings):
+        return generate(self.spec, self.layout, self.run, as_array, prompts,
+                        sampling_config(max_new_tokens=max_new_tokens, **settings))
+
+    def decode_ms(self, prompt, tokens: int = 32) -> float:
+        """Milliseconds per decoded token of one sequence (batch 1), prefill left out."""
+        start = time.perf_counter()
+        self.generate([prompt], 1)
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        self.generate([prompt], tokens, ignore_eos=True)
+        return round((time.perf_counter() - start - prefill) / (tokens - 1) * 1000, 2)
+
+
+def evaluate_generative_package(package: Path, manifest: dict, cfg, key: Optional[bytes] = None,
+                                progress: bool = True, limit: int = 0) -> dict:
+    """A generative package's row: its generated answers to the test split's typed and spoken questions (the first
+    `limit` of each; 0: all) through its MindIR graphs, its size on disk and its decode speed at batch 1."""
+    from mindvl.eval.generative import GenerativeEvaluator
+
+    generator = PackageGenerator(package, manifest, key)
+    evaluator = GenerativeEvaluator(cfg, generator=generator)
+    report = evaluator.evaluate("test", captions=False, progress=progress, limit=limit)
+    prompt = evaluator.questions("test", 1)[0][1]
+    return {"package": str(package), "name": manifest["name"], "kind": "generative",
+            "compression": manifest["compression"]["method"], "parameters": manifest["parameters"],
+            "package_bytes": sum(entry["bytes"] for name, entry in manifest["files"].items()
+                                 if not name.startswith("samples/")),
+            "cpu_threads": os.cpu_count(), "decode_ms_b1": generator.decode_ms(prompt),
+            "vqa_text": report["vqa_text"]["accuracy"], "vqa_audio": report["vqa_audio"]["accuracy"],
+            "questions": report["vqa_text"]["count"] + report["vqa_audio"]["count"]}
+
+
 def evaluate_package(package: Path, data_root: Optional[str] = None, key: Optional[bytes] = None,
-                     progress: bool = True, repeats: int = 20) -> dict:
-    """The package's comparison row (also written to <package>/evaluation.json)."""
+                     progress: bool = True, repeats: int = 20, limit: int = 0) -> dict:
+    """The package's comparison row (also written to <package>/evaluation.json); `limit`: a generative package's
+    questions of each kind (0: all)."""
     package = Path(package)
     manifest = read_manifest(package)
     cfg = config_from_dict(json.loads((package / "config.json").read_text()))
     if data_root:
         cfg.data.root = data_root
+    if SECTION in manifest:
+        row = evaluate_generative_package(package, manifest, cfg, key, progress, limit)
+        (package / EVALUATION).write_text(json.dumps(row, indent=2))
+        return row
     vqa = load_graph(package, manifest, "vqa", key)
     names = [t["name"] for t in manifest["graphs"]["vqa"]["inputs"]]
 
@@ -87,9 +140,28 @@ def read_evaluation(package: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def _generative_table(packages: Sequence[Path], rows: List[dict]) -> str:
+    base = rows[0]
+    header = ("| package | compression | parameters | package MB | decode ms/token b1 | VQA typed | VQA spoken | "
+              "VQA kept |")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for package, row in zip(packages, rows):
+        kept = (row["vqa_text"] + row["vqa_audio"]) / max(base["vqa_text"] + base["vqa_audio"], 1e-9)
+        lines.append(f"| {Path(package).name} | {row['compression']} | {row['parameters']:,} | "
+                     f"{row['package_bytes'] / 1e6:.2f} | {row['decode_ms_b1']:.2f} | {row['vqa_text']:.1%} | "
+                     f"{row['vqa_audio']:.1%} | {kept:.1%} |")
+    return "\n".join(lines)
+
+
 def comparison_table(packages: Sequence[Path]) -> str:
-    """Markdown table of the packages' evaluation rows; "VQA kept" is relative to the first package."""
+    """Markdown table of the packages' evaluation rows; "VQA kept" is relative to the first package. Generative
+    packages get their own columns (generated answers, decode speed); the two kinds do not mix in one table."""
     rows: List[dict] = [read_evaluation(p) for p in packages]
+    kinds = {row.get("kind", "classifier") for row in rows}
+    if len(kinds) > 1:
+        raise PackageError("export compare: give either classifier packages or generative ones, not both")
+    if kinds == {"generative"}:
+        return _generative_table(packages, rows)
     base = rows[0]
     header = ("| package | compression | parameters | graph MB | latency b1 / b32 (ms) | VQA text | VQA audio | "
               "VQA kept | image->caption R@1 | speech->question R@1 |")

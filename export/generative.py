@@ -142,8 +142,7 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
             "generation_samples": {
                 "file": "samples/generation.safetensors", "max_new_tokens": SAMPLE_TOKENS,
                 "prompts": [{"question": p.question, "image": p.image is not None, "audio": p.mel is not None,
-                             "tokens": [d.token for d in deltas], "text": "".join(d.text for d in deltas)}
-                            for p, deltas in zip(prompts, generated)]},
+                             "tokens": g.tokens, "text": g.text} for p, g in zip(prompts, generated)]},
             "weights": {"file": "weights.bin", **sizes},
             "tolerance": TOLERANCE,
             "files": file_entries(work),

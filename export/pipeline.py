@@ -24,6 +24,7 @@ class PackageOptions:
     lite2_batch: Optional[int] = None  # also write the Lite 2.0 graphs (--target lite2) at this static batch
     prompt_buckets: Sequence[int] = field(default_factory=tuple)  # a generative package's prefill buckets
     cache_len: int = 0  # a generative package's key/value cache length (0: export/generative.py's default)
+    eval_limit: int = 0  # a generative package's evaluation: the first N questions of each kind (0: all)
 
 
 def _write_generative(cfg, model, source: Mapping[str, object], out: Path, options: PackageOptions,
@@ -34,8 +35,8 @@ def _write_generative(cfg, model, source: Mapping[str, object], out: Path, optio
     from mindvl.export.generative import SAMPLE_QUESTIONS, write_generative_package
 
     given = [flag for flag, value in (("--static-batch", options.static_batches), ("--key-file/--key-env",
-             options.key), ("--graph", options.graphs), ("--target lite2", options.lite2_batch is not None),
-             ("--evaluate", options.evaluate)) if value]
+             options.key), ("--graph", options.graphs), ("--target lite2", options.lite2_batch is not None))
+             if value]
     if given:
         raise PackageError(f"{', '.join(given)}: not available for a generative model's package yet (its graphs "
                            f"are attachments, prefill per bucket and decode); leave {given[0]} out")
@@ -68,5 +69,6 @@ def package_and_check(cfg, model, source: Mapping[str, object], out: Path, optio
     result = {"package": str(path), "verify": report.to_dict()}
     if options.evaluate:
         log(f"evaluating {path} on the test split (the exported graphs, not the Python model)")
-        result["evaluation"] = evaluate_package(path, options.data_root, options.key, options.progress)
+        result["evaluation"] = evaluate_package(path, options.data_root, options.key, options.progress,
+                                                limit=options.eval_limit)
     return result

@@ -107,9 +107,9 @@ def _verify_generation(package: Path, manifest: dict, report: VerifyReport, key:
     samples = manifest["generation_samples"]
     generated = generate(spec, layout, graph_caller(graphs), as_array, prompts,
                          sampling_config(max_new_tokens=samples["max_new_tokens"]))
-    for index, (stored, deltas) in enumerate(zip(samples["prompts"], generated)):
+    for index, (stored, generation) in enumerate(zip(samples["prompts"], generated)):
         want = np.asarray(stored["tokens"], np.int64)
-        got = np.asarray([d.token for d in deltas], np.int64)
+        got = np.asarray(generation.tokens, np.int64)
         report.checks.append(compare("generate", f"sample {index} tokens", got, want, manifest["tolerance"]))
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from mindvl.chat import ChatEncoder, chat_template
 from mindvl.config import ConfigError
-from mindvl.decoding import Delta, SamplingConfig, TextSequence, next_tokens, token_logprobs
+from mindvl.decoding import Generation, SamplingConfig, TextSequence, next_tokens, token_logprobs
 from mindvl.prompting import MultimodalPrompt, PromptBatch, PromptLayout
 
 SECTION = "generation"  # the manifest's key
@@ -204,13 +204,14 @@ class DecodeBatch:
 
 
 def generate(spec: GenerationSpec, layout: PromptLayout, run: Run, to_numpy: Callable[[Any], np.ndarray],
-             prompts: Sequence[MultimodalPrompt], settings: SamplingConfig) -> List[List[Delta]]:
-    """Every prompt's deltas, the prompts prefilled and decoded together (verification, the device)."""
+             prompts: Sequence[MultimodalPrompt], settings: SamplingConfig) -> List[Generation]:
+    """Every prompt's generation, the prompts prefilled and decoded together (verification, evaluation, the
+    device)."""
     batch = DecodeBatch(spec, layout, run, to_numpy)
     rows = batch.prefill(prompts, [settings] * len(prompts), owners=list(range(len(prompts))))
-    deltas: List[List[Delta]] = [[] for _ in rows]
+    results = [Generation("", prompt_tokens=row.prompt_tokens) for row in rows]
     while batch.rows:
         for row, delta in batch.sample():
-            deltas[row.owner].append(delta)
+            results[row.owner].add(delta)
         batch.decode()
-    return deltas
+    return results

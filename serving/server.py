@@ -57,6 +57,7 @@ MB = 2 ** 20
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 STOP_GRACE_S = 5.0  # how long a stopping server lets the requests in progress finish (a slow client held it 60 s)
 PARSE_FACTOR = 8  # a JSON body may take this many times --max-request-mb to parse (protocol.parse_cost)
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/models")
 WATCH_S = 0.05  # how often a streaming request's connection is checked
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -324,7 +325,7 @@ class Server:
             try:
                 if path.startswith("/model/") or path == "/model":
                     return await self._rest_predict(request)
-                if path.startswith("/v1/"):
+                if path in OPENAI_PATHS:
                     return await self._openai_answer(request)
                 if request.method == "GET" and path in ("/health", "/ready", "/metrics", "/servables"):
                     return self._status_page(path)
@@ -332,8 +333,8 @@ class Server:
                 if match and request.method == "POST":
                     return await self._admin(request, *match.groups())
                 raise Failure(f"please check url: {request.method} {path[:64]!r} is not served; predict with "
-                              f"POST /model/<servable>[/version/<n>]:<method>, or GET /health, /ready, /metrics, "
-                              f"/servables", 404, "protocol")
+                              f"POST /model/<servable>[/version/<n>]:<method>, POST /v1/chat/completions, or GET "
+                              f"/health, /ready, /metrics, /servables, /v1/models", 404, "protocol")
             except Exception as error:
                 failure = _failure(error)
                 return self._json(encode_error(str(failure)), failure.status)
@@ -381,7 +382,11 @@ class Server:
                           f"(--max-inflight-mb) and no room came free within {self.config.timeout_s:g} s; retry later",
                           503, "busy") from None
         try:
-            yield await self._read_body(request)
+            try:
+                body = await self._read_body(request)
+            except ProtocolError as error:
+                raise self._protocol_failure(error) from None
+            yield body
         finally:
             self.bodies.release(size)
 
@@ -444,13 +449,12 @@ class Server:
             await asyncio.sleep(WATCH_S)
 
     async def _openai(self, request: web.Request) -> web.StreamResponse:
-        if request.path == "/v1/models" and request.method == "GET":
+        if request.path == "/v1/models":
+            if request.method != "GET":
+                raise O.OpenAIError("use GET for /v1/models", 405, code="method_not_allowed")
             names = sorted(name for name, versions in self.catalog.loaded.items()
                            if versions and versions[max(versions)].engine is not None)
             return web.Response(body=O.models_list(names), content_type="application/json")
-        if request.path != "/v1/chat/completions":
-            raise O.OpenAIError(f"{request.method} {request.path[:64]}: not served; use POST /v1/chat/completions or "
-                                f"GET /v1/models", 404, code="not_found")
         if request.method != "POST":
             raise O.OpenAIError("use POST for /v1/chat/completions", 405, code="method_not_allowed")
         async with self._held_body(request) as body:

@@ -12,7 +12,7 @@ def _package_options(args, evaluate: bool):
     from mindvl.export.pipeline import PackageOptions
     return PackageOptions(args.static_batch, package_key(args), args.version, args.force, evaluate, args.data_root,
                           graphs=args.graph, lite2_batch=args.lite2_batch if args.target == "lite2" else None,
-                          prompt_buckets=args.prompt_bucket, cache_len=args.cache_len)
+                          prompt_buckets=args.prompt_bucket, cache_len=args.cache_len, eval_limit=args.limit)
 
 
 def _print_export(result: dict, as_json: bool) -> None:
@@ -22,6 +22,10 @@ def _print_export(result: dict, as_json: bool) -> None:
     print(f"wrote {result['package']} (verified)")
     if "evaluation" in result:
         row = result["evaluation"]
+        if row.get("kind") == "generative":
+            print(f"generated answers: VQA typed {row['vqa_text']:.1%}, spoken {row['vqa_audio']:.1%}; decode "
+                  f"{row['decode_ms_b1']:.2f} ms/token at batch 1 (mindvl export compare PKG... for the table)")
+            return
         print(f"VQA text {row['vqa_text']:.1%}, audio {row['vqa_audio']:.1%}; image->caption R@1 "
               f"{row['image_to_caption_r1']:.1%}, speech->question R@1 {row['audio_to_text_r1']:.1%}; latency b1 "
               f"{row['latency_ms_b1']:.1f} ms (mindvl export compare PKG... for the table)")
@@ -46,7 +50,7 @@ def _export_verify(args) -> int:
 
 def _export_evaluate(args) -> None:
     from mindvl.export.evaluate import evaluate_package
-    print(json.dumps(evaluate_package(args.package, args.data_root, package_key(args)), indent=2))
+    print(json.dumps(evaluate_package(args.package, args.data_root, package_key(args), limit=args.limit), indent=2))
 
 
 def _export_compare(args) -> None:
@@ -123,6 +127,12 @@ def _add_source_args(parser: argparse.ArgumentParser, required: bool) -> None:
     _add_package_args(parser)
 
 
+def _add_limit_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--limit", type=int, default=0, metavar="N",
+                        help="evaluating a generative package: only the test split's first N typed and N spoken "
+                             "questions (0: all)")
+
+
 def _add_package_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-root", help="data set folder for the samples and evaluation (default: the config's)")
     parser.add_argument("--static-batch", type=int, action="append", default=[], metavar="N",
@@ -141,6 +151,7 @@ def _add_package_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-len", type=int, default=0, metavar="N",
                         help="a generative model: the key/value cache's length, prompt + new tokens (default: the "
                              "decoder's max_positions, at most 512)")
+    _add_limit_arg(parser)
     parser.add_argument("--version", type=int, default=1, help="model version recorded in the manifest")
     parser.add_argument("--force", action="store_true", help="replace an existing package folder")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -166,6 +177,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     evaluate = sub.add_parser("evaluate", help="a package's comparison row: accuracy, Recall@1, latency")
     evaluate.add_argument("package", metavar="PKG")
     evaluate.add_argument("--data-root", help="data set folder (default: the package config's data.root)")
+    _add_limit_arg(evaluate)
     add_key_args(evaluate)
     evaluate.set_defaults(func=_export_evaluate)
 

@@ -63,12 +63,18 @@ class GenerativeEvaluator:
     generator's (MultimodalGenerator): "standard" keeps a training model's own, "fused" for a loaded model
     (what `mindvl eval` and the quickstart use: with MindSpore's operators 16 prompts of vlm-s need ~25 GB)."""
 
-    def __init__(self, cfg: Config, model, batch_size: int = 0, kernels: str = "standard") -> None:
+    def __init__(self, cfg: Config, model=None, batch_size: int = 0, kernels: str = "standard",
+                 generator=None) -> None:
         """batch_size 0: BATCH prompts at once, LARGE_DECODER_BATCH over a decoder of more than LARGE_DECODER
-        parameters."""
+        parameters. `generator`: generates instead of a MultimodalGenerator over `model` (a model package's
+        graphs: export/evaluate.py); it has `.chat` and `.generate(prompts, max_new_tokens)`."""
+        self.cfg = cfg
+        if generator is not None:
+            self.chat, self.generator = generator.chat, generator
+            self.batch_size = int(batch_size) or BATCH
+            return
         from mindvl.generation.multimodal import MultimodalGenerator
 
-        self.cfg = cfg
         self.chat = recipe_chat(cfg, model.image_tokens, model.audio_tokens)
         large = sum(int(p.size) for p in model.decoder.get_parameters()) > LARGE_DECODER
         self.batch_size = int(batch_size) or (LARGE_DECODER_BATCH if large else BATCH)
