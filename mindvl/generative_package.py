@@ -104,14 +104,30 @@ class Running:
 class DecodeBatch:
     """The sequences generating together over one package's graphs (see the module docstring)."""
 
-    def __init__(self, spec: GenerationSpec, layout: PromptLayout, run: Run, to_numpy: Callable[[Any], np.ndarray]):
+    def __init__(self, spec: GenerationSpec, layout: PromptLayout, run: Run, to_numpy: Callable[[Any], np.ndarray],
+                 sizes: Sequence[int] = ()):
+        """sizes: the batch sizes the graphs run at, rows padded up to the smallest that holds them (the padding
+        rows compute, unread). A dynamic-batch graph compiles anew for every batch size it meets and keeps each
+        compilation's working memory (vlm-s's decode graph: +0.2 GB at batch 2 ... +1.2 GB at 16; all 16 sizes
+        of decode and prefill exhausted 24 GB), so a server runs a few; empty: the exact row count."""
         self.spec = spec
         self.layout = layout
         self.run = run
         self.to_numpy = to_numpy
+        self.sizes = tuple(sorted(sizes))
         self.tokenizer = layout.chat.tokenizer
         self.rows: List[Running] = []
-        self.caches: Optional[List[Any]] = None  # 2 x layers, each (rows, cache_len, kv_width)
+        self.caches: Optional[List[Any]] = None  # 2 x layers, each (padded rows, cache_len, kv_width)
+
+    def padded(self, count: int) -> int:
+        """The batch size `count` rows run at."""
+        return next((size for size in self.sizes if size >= count), count)
+
+    def _pad_rows(self, arrays: Sequence[np.ndarray], count: int) -> List[np.ndarray]:
+        """Each array's first `count` rows, padded to padded(count) rows with repeats of its last row."""
+        extra = self.padded(count) - count
+        return [np.concatenate([a[:count], np.repeat(a[count - 1:count], extra, axis=0)]) if extra else a[:count]
+                for a in arrays]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -122,7 +138,8 @@ class DecodeBatch:
                 owners: Optional[Sequence[Any]] = None) -> List[Running]:
         """Prefill `prompts` together (one bucket, the longest's) and add them to the batch; -> their rows."""
         longest_new = max(s.max_new_tokens for s in settings)
-        batch = self.layout.batch(list(prompts), longest_new)
+        prompts = list(prompts)
+        batch = self.layout.batch(prompts + prompts[-1:] * (self.padded(len(prompts)) - len(prompts)), longest_new)
         outputs = self.run(prefill_name(batch.bucket), self.prefill_inputs(batch))
         logits = self.to_numpy(outputs[0])
         rows = []
@@ -136,7 +153,7 @@ class DecodeBatch:
                                   np.random.default_rng(config.seed), seen, valid, batch.bucket,
                                   int(batch.valid[index].sum()), int(batch.valid[index].sum()), logits[index],
                                   owners[index] if owners is not None else None))
-        self._append(rows, list(outputs[1:]))
+        self._append(rows, [self.to_numpy(c)[:len(rows)] for c in outputs[1:]])
         return rows
 
     def prefill_inputs(self, batch: PromptBatch) -> List[np.ndarray]:
@@ -150,13 +167,12 @@ class DecodeBatch:
             audio_tokens = np.zeros((count, self.spec.audio_tokens, self.spec.width), np.float32)
         return [batch.ids, batch.valid.astype(np.int32), batch.slot_index, image_tokens, audio_tokens]
 
-    def _append(self, rows: List[Running], caches: List[Any]) -> None:
-        if self.caches is None or not self.rows:
-            self.caches = caches
-        else:
-            self.caches = [np.concatenate([self.to_numpy(old), self.to_numpy(new)])
-                           for old, new in zip(self.caches, caches)]
+    def _append(self, rows: List[Running], caches: List[np.ndarray]) -> None:
+        if self.rows:
+            caches = [np.concatenate([self.to_numpy(old)[:len(self.rows)], new])
+                      for old, new in zip(self.caches, caches)]
         self.rows += rows
+        self.caches = self._pad_rows(caches, len(self.rows))
 
     # ---- stepping -----------------------------------------------------------------------------------
 
@@ -182,7 +198,7 @@ class DecodeBatch:
         if len(keep) == len(self.rows):
             return
         self.rows = [self.rows[i] for i in keep]
-        self.caches = None if not keep else [self.to_numpy(c)[keep] for c in self.caches]
+        self.caches = None if not keep else self._pad_rows([self.to_numpy(c)[keep] for c in self.caches], len(keep))
 
     def decode(self) -> None:
         """One decode step of every row: its last token in, its next logits out."""
@@ -194,7 +210,8 @@ class DecodeBatch:
         for row in self.rows:
             row.slot_valid[row.slot] = True
         slot_valid = np.stack([row.slot_valid for row in self.rows]).astype(np.int32)
-        outputs = self.run(DECODE, [token, position, slot, slot_valid, *self.caches])
+        steps = self._pad_rows([token, position, slot, slot_valid], len(self.rows))
+        outputs = self.run(DECODE, [*steps, *self.caches])
         logits = self.to_numpy(outputs[0])
         self.caches = list(outputs[1:])
         for index, row in enumerate(self.rows):

@@ -27,6 +27,7 @@ from mindvl.model_package import as_array, graph_caller, load_graph
 from mindvl.prompting import MultimodalPrompt, PromptLayout
 
 LOG = logging.getLogger("mindvl.serving")
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # what the graphs compile for (DecodeBatch.sizes); more rows pad up
 
 
 def generation_settings(fields: dict) -> dict:
@@ -106,7 +107,8 @@ class GenerationEngine:
         self.graphs = {name: load_graph(folder, manifest, name, key) for name in self.spec.graph_names()}
         self.max_streams = max(1, int(max_streams))
         self.run = graph_caller(self.graphs, lock)
-        self.batch = DecodeBatch(self.spec, self.layout, self.run, as_array)
+        self.batch = DecodeBatch(self.spec, self.layout, self.run, as_array,
+                                 sizes=[size for size in BATCH_SIZES if size < self.max_streams] + [self.max_streams])
         self.waiting: "queue.Queue[Optional[GenerationRequest]]" = queue.Queue()
         self.steps = 0  # decode calls made (metrics, tests)
         self.cancelled = 0  # sequences stopped because their caller went away
