@@ -9,6 +9,9 @@
   samples/generation.safetensors + manifest "generation_samples": real test questions (typed and spoken,
                           about their image) and the tokens the framework generated for them, greedy
 
+  lite2/                  (--target lite2) the same graphs at batch 1 for the MindSpore Lite 2.0 runtime, their
+                          parameters in ../weights.bin, and the device assets (export/lite2.py)
+
 The manifest's "generation" section (mindvl.generative_package.GenerationSpec) holds the cache length, the
 buckets, the chat template, the stop tokens and the request limit; the tokenizer is tokenizer.json.
 """
@@ -25,6 +28,7 @@ from mindvl.cells import AttachmentNet, DecodeNet, PrefillNet
 from mindvl.config import Config
 from mindvl.decoding import sampling_config
 from mindvl.export.graphs import GraphSpec, TensorSpec
+from mindvl.export.lite2 import GENERATIVE_BATCH, write_generative_lite2
 from mindvl.export.package import file_entries, manifest_head, write_graph
 from mindvl.export.shared_weights import share_weights
 from mindvl.files import swap_folder, work_folder
@@ -96,13 +100,19 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
                              source: Mapping[str, object], cache_len: int = 0, max_new_tokens: int = MAX_NEW_TOKENS,
                              version: int = 1, force: bool = False, progress: bool = True,
                              compression: Optional[Mapping[str, object]] = None,
-                             buckets: Sequence[int] = ()) -> Path:
+                             buckets: Sequence[int] = (), lite2_batch: Optional[int] = None) -> Path:
     """Export `model` (a MultimodalLM in eval mode, `chat` its recipe's ChatEncoder) into the package `out`;
     `prompts`: real test questions stored with the framework's greedy tokens (those no bucket holds are left
-    out). cache_len 0: the decoder's max_positions, at most 512; buckets: generation_spec's."""
+    out). cache_len 0: the decoder's max_positions, at most 512; buckets: generation_spec's. lite2_batch: also
+    write lite2/, the generation graphs for the MindSpore Lite 2.0 runtime (export/lite2.py
+    write_generative_lite2); batch 1 only."""
     out = Path(out)
     if out.exists() and not force:
         raise PackageError(f"{out}: already exists; pass --force to replace it or choose another --out")
+    if lite2_batch not in (None, GENERATIVE_BATCH):
+        raise PackageError(f"--lite2-batch {lite2_batch}: a generative package's lite2 graphs have batch "
+                           f"{GENERATIVE_BATCH} (the device generates one sequence at a time; the rows of a batch run "
+                           f"in turn); leave --lite2-batch out")
     lm = model.decoder
     cache_len = int(cache_len or min(lm.cfg.max_positions, 512))
     spec = generation_spec(cfg, model, chat, cache_len, max_new_tokens, buckets)
@@ -131,6 +141,9 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
                       if value is not None}},
                   str(work / "samples" / "generation.safetensors"))
         chat.tokenizer.save(str(work / spec.tokenizer))
+        lite2 = None if lite2_batch is None else write_generative_lite2(
+            work, model, [(g, _sample_inputs(g.name, batch, layout, prompts, GENERATIVE_BATCH))
+                          for g in graph_specs(spec, cfg.preprocess)], spec, chat, cfg.preprocess)
         (work / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         manifest = {
             **manifest_head(cfg, model, source, version, compression, None),
@@ -144,6 +157,7 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
                 "prompts": [{"question": p.question, "image": p.image is not None, "audio": p.mel is not None,
                              "tokens": g.tokens, "text": g.text} for p, g in zip(prompts, generated)]},
             "weights": {"file": "weights.bin", **sizes},
+            **({"lite2": lite2} if lite2 else {}),
             "tolerance": TOLERANCE,
             "files": file_entries(work),
         }
@@ -155,24 +169,26 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
     return out
 
 
-def _sample_inputs(name: str, batch: DecodeBatch, layout: PromptLayout,
-                   prompts: Sequence[MultimodalPrompt]) -> List[np.ndarray]:
-    """Graph `name`'s sample inputs from the stored prompts (the decode graph's: one step after a prefill)."""
+def _sample_inputs(name: str, batch: DecodeBatch, layout: PromptLayout, prompts: Sequence[MultimodalPrompt],
+                   rows: int = 0) -> List[np.ndarray]:
+    """Graph `name`'s sample inputs from the stored prompts (the decode graph's: one step after a prefill), at
+    most `rows` of them (0: all; the lite2 graphs' batch-1 samples)."""
     if name == ATTACHMENTS:
-        laid = layout.batch(list(prompts), 1)
+        laid = layout.batch(list(prompts[:rows or None]), 1)
         return [laid.image, laid.mel, laid.frame_mask]
     if name == DECODE:
         step = DecodeBatch(batch.spec, layout, batch.run, batch.to_numpy)
         step.prefill(prompts, [sampling_config(max_new_tokens=2)] * len(prompts))
         step.sample()
-        rows = step.rows
-        if not rows:
+        running = step.rows[:rows or None]
+        if not running:
             raise PackageError("every sample question stopped at its first token; no decode step to store")
-        for row in rows:
+        for row in running:
             row.slot_valid[row.slot] = True
-        return [np.array([[r.sequence.tokens[-1]] for r in rows], np.int32),
-                np.array([[r.position] for r in rows], np.int32), np.array([[r.slot] for r in rows], np.int32),
-                np.stack([r.slot_valid for r in rows]).astype(np.int32), *(as_array(c) for c in step.caches)]
+        return [np.array([[r.sequence.tokens[-1]] for r in running], np.int32),
+                np.array([[r.position] for r in running], np.int32), np.array([[r.slot] for r in running], np.int32),
+                np.stack([r.slot_valid for r in running]).astype(np.int32),
+                *(as_array(c)[:len(running)] for c in step.caches)]
     bucket = int(name.rsplit("_", 1)[1])
     only = PromptLayout(layout.chat, layout.pre, [bucket], layout.cache_len, layout.pad_id)  # this bucket's layout
-    return batch.prefill_inputs(only.batch(_fitting(prompts, layout, bucket), 1))
+    return batch.prefill_inputs(only.batch(_fitting(prompts, layout, bucket)[:rows or None], 1))

@@ -28,19 +28,24 @@ class OpRule:
     rename: the Lite 2.0 op name when 2.10 calls it differently (a scalar-operand variant).
     tensor_inputs: constant scalar inputs that become 0-d tensors of input 0's element type.
     strings: attribute name -> the strings its enum values stand for (BiasAdd's data format).
+    unset: constant inputs dropped because the Lite 2.0 op has no such argument; each must be None (left at
+    its default), else the conversion fails naming the op (SumExt's dtype).
+    tensor_values: a tensor input's value when it is not the constant's own (a cast to bool's 0).
     """
     attributes: Mapping[int, Tuple[str, ...]] = field(default_factory=dict)
     rename: Optional[str] = None
     tensor_inputs: Tuple[int, ...] = ()
     strings: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
+    unset: Tuple[int, ...] = ()
+    tensor_values: Mapping[int, float] = field(default_factory=dict)
 
 
 # ops whose 2.10 form has no construction arguments (or keeps them as inputs in 1.x too: Reshape's shape,
 # Transpose's perm, Tile's multiples, ExpandDims' axis, Cast's type)
-PLAIN = ("Abs", "Add", "Cast", "Div", "Equal", "Erf", "Exp", "ExpandDims", "GeLU", "Greater", "Less", "LessEqual",
-         "LogicalAnd", "LogicalNot", "LogicalOr", "Maximum", "Minimum", "Mul", "Neg", "OnesLike", "Pow", "RealDiv",
-         "ReLU", "Reshape", "Rsqrt", "Sigmoid", "Sqrt", "Square", "Sub", "Tanh", "Tile", "Transpose",
-         "ZerosLike")
+PLAIN = ("Abs", "Add", "Cast", "Cos", "Div", "Equal", "Erf", "Exp", "ExpandDims", "GeLU", "Greater", "Less",
+         "LessEqual", "LogicalAnd", "LogicalNot", "LogicalOr", "Maximum", "Minimum", "Mul", "Neg", "OnesLike", "Pow",
+         "RealDiv", "ReLU", "Reshape", "Rsqrt", "Sigmoid", "Sin", "Sqrt", "Square", "Sub", "Tanh", "Tile",
+         "Transpose", "ZerosLike")
 DATA_FORMATS = ("NCHW", "NHWC")
 
 RULES: Dict[str, OpRule] = {
@@ -60,22 +65,31 @@ RULES: Dict[str, OpRule] = {
     "Argmax": OpRule({1: ("axis",), 2: ("output_type",)}),
     "StridedSlice": OpRule({4: ("begin_mask",), 5: ("end_mask",), 6: ("ellipsis_mask",), 7: ("new_axis_mask",),
                             8: ("shrink_axis_mask",)}),
+    "BroadcastTo": OpRule({1: ("shape",)}),
+    "CumSum": OpRule({2: ("exclusive",), 3: ("reverse",)}),  # the axis stays an input, as in 1.x
+    "Split": OpRule({1: ("axis",), 2: ("output_num",)}),
+    "SumExt": OpRule({2: ("keep_dims",)}, rename="ReduceSum", unset=(3,)),  # Tensor.sum(axis, keepdims)
     "Select": OpRule(rename="Where"),  # Lite 2.0's Select is the control-flow one
     "Muls": OpRule(rename="Mul", tensor_inputs=(1,)),  # x * python float
     "LessScalar": OpRule(rename="Less", tensor_inputs=(1,)),  # int tensor < python int (attention masks)
 }
 
+# Lite 2.0's Cast kernel makes no bools ("Unsupported datatype from 34 to 30" for int32 -> bool, the generation
+# graphs' masks): a cast to bool becomes x != 0, its dst_type input the 0 of x's element type
+CAST_TO_BOOL = OpRule(rename="NotEqual", tensor_inputs=(1,), tensor_values={1: 0})
+BOOL_TYPE_ID = 30  # MindSpore's TypeId of bool: the value of Cast's dst_type input
+
 # what 2.10 still writes in the 1.x form: graph plumbing, and Pad (its paddings are an attribute)
 AS_IS = ("TupleGetItem", "MakeTuple", "Depend", "Load", "UpdateState", "Pad")
 
 
-def _scalar_tensor(pb, value, data_type: int):
-    """A Constant's value as a 0-d tensor of TensorProto `data_type`."""
+def _scalar_tensor(pb, number: float, data_type: Optional[int]):
+    """`number` as a 0-d tensor of TensorProto `data_type`."""
     dtypes = {pb.TensorProto.FLOAT: np.float32, pb.TensorProto.INT32: np.int32, pb.TensorProto.INT64: np.int64,
               pb.TensorProto.FLOAT16: np.float16, pb.TensorProto.DOUBLE: np.float64, pb.TensorProto.BOOL: np.bool_}
     if data_type not in dtypes:
-        raise ValueError(f"element type {pb.TensorProto.DataType.Name(data_type)}")
-    number = value.f if value.type in (pb.AttributeProto.FLOAT, pb.AttributeProto.DOUBLE) else value.i
+        raise ValueError("element type " + (pb.TensorProto.DataType.Name(data_type) if data_type is not None
+                                            else "unknown: the input is computed inside the graph"))
     attribute = pb.AttributeProto(name="value", type=pb.AttributeProto.TENSORS)
     attribute.tensors.add(data_type=data_type, name="value0", raw_data=np.asarray(number, dtypes[data_type]).tobytes())
     return attribute
@@ -128,13 +142,17 @@ def convert_mindir(data: bytes, name: str = "graph") -> Tuple[bytes, List[str]]:
             op = primitive.op_type
             if primitive.prim_type != pb.PrimitiveProto.PRIMITIVE_FUNCTION:
                 if op not in AS_IS and op not in RULES:
-                    raise PackageError(f"graph {name}: op {op} has no Lite 2.0 conversion in export/lite2.py RULES")
+                    raise PackageError(f"graph {name}: op {op} has no Lite 2.0 conversion in export/lite2_convert.py "
+                                       f"RULES")
                 kept.append(primitive)
                 continue
             if op not in RULES:
-                raise PackageError(f"graph {name}: op {op} has no Lite 2.0 conversion (export/lite2.py RULES knows "
-                                   f"{', '.join(sorted(RULES))}); add a rule for it or avoid the op in the model")
+                raise PackageError(f"graph {name}: op {op} has no Lite 2.0 conversion (export/lite2_convert.py RULES "
+                                   f"knows {', '.join(sorted(RULES))}); add a rule for it or avoid the op in the model")
             rule = RULES[op]
+            dst_type = lookup.constants.get(node.input[1]) if op == "Cast" and len(node.input) > 1 else None
+            if dst_type is not None and dst_type.attribute[0].i == BOOL_TYPE_ID:
+                rule = CAST_TO_BOOL
             new = pb.PrimitiveProto()
             new.CopyFrom(primitive)
             new.op_type = rule.rename or op
@@ -142,12 +160,17 @@ def convert_mindir(data: bytes, name: str = "graph") -> Tuple[bytes, List[str]]:
             new.name = f"{new.op_type}:lite2_{len(kept)}"
             inputs = []
             for index, source in enumerate(node.input):
-                if index in rule.attributes or index in rule.tensor_inputs:
+                if index in rule.attributes or index in rule.tensor_inputs or index in rule.unset:
                     constant = lookup.constants.get(source)
                     if constant is None:
                         raise PackageError(f"graph {name}: op {op} input {index} is computed at run time; Lite 2.0 "
                                            f"needs it constant")
                     value = constant.attribute[0]
+                if index in rule.unset:
+                    if value.type != pb.AttributeProto.NONE:
+                        raise PackageError(f"graph {name}: op {op} input {index} is set; Lite 2.0's "
+                                           f"{rule.rename or op} has no such argument: leave it at its default")
+                    continue
                 if index in rule.attributes:
                     for attribute_name in rule.attributes[index]:
                         attribute = new.attribute.add()
@@ -160,8 +183,10 @@ def convert_mindir(data: bytes, name: str = "graph") -> Tuple[bytes, List[str]]:
                     continue
                 if index in rule.tensor_inputs:
                     data_type = lookup.element_types.get(node.input[0])
+                    number = rule.tensor_values.get(index, value.f if value.type in (
+                        pb.AttributeProto.FLOAT, pb.AttributeProto.DOUBLE) else value.i)
                     try:
-                        tensor = _scalar_tensor(pb, value, data_type)
+                        tensor = _scalar_tensor(pb, number, data_type)
                     except ValueError as exc:
                         raise PackageError(f"graph {name}: op {op}: cannot make its scalar a tensor ({exc})") from exc
                     constant_node = pb.NodeProto(name=f"{source}:lite2_{len(extra_nodes)}", op_type="Constant")

@@ -35,8 +35,7 @@ def _write_generative(cfg, model, source: Mapping[str, object], out: Path, optio
     from mindvl.export.generative import SAMPLE_QUESTIONS, write_generative_package
 
     given = [flag for flag, value in (("--static-batch", options.static_batches), ("--key-file/--key-env",
-             options.key), ("--graph", options.graphs), ("--target lite2", options.lite2_batch is not None))
-             if value]
+             options.key), ("--graph", options.graphs)) if value]
     if given:
         raise PackageError(f"{', '.join(given)}: not available for a generative model's package yet (its graphs "
                            f"are attachments, prefill per bucket and decode); leave {given[0]} out")
@@ -44,7 +43,8 @@ def _write_generative(cfg, model, source: Mapping[str, object], out: Path, optio
     chat = recipe_chat(cfg, model.image_tokens, model.audio_tokens)
     return write_generative_package(cfg, model, chat, prompts, out, source, cache_len=options.cache_len,
                                     version=options.version, force=options.force, progress=options.progress,
-                                    compression=compression, buckets=options.prompt_buckets)
+                                    compression=compression, buckets=options.prompt_buckets,
+                                    lite2_batch=options.lite2_batch)
 
 
 def package_and_check(cfg, model, source: Mapping[str, object], out: Path, options: PackageOptions,

@@ -5,7 +5,9 @@ Python model code) and run on the stored samples; each output is compared with t
 framework computed at export time: floats within |got - expected| <= atol + rtol * |expected|
 (manifest "tolerance", 1e-4 and 1e-4), integer outputs (generated token ids) exactly. A package with
 lite2/ graphs also runs each of them on the MindSpore Lite 2.0 runtime with 2 threads against the
-samples of its `<graph>_b<N>` reference, or says why it could not (the runtime is fetched on first use).
+samples of its `<graph>_b<N>` reference (a generative package's lite2 graphs: their own batch-1 samples)
+and generates the stored questions again there, or says why it could not (the runtime is fetched on first
+use).
 """
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -93,24 +95,34 @@ def verify_package(package: Path, key: Optional[bytes] = None) -> VerifyReport:
 
 def _verify_generation(package: Path, manifest: dict, report: VerifyReport, key: Optional[bytes]) -> None:
     """The stored questions generated again through the graphs (greedy): the framework's tokens, exactly."""
+    from mindvl.generative_package import GenerationSpec
+
+    spec = GenerationSpec.from_manifest(manifest)
+    graphs = {name: load_graph(package, manifest, name, key) for name in spec.graph_names()}
+    _check_generation(package, manifest, report, graph_caller(graphs), "generate")
+
+
+def _check_generation(package: Path, manifest: dict, report: VerifyReport, run, graph: str,
+                      one_at_a_time: bool = False) -> None:
+    """The stored questions generated through `run(name, inputs)` (any runtime's graphs), greedy, checked
+    against the framework's tokens as `graph`'s outputs; together, or `one_at_a_time` (graphs of batch 1)."""
     from mindvl.decoding import sampling_config
     from mindvl.generative_package import GenerationSpec, generate, package_chat
     from mindvl.preprocess import preprocess_config
     from mindvl.prompting import PromptLayout
 
     spec = GenerationSpec.from_manifest(manifest)
-    graphs = {name: load_graph(package, manifest, name, key) for name in spec.graph_names()}
-    prompts = stored_prompts(package, manifest)
     layout = PromptLayout(package_chat(package, spec), preprocess_config(manifest["preprocess"]), spec.buckets,
                           spec.cache_len, spec.pad_id)
-
     samples = manifest["generation_samples"]
-    generated = generate(spec, layout, graph_caller(graphs), as_array, prompts,
-                         sampling_config(max_new_tokens=samples["max_new_tokens"]))
+    prompts = stored_prompts(package, manifest)
+    settings = sampling_config(max_new_tokens=samples["max_new_tokens"])
+    generated = ([generate(spec, layout, run, as_array, [prompt], settings)[0] for prompt in prompts]
+                 if one_at_a_time else generate(spec, layout, run, as_array, prompts, settings))
     for index, (stored, generation) in enumerate(zip(samples["prompts"], generated)):
         want = np.asarray(stored["tokens"], np.int64)
         got = np.asarray(generation.tokens, np.int64)
-        report.checks.append(compare("generate", f"sample {index} tokens", got, want, manifest["tolerance"]))
+        report.checks.append(compare(graph, f"sample {index} tokens", got, want, manifest["tolerance"]))
 
 
 def stored_prompts(package: Path, manifest: dict) -> list:
@@ -130,20 +142,30 @@ LITE2_VERIFY_THREADS = 2  # more than one: the case Lite 2.0's own LayerNorm got
 
 
 def _verify_lite2(package: Path, manifest: dict, report: VerifyReport) -> None:
+    """Each lite2 graph on its reference's samples (in chunks of its static batch); a generative package's
+    stored questions generated again on Lite 2.0, greedy: the framework's tokens, exactly."""
     from mindvl.lite import runtime2
-    from mindvl.lite.model import Context, LiteError, LiteModel
+    from mindvl.lite.model import Context, GenerationGraphs, LiteError, LiteModel
 
     reason = runtime2.status()
     if reason:
         report.notes.append(f"lite2 graphs not run: {reason}")
         return
+    context = Context(LITE2_VERIFY_THREADS)
+    own = {**manifest, "graphs": manifest["lite2"]["graphs"]}  # entries with samples of their own, at their batch
     for name, entry in manifest["lite2"]["graphs"].items():
-        inputs, expected = load_samples(package, manifest, entry["reference"])
+        inputs, expected = (load_samples(package, own, name) if "samples" in entry else
+                            load_samples(package, manifest, entry["reference"]))
         try:
-            with LiteModel(backend="lite2").build_from_file(package / entry["file"],
-                                                            context=Context(LITE2_VERIFY_THREADS)) as model:
+            with LiteModel.from_package(package, name, context, backend="lite2") as model:
                 outputs = list(model.run(list(inputs.values())).values())
         except LiteError as exc:
             raise PackageError(f"lite2 graph {name} ({entry['file']}): {exc}") from exc
         for (output, want), got in zip(expected.items(), outputs):
             report.checks.append(compare(f"lite2/{name}", output, got, want, manifest["tolerance"]))
+    if manifest.get("generation_samples"):
+        try:
+            with GenerationGraphs(package, "lite2", context) as graphs:
+                _check_generation(package, manifest, report, graphs, "lite2/generate", one_at_a_time=True)
+        except LiteError as exc:
+            raise PackageError(f"lite2 generation: {exc}") from exc

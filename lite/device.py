@@ -12,18 +12,25 @@ Inputs follow the server's rules: image PNG/JPEG bytes; question a str ('' or No
 audio WAV/FLAC/OGG bytes (b'' or None when only typed); not both question and audio empty. A bad input
 raises `mindvl.preprocess.InputError` naming it (`answer`), or takes that item's place in the result list
 (`answer_batch`), so one corrupt JPEG never stops a batch.
+
+A generative package (vlm-tiny's: attachments, prefill per bucket, decode) answers in words instead:
+`generate` and `stream` run mindvl.generative_package's DecodeBatch, the loop the server and `export
+verify` run, over the package's graphs on the device runtime (lite.model.GenerationGraphs); the image and
+the spoken question are preprocessed on their lanes as above, and one prompt is generated at a time (the
+lite2 graphs have batch 1).
 """
 import dataclasses
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from mindvl import preprocess as P
-from mindvl.lite.model import Context, LiteError, LiteModel
+from mindvl.decoding import Delta, Generation, sampling_config
+from mindvl.lite.model import Context, GenerationGraphs, LiteError, LiteModel
 
 MODALITIES = ("image", "question", "audio")
 PathLike = Union[str, Path]
@@ -56,6 +63,15 @@ class DeviceAnswer:
     threads: Dict[str, str]
 
 
+@dataclasses.dataclass
+class DeviceGeneration(Generation):
+    """A generated answer on the device (mindvl.decoding.Generation: text, tokens, finish, prompt_tokens,
+    logprobs, mean_logprob) with timings in seconds: image, audio (each modality's own task), preprocess,
+    first_token (from the call to the first token: preprocessing, attachments, prefill and the first
+    sample), decode (the decode steps after it), total."""
+    timings: Dict[str, float] = dataclasses.field(default_factory=dict)
+
+
 def _timed(function, *args) -> Tuple[object, float, str]:
     start = time.perf_counter()
     result = function(*args)
@@ -74,7 +90,8 @@ def find_package(model_path: PathLike) -> Path:
 
 
 class DevicePipeline:
-    """Answers questions with the vqa graph of a model package on the device runtime.
+    """Answers questions with the vqa graph of a model package on the device runtime, or generates answers
+    with a generative package's graphs (`generate`, `stream`).
 
     package: the model package folder. backend: LiteModel's ("auto", "lite2", "graphcell", ...).
     threads: workers per modality lane (1 is enough for single questions; more help `answer_batch`).
@@ -92,21 +109,48 @@ class DevicePipeline:
             raise LiteError(f"threads={threads!r}: expected 1 or more workers per modality")
         self.package = Path(package)
         self.manifest = read_manifest(self.package)
+        recorded = self.manifest["preprocess"]
+        self.pre = P.preprocess_config(recorded)
+        check_files(self.package, self.manifest, [recorded["tokenizer"]])
+        self.generative = self.manifest.get("kind") == "generative"
+        self.model = self.graphs = None
+        if self.generative:
+            self._init_generation(backend, context)
+        else:
+            self._init_vqa(backend, context, model)
+        self.threads = threads
+        self._lanes = {m: ThreadPoolExecutor(threads, thread_name_prefix=f"mindvl-{m}") for m in MODALITIES}
+        self._model_lock = threading.Lock()  # a LiteModel is one runtime session: one call at a time
+
+    def _init_vqa(self, backend: str, context: Optional[Context], model: Optional[LiteModel]) -> None:
         if "vqa" not in self.manifest["graphs"]:
             raise LiteError(f"{self.package}: has no vqa graph (it has {', '.join(self.manifest['graphs'])}); "
                             f"export the package with the vqa graph to answer questions")
-        recorded = self.manifest["preprocess"]
-        self.pre = P.preprocess_config(recorded)
         self.labels: List[str] = list(self.manifest["labels"])
-        check_files(self.package, self.manifest, [recorded["tokenizer"]])
-        self.tokenizer = P.TextTokenizer.load(self.package / recorded["tokenizer"])
+        self.tokenizer = P.TextTokenizer.load(self.package / self.manifest["preprocess"]["tokenizer"])
         self.inputs = P.RequestInputs(self.pre, self.tokenizer)
         self.input_names = [t["name"] for t in self.manifest["graphs"]["vqa"]["inputs"]]
         self.model = model or LiteModel.from_package(self.package, "vqa", context, backend)
         self.backend = self.model.backend_name
-        self.threads = threads
-        self._lanes = {m: ThreadPoolExecutor(threads, thread_name_prefix=f"mindvl-{m}") for m in MODALITIES}
-        self._model_lock = threading.Lock()  # a LiteModel is one runtime session: one call at a time
+
+    def _init_generation(self, backend: str, context: Optional[Context]) -> None:
+        from mindvl.generative_package import package_chat
+        from mindvl.prompting import PromptLayout
+
+        self.graphs = GenerationGraphs(self.package, backend, context)
+        self.spec, self.backend = self.graphs.spec, self.graphs.backend_name
+        self.layout = PromptLayout(package_chat(self.package, self.spec), self.pre, self.spec.buckets,
+                                   self.spec.cache_len, self.spec.pad_id)
+        # the image and audio stages (RequestInputs.pixels / speech); the vqa tokenizer is never asked for
+        self.inputs = P.RequestInputs(self.pre, lambda: P.TextTokenizer(self.layout.chat.tokenizer))
+
+    def _require(self, generative: bool, what: str) -> None:
+        if generative and not self.generative:
+            raise LiteError(f"{self.package}: a vqa package answers with answer(); {what} needs a generative "
+                            f"package (export a generative run such as vlm-tiny, with --target lite2 for Lite 2.0)")
+        if not generative and self.generative:
+            raise LiteError(f"{self.package}: a generative package answers in words: use generate() or stream() "
+                            f"instead of {what}")
 
     @classmethod
     def from_model(cls, model: LiteModel, threads: int = 1) -> "DevicePipeline":
@@ -118,6 +162,7 @@ class DevicePipeline:
     # -- preprocessing in parallel: the server's stages (RequestInputs), one lane per modality
     def _submit(self, image, question, audio, prefix: str) -> Dict[str, Future]:
         """Check the request's shape, then start one task per modality on its lane."""
+        self._require(False, "answer()")
         question = "" if question is None else question
         audio = b"" if audio is None else audio
         P.expect(image, bytes, f"{prefix}image")
@@ -148,6 +193,7 @@ class DevicePipeline:
     # -- the model
     def predict(self, rows: Sequence[Mapping[str, np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
         """Rows of vqa inputs -> (answer_logits float32 (N, num_answers), answer_ids int32 (N, steps))."""
+        self._require(False, "predict()")
         if not rows:
             raise LiteError("predict: no rows to run")
         batch = {name: np.stack([np.asarray(row[name]) for row in rows]) for name in self.input_names}
@@ -211,10 +257,75 @@ class DevicePipeline:
             done += 1
         return results
 
+    # -- generation (a generative package)
+    def _prompt(self, image: Optional[bytes], question: Optional[str], audio: Optional[bytes]):
+        """The request as a MultimodalPrompt, its image and audio preprocessed on their lanes at once
+        -> (prompt, timings of the image and audio tasks)."""
+        from mindvl.prompting import MultimodalPrompt
+
+        question = "" if question is None else P.expect(question, str, "question")
+        audio = b"" if audio is None else P.expect(audio, bytes, "audio")
+        if not question.strip() and not audio:
+            raise P.InputError("generate: question and audio are both empty; ask as text, as audio or both")
+        image_task = None if image is None else self._lanes["image"].submit(_timed, self.inputs.pixels, image)
+        audio_task = None if not audio else self._lanes["audio"].submit(_timed, self.inputs.speech, audio, "audio")
+        wait([t for t in (image_task, audio_task) if t is not None])  # both, even when one fails
+        pixels, image_seconds, _ = image_task.result() if image_task else (None, 0.0, "")
+        (mel, frames), audio_seconds, _ = audio_task.result() if audio_task else ((None, None), 0.0, "")
+        return MultimodalPrompt(question, pixels, mel, frames), {"image": image_seconds, "audio": audio_seconds}
+
+    def stream(self, image: Optional[bytes] = None, question: Optional[str] = None, audio: Optional[bytes] = None,
+               **settings) -> Iterator[Delta]:
+        """Generate an answer to a question (typed, spoken or both) about an optional image, yielding each
+        token's Delta (token, text, logprob, finish on the last) as it is chosen. settings: SamplingConfig's
+        (max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop_strings, seed, ...); greedy by
+        default. InputError names a bad input; ConfigError a bad setting or a prompt too long."""
+        yield from self._generate(image, question, audio, settings, DeviceGeneration(""))
+
+    def generate(self, image: Optional[bytes] = None, question: Optional[str] = None,
+                 audio: Optional[bytes] = None, **settings) -> DeviceGeneration:
+        """`stream`'s answer whole, with its timings (DeviceGeneration)."""
+        result = DeviceGeneration("")
+        for delta in self._generate(image, question, audio, settings, result):
+            result.add(delta)
+        return result
+
+    def _generate(self, image, question, audio, settings: dict, record: DeviceGeneration) -> Iterator[Delta]:
+        """The deltas of one answer; `record` gets its prompt length and timings."""
+        from mindvl.config import ConfigError
+        from mindvl.generative_package import DecodeBatch
+        from mindvl.model_package import as_array
+
+        self._require(True, "generate()")
+        start = time.perf_counter()
+        config = sampling_config(**settings)
+        if config.max_new_tokens > self.spec.max_new_tokens:
+            raise ConfigError(f"max_new_tokens: {config.max_new_tokens} asked, this package generates at most "
+                              f"{self.spec.max_new_tokens} tokens per answer")
+        prompt, modality_seconds = self._prompt(image, question, audio)
+        timings = record.timings
+        timings.update(modality_seconds, preprocess=time.perf_counter() - start)
+        with self._model_lock:  # one generation at a time on the graphs
+            batch = DecodeBatch(self.spec, self.layout, self.graphs, as_array)
+            (row,) = batch.prefill([prompt], [config])
+            record.prompt_tokens = row.prompt_tokens
+            first = None
+            while batch.rows:
+                for _, delta in batch.sample():
+                    if first is None:
+                        first = time.perf_counter()
+                        timings["first_token"] = first - start
+                    yield delta
+                batch.decode()
+        end = time.perf_counter()
+        timings.update(decode=end - first, total=end - start)
+
     def close(self) -> None:
         for lane in self._lanes.values():
             lane.shutdown(wait=True)
-        self.model.close()
+        for runtime in (self.model, self.graphs):
+            if runtime is not None:
+                runtime.close()
 
     def __enter__(self) -> "DevicePipeline":
         return self

@@ -426,3 +426,52 @@ class LiteModel:
         # the lite2 graphs hold their batch in shape constants: run() feeds chunks without trying a resize
         model._fixed_batch = model.backend_name == "lite2"
         return model
+
+
+
+class GenerationGraphs:
+    """A generative package's graphs as LiteModels, each built on its first call: `graphs(name, inputs)` runs
+    graph `name` on arrays in its input order -> its outputs in order. This is the `run` function
+    mindvl.generative_package's DecodeBatch drives, so the package generates on the device runtime:
+    attachments, the prompt's bucket and decode are built (a worker process each on lite2), the other
+    buckets never. Decode and attachments rows run in chunks of a lite2 graph's batch (LiteModel.run); a
+    prefill of more prompts than its batch is refused, since its slot_index addresses the modality rows
+    of the whole batch: prefill one prompt at a time (DevicePipeline.generate does)."""
+
+    def __init__(self, package: Union[str, Path], backend: str = "auto", context: Optional[Context] = None,
+                 key: Optional[bytes] = None) -> None:
+        from mindvl.generative_package import GenerationSpec, prefill_name
+        from mindvl.model_package import read_manifest
+
+        self.package, self.context, self.key = Path(package), context, key
+        self.backend_name = default_backend() if backend == "auto" else backend
+        self.spec = GenerationSpec.from_manifest(read_manifest(self.package))
+        self.prefills = {prefill_name(bucket) for bucket in self.spec.buckets}
+        self.models: Dict[str, LiteModel] = {}
+
+    def model(self, name: str) -> LiteModel:
+        """Graph `name`'s LiteModel, built now if it was not yet."""
+        if name not in self.models:
+            self.models[name] = LiteModel.from_package(self.package, name, self.context, self.backend_name,
+                                                       self.key)
+        return self.models[name]
+
+    def __call__(self, name: str, inputs: Sequence[np.ndarray]) -> List[np.ndarray]:
+        model = self.model(name)
+        rows, batch = len(inputs[0]), model.get_inputs()[0].shape[0]
+        if name in self.prefills and model._fixed_batch and rows > batch:
+            raise LiteError(f"graph {name}: {rows} prompts for a graph of batch {batch}; their slot_index addresses "
+                            f"one modality table for the whole batch, so they cannot run in turn: prefill one "
+                            f"prompt at a time")
+        return list(model.run(list(inputs)).values())
+
+    def close(self) -> None:
+        for model in self.models.values():
+            model.close()
+        self.models.clear()
+
+    def __enter__(self) -> "GenerationGraphs":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -110,6 +110,65 @@ void parse_preprocess(const std::string &path, Preprocess &pre) {
   }
 }
 
+bool exists(const std::string &path) { return static_cast<bool>(std::ifstream(path)); }
+
+void parse_generation(const std::string &path, Generation &generation, int vocab_size) {
+  std::set<std::string> seen;
+  std::vector<std::string> lines = read_lines(path);
+  const std::map<std::string, int Generation::*> integers = {
+      {"cache_len", &Generation::cache_len}, {"layers", &Generation::layers},
+      {"vocab_size", &Generation::vocab_size}, {"width", &Generation::width}, {"kv_width", &Generation::kv_width},
+      {"image_tokens", &Generation::image_tokens}, {"audio_tokens", &Generation::audio_tokens},
+      {"pad_id", &Generation::pad_id}, {"max_new_tokens", &Generation::max_new_tokens}};
+  const std::map<std::string, std::vector<int> Generation::*> lists = {
+      {"buckets", &Generation::buckets}, {"stop_ids", &Generation::stop_ids},
+      {"special_ids", &Generation::special_ids}};
+  const std::map<std::string, std::vector<int32_t> Generation::*> template_ids = {
+      {"bos", &Generation::bos}, {"user", &Generation::user}, {"assistant", &Generation::assistant},
+      {"end", &Generation::end}, {"image_open", &Generation::image_open},
+      {"image_close", &Generation::image_close}, {"audio_open", &Generation::audio_open},
+      {"audio_close", &Generation::audio_close}};
+  for (size_t i = 0; i < lines.size(); ++i) {
+    std::istringstream line(lines[i]);
+    std::string key, word;
+    std::vector<std::string> values;
+    line >> key;
+    while (line >> word) values.push_back(word);
+    if (key.empty()) continue;
+    const std::string where = path + " line " + std::to_string(i + 1) + " (" + key + ")";
+    seen.insert(key);
+    if (key == "template") {
+      if (values.size() != 1) throw RunnerError(where + ": expected 1 value, got " + std::to_string(values.size()));
+      generation.template_name = values[0];
+    } else if (integers.count(key)) {
+      if (values.size() != 1) throw RunnerError(where + ": expected 1 value, got " + std::to_string(values.size()));
+      generation.*(integers.at(key)) = integer(where, values[0]);
+    } else if (lists.count(key) || template_ids.count(key)) {
+      std::vector<int> ids;
+      for (const std::string &value : values) {
+        ids.push_back(integer(where, value));
+        if (template_ids.count(key) && (ids.back() < 0 || ids.back() >= vocab_size)) {
+          throw RunnerError(where + ": token id " + value + " is outside vocab.txt (" + std::to_string(vocab_size) +
+                            " tokens)");
+        }
+      }
+      if (lists.count(key)) {
+        generation.*(lists.at(key)) = ids;
+      } else {
+        generation.*(template_ids.at(key)) = std::vector<int32_t>(ids.begin(), ids.end());
+      }
+    }  // other keys: written by a newer exporter, not needed here
+  }
+  for (const char *key : {"cache_len", "buckets", "layers", "vocab_size", "kv_width", "image_tokens", "audio_tokens",
+                          "pad_id", "stop_ids", "max_new_tokens", "special_ids", "bos", "user", "assistant", "end"}) {
+    if (!seen.count(key)) throw RunnerError(path + ": has no '" + key + "' line; " + kFix + " again");
+  }
+  if (generation.buckets.empty() || generation.stop_ids.empty() || generation.layers < 1 ||
+      generation.cache_len <= generation.buckets.back()) {
+    throw RunnerError(path + ": needs buckets, stop_ids, layers >= 1 and a cache longer than the largest bucket");
+  }
+}
+
 }  // namespace
 
 std::string Assets::graph_path(const std::string &graph) const {
@@ -128,7 +187,13 @@ Assets read_assets(const std::string &package) {
   const std::string folder = package + "/lite2/";
   parse_preprocess(folder + "preprocess.txt", assets.pre);
   assets.vocab = read_lines(folder + "vocab.txt");
-  assets.labels = read_lines(folder + "labels.txt");
+  assets.generative = exists(folder + "generation.txt");
+  if (assets.generative) {
+    parse_generation(folder + "generation.txt", assets.generation, static_cast<int>(assets.vocab.size()));
+  } else {
+    assets.labels = read_lines(folder + "labels.txt");
+    if (assets.labels.empty()) throw RunnerError(folder + "labels.txt: holds no labels; " + kFix);
+  }
   const Preprocess &pre = assets.pre;
   const int size = static_cast<int>(assets.vocab.size());
   for (int id : {pre.pad_id, pre.unk_id, pre.cls_id, pre.sep_id}) {
@@ -137,7 +202,6 @@ Assets read_assets(const std::string &package) {
                         std::to_string(size) + " tokens)");
     }
   }
-  if (assets.labels.empty()) throw RunnerError(folder + "labels.txt: holds no labels; " + kFix);
   return assets;
 }
 

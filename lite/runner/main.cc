@@ -8,6 +8,18 @@
 //   {"answer", "confidence", "logits", "answer_ids", "preprocess_ms", "build_ms", "predict_ms"}
 // --dump DIR writes the preprocessed image.f32 (3,S,S), question_ids.i32 and question_mask.f32 (T,) as raw
 // little-endian arrays; --preprocess-only stops after that (no model needed).
+//
+//   mindvl_runner PKG --generate [--question TEXT] [--image FILE | --image-f32 FILE]
+//                 [--mel FILE --frame-mask FILE] [--max-new-tokens N] [--ignore-eos] [--threads N]
+//
+// A generative package (PKG/lite2/generation.txt): the question in the package's chat template, its image
+// (a PNG/JPEG file preprocessed as above, or an already preprocessed (3,S,S) float32 file as --dump writes
+// it) and its spoken form (a log-mel (n_mels, T) and frame mask (T,), raw float32 as
+// mindvl.preprocess.pad_mel makes them: the runner has no audio front end), then attachments, prefill and
+// a greedy decode loop (generate.cc) to a stop token or N tokens (--ignore-eos: always N), printing one
+// JSON line:
+//   {"text", "tokens", "logprobs", "finish", "prompt_tokens", "bucket", "build_ms", "first_token_ms",
+//    "decode_ms", "decode_tokens_per_s"}
 // Exit codes: 0 answered; 2 unusable arguments, package files or inputs (message on stderr); 1 the Lite
 // runtime failed to build or run the model.
 #include <sys/stat.h>
@@ -26,7 +38,10 @@
 
 #include "assets.h"
 #include "error.h"
+#include "generate.h"
 #include "image.h"
+#include "json.h"
+#include "runtime.h"
 #include "include/api/context.h"
 #include "include/api/model.h"
 #include "include/api/types.h"
@@ -34,21 +49,37 @@
 
 namespace {
 
+using mvl::elapsed_ms;
+using mvl::json_number;
+using mvl::json_string;
 using mvl::RunnerError;
-
-struct RuntimeFailure : std::runtime_error {  // exit code 1, not 2: the inputs were fine
-  explicit RuntimeFailure(const std::string &message) : std::runtime_error(message) {}
-};
+using mvl::RuntimeFailure;
 
 struct Options {
   std::string package, image, question, dump;
+  std::string image_f32, mel, frame_mask;  // --generate's preprocessed inputs
   int threads = 1;
+  int max_new_tokens = 0;
   bool have_question = false;
   bool preprocess_only = false;
+  bool generate = false;
+  bool ignore_eos = false;
 };
 
 const char *kUsage =
-    "usage: mindvl_runner PKG --image FILE --question TEXT [--threads N] [--dump DIR] [--preprocess-only]";
+    "usage: mindvl_runner PKG --image FILE --question TEXT [--threads N] [--dump DIR] [--preprocess-only]\n"
+    "       mindvl_runner PKG --generate [--question TEXT] [--image FILE | --image-f32 FILE] "
+    "[--mel FILE --frame-mask FILE] [--max-new-tokens N] [--ignore-eos] [--threads N]";
+
+int whole_number(const std::string &flag, const std::string &text, int low, int high) {
+  char *end = nullptr;
+  long number = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || number < low || number > high) {
+    throw RunnerError(flag + " " + text + ": use a whole number from " + std::to_string(low) + " to " +
+                      std::to_string(high));
+  }
+  return static_cast<int>(number);
+}
 
 Options parse(int argc, char **argv) {
   Options options;
@@ -67,22 +98,44 @@ Options parse(int argc, char **argv) {
       options.dump = value();
     } else if (arg == "--preprocess-only") {
       options.preprocess_only = true;
+    } else if (arg == "--generate") {
+      options.generate = true;
+    } else if (arg == "--ignore-eos") {
+      options.ignore_eos = true;
+    } else if (arg == "--image-f32") {
+      options.image_f32 = value();
+    } else if (arg == "--mel") {
+      options.mel = value();
+    } else if (arg == "--frame-mask") {
+      options.frame_mask = value();
+    } else if (arg == "--max-new-tokens") {
+      options.max_new_tokens = whole_number(arg, value(), 1, 1 << 20);
     } else if (arg == "--threads") {
-      const std::string text = value();
-      char *end = nullptr;
-      long threads = std::strtol(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || threads < 1 || threads > 256) {
-        throw RunnerError("--threads " + text + ": use a whole number from 1 to 256");
-      }
-      options.threads = static_cast<int>(threads);
+      options.threads = whole_number(arg, value(), 1, 256);
     } else if (arg.rfind("--", 0) == 0 || !options.package.empty()) {
       throw RunnerError("unexpected argument '" + arg + "'; " + kUsage);
     } else {
       options.package = arg;
     }
   }
-  if (options.package.empty() || options.image.empty() || !options.have_question) {
+  if (options.generate) {
+    if (options.package.empty() || (!options.have_question && options.mel.empty())) {
+      throw RunnerError(std::string("--generate needs PKG and --question, --mel or both; ") + kUsage);
+    }
+    if (!options.image.empty() && !options.image_f32.empty()) {
+      throw RunnerError("--image and --image-f32: give the image one way");
+    }
+    if (options.mel.empty() != options.frame_mask.empty()) {
+      throw RunnerError("--mel and --frame-mask go together (the log-mel and its frame mask, as pad_mel makes them)");
+    }
+    if (!options.dump.empty() || options.preprocess_only) {
+      throw RunnerError("--dump and --preprocess-only belong to the vqa mode; leave them out with --generate");
+    }
+  } else if (options.package.empty() || options.image.empty() || !options.have_question) {
     throw RunnerError(std::string("PKG, --image and --question are required; ") + kUsage);
+  } else if (!options.image_f32.empty() || !options.mel.empty() || !options.frame_mask.empty() ||
+             options.max_new_tokens || options.ignore_eos) {
+    throw RunnerError("--image-f32, --mel, --frame-mask, --max-new-tokens and --ignore-eos belong to --generate");
   }
   return options;
 }
@@ -94,33 +147,6 @@ void write_raw(const std::string &folder, const std::string &name, const void *d
   if (!file) throw RunnerError(path + ": cannot write the dump");
 }
 
-double elapsed_ms(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
-}
-
-std::string json_string(const std::string &text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-      out += escaped;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
-std::string json_number(double value) {
-  if (!std::isfinite(value)) return "null";  // JSON has no NaN or inf
-  char text[32];
-  std::snprintf(text, sizeof text, "%.9g", value);  // enough digits to give a float32 back exactly
-  return text;
-}
 
 // One example's inputs, by the vqa graph's input names; each is copied into every row of the batch.
 struct Example {
@@ -164,10 +190,63 @@ std::vector<mindspore::MSTensor> fill_inputs(mindspore::Model &model, const Exam
   return inputs;
 }
 
+// A raw little-endian float32 file of exactly `count` values (what --dump writes, or numpy's tofile).
+std::vector<float> read_floats(const std::string &path, size_t count, const std::string &what) {
+  std::ifstream file(path, std::ios::binary | std::ios::ate);
+  if (!file) throw RunnerError(path + ": no such file or not readable (" + what + ")");
+  const auto bytes = static_cast<size_t>(file.tellg());
+  if (bytes != count * 4) {
+    throw RunnerError(path + ": " + std::to_string(bytes) + " bytes, but " + what + " is " + std::to_string(count) +
+                      " float32 values (" + std::to_string(count * 4) + " bytes)");
+  }
+  std::vector<float> values(count);
+  file.seekg(0);
+  file.read(reinterpret_cast<char *>(values.data()), static_cast<std::streamsize>(bytes));
+  return values;
+}
+
+int run_generate(const Options &options) {
+  const mvl::Assets assets = mvl::read_assets(options.package);
+  if (!assets.generative) {
+    throw RunnerError(options.package + "/lite2/generation.txt: missing; --generate needs a generative package "
+                      "exported with `mindvl export --target lite2` (a vqa package answers without --generate)");
+  }
+  const mvl::Preprocess &pre = assets.pre;
+  mvl::GenerateRequest request;
+  request.question = options.question;
+  request.max_new_tokens = options.max_new_tokens;
+  request.ignore_eos = options.ignore_eos;
+  request.threads = options.threads;
+  const size_t pixels = 3ull * pre.image_size * pre.image_size, frames = static_cast<size_t>(pre.max_audio_frames);
+  if (!options.image.empty()) request.image = mvl::image_tensor(options.image, pre);
+  if (!options.image_f32.empty()) request.image = read_floats(options.image_f32, pixels, "a (3, S, S) image");
+  if (!options.mel.empty()) {
+    request.mel = read_floats(options.mel, frames * pre.n_mels, "the (n_mels, max_audio_frames) log-mel");
+    request.frame_mask = read_floats(options.frame_mask, frames, "the (max_audio_frames,) frame mask");
+  }
+  const mvl::GenerateResult result = mvl::generate(assets, request);
+  std::string line = "{\"text\": " + json_string(result.text) + ", \"tokens\": [";
+  for (size_t i = 0; i < result.tokens.size(); ++i) line += (i ? ", " : "") + std::to_string(result.tokens[i]);
+  line += "], \"logprobs\": [";
+  for (size_t i = 0; i < result.logprobs.size(); ++i) line += (i ? ", " : "") + json_number(result.logprobs[i]);
+  const double steps = static_cast<double>(result.tokens.size() - 1);  // decode calls after the first token
+  line += "], \"finish\": " + json_string(result.finish) + ", \"prompt_tokens\": " +
+          std::to_string(result.prompt_tokens) + ", \"bucket\": " + std::to_string(result.bucket) +
+          ", \"build_ms\": " + json_number(result.build_ms) + ", \"first_token_ms\": " +
+          json_number(result.first_token_ms) + ", \"decode_ms\": " + json_number(result.decode_ms) +
+          ", \"decode_tokens_per_s\": " + json_number(steps > 0 ? steps * 1000.0 / result.decode_ms : 0.0) + "}";
+  std::printf("%s\n", line.c_str());
+  return 0;
+}
+
 int run(const Options &options) {
+  if (options.generate) return run_generate(options);
   // 1. preprocess: package assets, the image, the question; audio absent
   auto start = std::chrono::steady_clock::now();
   const mvl::Assets assets = mvl::read_assets(options.package);
+  if (assets.generative) {
+    throw RunnerError(options.package + ": a generative package answers in words; run it with --generate");
+  }
   const mvl::Preprocess &pre = assets.pre;
   Example example;
   example.image = mvl::image_tensor(options.image, pre);
@@ -189,19 +268,15 @@ int run(const Options &options) {
   // 2. build the model on the CPU with the requested threads
   const std::string graph = assets.graph_path("vqa");
   start = std::chrono::steady_clock::now();
-  auto context = std::make_shared<mindspore::Context>();
-  context->SetThreadNum(options.threads);
-  context->MutableDeviceInfo().push_back(std::make_shared<mindspore::CPUDeviceInfo>());
-  mindspore::Model model;
-  mindspore::Status status = model.Build(graph, mindspore::kMindIR, context);
-  if (status != mindspore::kSuccess) throw RuntimeFailure(graph + ": Lite could not build it: " + status.ToString());
+  std::unique_ptr<mindspore::Model> built = mvl::build_model(graph, options.threads);
+  mindspore::Model &model = *built;
   const double build_ms = elapsed_ms(start);
 
   // 3. predict; outputs: answer_logits float32 (B, answers), answer_ids int32 (B, steps); row 0 is ours
   std::vector<mindspore::MSTensor> inputs = fill_inputs(model, example);
   std::vector<mindspore::MSTensor> outputs;
   start = std::chrono::steady_clock::now();
-  status = model.Predict(inputs, &outputs);
+  mindspore::Status status = model.Predict(inputs, &outputs);
   if (status != mindspore::kSuccess) throw RuntimeFailure(graph + ": predict failed: " + status.ToString());
   const double predict_ms = elapsed_ms(start);
   if (outputs.size() != 2 || outputs[0].DataType() != mindspore::DataType::kNumberTypeFloat32 ||

@@ -1,5 +1,7 @@
 #include "tokenizer.h"
 
+#include <algorithm>
+
 #include "error.h"
 
 namespace mvl {
@@ -16,7 +18,7 @@ const size_t kMaxWordChars = 100;  // tokenizers' WordPiece max_input_chars_per_
 
 }  // namespace
 
-Tokenizer::Tokenizer(const Assets &assets) : pre_(assets.pre) {
+Tokenizer::Tokenizer(const Assets &assets) : pre_(assets.pre), tokens_(assets.vocab) {
   for (size_t id = 0; id < assets.vocab.size(); ++id) {
     if (!assets.vocab[id].empty()) vocab_.emplace(assets.vocab[id], static_cast<int32_t>(id));
   }
@@ -84,11 +86,34 @@ void Tokenizer::word_ids(const std::string &word, std::vector<int32_t> &out) con
   out.insert(out.end(), pieces.begin(), pieces.end());
 }
 
+std::vector<int32_t> Tokenizer::text_ids(const std::string &text) const {
+  std::vector<int32_t> ids;
+  for (const std::string &word : split(text)) word_ids(word, ids);
+  return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t> &ids, const std::vector<int> &skip) const {
+  const std::string &prefix = pre_.continuing_subword_prefix;
+  std::string text;
+  for (int32_t id : ids) {
+    if (std::find(skip.begin(), skip.end(), id) != skip.end()) continue;
+    if (id < 0 || static_cast<size_t>(id) >= tokens_.size()) throw RunnerError("token id " + std::to_string(id) +
+                                                                               " is outside vocab.txt");
+    const std::string &token = tokens_[id];
+    if (pre_.tokenizer == "wordpiece" && !text.empty() && token.rfind(prefix, 0) == 0) {
+      text += token.substr(prefix.size());
+    } else {
+      text += (text.empty() ? "" : " ") + token;
+    }
+  }
+  return text;
+}
+
 void Tokenizer::encode(const std::string &question, std::vector<int32_t> &ids, std::vector<float> &mask) const {
-  std::vector<std::string> words = split(question);
-  if (words.empty()) throw RunnerError("question: it is empty; ask a question in words");
+  if (split(question).empty()) throw RunnerError("question: it is empty; ask a question in words");
   std::vector<int32_t> tokens{pre_.cls_id};
-  for (const std::string &word : words) word_ids(word, tokens);
+  const std::vector<int32_t> words = text_ids(question);
+  tokens.insert(tokens.end(), words.begin(), words.end());
   tokens.push_back(pre_.sep_id);
   const size_t limit = static_cast<size_t>(pre_.max_text_length);
   if (tokens.size() > limit) {

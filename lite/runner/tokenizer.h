@@ -23,9 +23,22 @@ class Tokenizer {
   // question is empty or longer than max_text_length with [CLS]/[SEP].
   void encode(const std::string &question, std::vector<int32_t> &ids, std::vector<float> &mask) const;
 
+  // Text taken literally (a user's turn in a chat prompt): its ids without [CLS]/[SEP] or padding, as
+  // tokenizers' encode(text, add_special_tokens=False) gives them when no special token is spelt in it.
+  // A special token's spelling splits like any text ("[CLS]" -> "[", "cls", "]"), which is what
+  // mindvl.chat does to it, so it can never open a turn.
+  std::vector<int32_t> text_ids(const std::string &text) const;
+
+  // Token ids -> text, as tokenizers' decode(ids, skip_special_tokens=True) for a WordLevel model without
+  // a decoder (tokens joined by spaces); WordPiece continuation pieces are joined to their word (without
+  // the WordPiece decoder's clean-up of spaces before punctuation). `skip`: the special ids.
+  std::string decode(const std::vector<int32_t> &ids, const std::vector<int> &skip) const;
+
  private:
   std::vector<std::string> split(const std::string &text) const;
   void word_ids(const std::string &word, std::vector<int32_t> &out) const;
+
+  std::vector<std::string> tokens_;  // id -> token
 
   Preprocess pre_;
   std::unordered_map<std::string, int32_t> vocab_;
