@@ -25,6 +25,10 @@ class CalibrationError(LiteError):
 
 def package_identity(manifest: dict) -> Dict[str, Any]:
     """What a calibration belongs to: the package's name, version and vqa graph file hash."""
+    if "vqa" not in manifest["graphs"]:
+        raise CalibrationError(f"package {manifest['name']}: has no vqa graph to calibrate (a generative package: its "
+                               f"answers' confidence is their mean token probability); give Cascade a threshold "
+                               f"for it instead of a calibration file")
     vqa = manifest["graphs"]["vqa"]["file"]
     return {"name": manifest["name"], "version": manifest["version"], "vqa_sha256": manifest["files"][vqa]["sha256"]}
 

@@ -8,17 +8,25 @@ the question goes to the cloud's predict method (`mindvl serve` or MindSpore Ser
 `mindvl.serving.Client`) and its answer comes back (source "cloud"). When the cloud cannot be reached,
 refuses the request, fails the instance or has not answered within `timeout_s`, the edge answer comes
 back instead (source "edge_fallback") with `cloud_error` saying what happened: the device always answers.
+
+With a generative package at the edge (`generate`, `stream`), the device generates the whole answer first; its
+confidence is exp(mean token log-probability) (`mindvl.decoding.Generation.mean_logprob`: the geometric mean
+of the answer's token probabilities, in (0, 1], so the threshold reads as today's). A confident answer comes
+from the edge; otherwise the cloud's `generate` is asked with Server-Sent Events (`mindvl serve`) and its
+tokens stream through as they arrive. A cloud that fails before its first token gives the edge's answer back
+(source "edge_fallback"); one that fails after it ends the stream with LiteError (its tokens are out).
 """
 import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from mindvl.lite.device import DeviceAnswer, DevicePipeline, softmax
+from mindvl.decoding import Generation
+from mindvl.lite.device import DeviceAnswer, DeviceGeneration, DevicePipeline, softmax
 from mindvl.lite.model import LiteError, LiteModel
 from mindvl.preprocess import InputError
 
@@ -48,6 +56,37 @@ class CascadeAnswer:
         return dataclasses.asdict(self)
 
 
+@dataclasses.dataclass
+class CascadeDelta:
+    """One token of a cascade's streamed answer: the edge's (source "edge" or "edge_fallback", all of them once
+    the edge has decided) or the cloud's as it arrives (source "cloud"). finish: "stop" or "length" on the
+    last token; cloud_error: why the cloud's answer is missing (source "edge_fallback")."""
+    text: str
+    token: int
+    logprob: float
+    source: str
+    finish: Optional[str] = None
+    cloud_error: Optional[str] = None
+
+
+@dataclasses.dataclass
+class CascadeGeneration(Generation):
+    """A generated answer through the cascade (Generation: text, tokens, finish, logprobs of the source's
+    tokens) with source, confidence (the edge answer's: exp(mean token log-probability)), edge_text,
+    cloud_error and timings (seconds: edge, total)."""
+    source: str = "edge"
+    confidence: float = 0.0
+    edge_text: str = ""
+    cloud_error: Optional[str] = None
+    timings: Dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+# a SamplingConfig setting -> the name `generate` takes it by on the server (OpenAI's where they differ)
+CLOUD_SETTINGS = {"max_new_tokens": "max_tokens", "stop_strings": "stop", "temperature": "temperature",
+                  "top_p": "top_p", "top_k": "top_k", "repetition_penalty": "repetition_penalty", "seed": "seed",
+                  "ignore_eos": "ignore_eos"}
+
+
 def _edge_pipeline(edge: Union[DevicePipeline, LiteModel, str, Path]) -> DevicePipeline:
     if isinstance(edge, DevicePipeline):
         return edge
@@ -63,11 +102,13 @@ class Cascade:
     """Edge first, cloud when unsure: `Cascade(edge, cloud, threshold, temperature, timeout_s).answer(...)`.
 
     edge: a DevicePipeline, a LiteModel built with LiteModel.from_package(package, "vqa"), or a package
-    folder. cloud: a `mindvl.serving.Client` of the predict method, or an address ("http://host:port" for
-    REST, "host:port" for gRPC) for servable `servable`. threshold: the calibrated confidence at or above
-    which the device answers (0: always; > 1: never). temperature: divides the edge logits before the
-    softmax (> 0; 1: uncalibrated). timeout_s: how long to wait for the cloud before answering from the
-    edge (a Client made here also gives up then; a given Client keeps its own timeout for the request).
+    folder. cloud: a `mindvl.serving.Client` of the predict method (of generate, for a generative edge), or
+    an address ("http://host:port" for REST, "host:port" for gRPC) for servable `servable`. threshold: the
+    calibrated confidence at or above which the device answers (0: always; > 1: never). temperature:
+    divides the edge's vqa logits before the softmax (> 0; 1: uncalibrated; a generated answer's confidence
+    is its mean token probability, unscaled). timeout_s: how long to wait for the cloud before answering
+    from the edge (a Client made here also gives up then; a given Client keeps its own timeout for the
+    request; a stream waits that long for each token).
     """
 
     def __init__(self, edge: Union[DevicePipeline, LiteModel, str, Path], cloud: Any, threshold: float = 0.5,
@@ -81,11 +122,12 @@ class Cascade:
                 expected = "a number >= 0 (0: always the edge, > 1: always the cloud)" if low is not None \
                     else "a number > 0"
                 raise LiteError(f"Cascade {name}={value!r}: expected {expected}")
-        self.cloud = Client(cloud, servable, "predict", timeout=float(timeout_s)) if isinstance(cloud, str) else cloud
-        if not hasattr(self.cloud, "infer"):
+        if not isinstance(cloud, str) and not hasattr(cloud, "infer"):
             raise LiteError(f"cloud: expected a mindvl.serving.Client or an address, got {type(cloud).__name__}")
         self._owns_edge = not isinstance(edge, DevicePipeline)  # made here: closed here
         self.edge = _edge_pipeline(edge)
+        method = "generate" if self.edge.generative else "predict"
+        self.cloud = Client(cloud, servable, method, timeout=float(timeout_s)) if isinstance(cloud, str) else cloud
         self.threshold, self.temperature, self.timeout_s = float(threshold), float(temperature), float(timeout_s)
         self.counts = {source: 0 for source in SOURCES}  # answers given per source since the cascade was made
         self._cloud_pool = ThreadPoolExecutor(CLOUD_THREADS, thread_name_prefix="mindvl-cloud")
@@ -190,6 +232,70 @@ class Cascade:
                 confidence = reply.get("confidence")
                 results.append((str(reply["answer"]), float(confidence) if confidence is not None else float("nan")))
         return results
+
+    # -- generating (a generative package at the edge)
+    @staticmethod
+    def generation_confidence(generation: Generation) -> float:
+        """A generated answer's confidence: exp(mean token log-probability), the geometric mean of its token
+        probabilities under the model."""
+        return float(np.exp(generation.mean_logprob))
+
+    def stream(self, image: Optional[bytes] = None, question: Optional[str] = None, audio: Optional[bytes] = None,
+               **settings) -> Iterator[CascadeDelta]:
+        """One question answered in words: the edge's answer when its confidence is >= threshold, else the
+        cloud's, streamed as it comes (see the module docstring). settings: SamplingConfig's, sent to the
+        cloud under generate's names. InputError / ConfigError (from the device) name a bad input or setting."""
+        record = CascadeGeneration("")
+        yield from self._stream(image, question, audio, settings, record)
+
+    def generate(self, image: Optional[bytes] = None, question: Optional[str] = None, audio: Optional[bytes] = None,
+                 **settings) -> CascadeGeneration:
+        """`stream`'s answer whole (CascadeGeneration)."""
+        record = CascadeGeneration("")
+        for delta in self._stream(image, question, audio, settings, record):
+            record.add(delta)
+            record.source, record.cloud_error = delta.source, delta.cloud_error
+        return record
+
+    def _stream(self, image, question, audio, settings: dict, record: CascadeGeneration) -> Iterator[CascadeDelta]:
+        unknown = sorted(set(settings) - set(CLOUD_SETTINGS))
+        if unknown:
+            raise LiteError(f"{', '.join(unknown)}: the cloud's generate takes no such setting; the cascade passes "
+                            f"{', '.join(CLOUD_SETTINGS)}")
+        start = time.perf_counter()
+        edge = self.edge.generate(image, question, audio, **settings)
+        record.confidence, record.edge_text = self.generation_confidence(edge), edge.text
+        record.prompt_tokens = edge.prompt_tokens
+        record.timings["edge"] = time.perf_counter() - start
+        source, error = "edge", None
+        if record.confidence < self.threshold:
+            instance = {name: value for name, value in (("image", image), ("text", question), ("audio", audio))
+                        if value}
+            instance.update({CLOUD_SETTINGS[name]: v for name, v in settings.items() if v is not None})
+            streamed = 0
+            try:
+                for delta in self.cloud.stream(instance):
+                    streamed += 1
+                    yield CascadeDelta(delta["text"], delta["token"], delta["logprob"], "cloud",
+                                       delta["finish_reason"] or None)
+            except Exception as exc:  # ServingError, a timeout: whatever it is, the edge answers if it still can
+                if streamed:
+                    raise LiteError(f"the cloud's answer broke off after {streamed} tokens: {exc}") from exc
+                source, error = "edge_fallback", f"{type(exc).__name__}: {exc}"
+            else:
+                source = "cloud"
+        if source != "cloud":
+            yield from self._edge_deltas(edge, source, error)
+        self.counts[source] += 1
+        record.timings["total"] = time.perf_counter() - start
+
+    @staticmethod
+    def _edge_deltas(edge: DeviceGeneration, source: str, error: Optional[str]) -> Iterator[CascadeDelta]:
+        """The edge's answer as deltas: its text on the first token (the answer is whole already)."""
+        for index, (token, logprob) in enumerate(zip(edge.tokens, edge.logprobs)):
+            last = index == len(edge.tokens) - 1
+            yield CascadeDelta(edge.text if index == 0 else "", token, logprob, source, edge.finish if last else None,
+                               error)
 
     def close(self) -> None:
         """Stop the cloud threads (a request still in flight ends at the Client's own timeout) and the

@@ -1,0 +1,78 @@
+"""The edge-cloud cascade with a generative package at the edge: a confident generated answer stays on the device,
+an unsure one is asked of a live `mindvl serve` of the same package and its tokens stream back as Server-Sent
+Events (the same greedy tokens: the same graphs), and a cloud that cannot be reached leaves the device's answer."""
+import numpy as np
+import pytest
+
+from mindvl.data.examples import query_examples
+from mindvl.lite.calibration import Calibration, CalibrationError
+from mindvl.lite.cascade import Cascade
+from mindvl.lite.device import DevicePipeline
+from mindvl.lite.model import LiteError
+
+SETTINGS = {"max_new_tokens": 8, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def cloud(generative_package, tmp_path_factory):
+    from mindvl.serving.server import BackgroundServer, ServeConfig
+    from mindvl.serving.servable import deploy
+
+    servables = tmp_path_factory.mktemp("cascade_servables")
+    deploy(generative_package[1], servables, "vlm")
+    with BackgroundServer(ServeConfig(servable_dir=str(servables), port=0, grpc_port=0, poll_s=0)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def edge(generative_package):
+    with DevicePipeline(generative_package[1], backend="graphcell") as device:
+        yield device
+
+
+@pytest.fixture(scope="module")
+def question(generative_package):
+    example = query_examples(generative_package[0].data.root, 1)[0]
+    return {"image": example.image, "question": example.question}
+
+
+def test_a_confident_answer_stays_on_the_device(edge, cloud, question):
+    expected = edge.generate(**question, **SETTINGS)
+    with Cascade(edge, cloud.rest_url, threshold=0.0, servable="vlm") as cascade:
+        answer = cascade.generate(**question, **SETTINGS)
+        assert answer.source == "edge" and answer.tokens == expected.tokens and answer.text == expected.text
+        assert answer.confidence == pytest.approx(float(np.exp(np.mean(expected.logprobs))))
+        assert 0 < answer.confidence <= 1 and answer.edge_text == expected.text and answer.cloud_error is None
+        assert cascade.counts == {"edge": 1, "cloud": 0, "edge_fallback": 0}
+
+
+def test_an_unsure_answer_streams_the_clouds_tokens(edge, cloud, question):
+    expected = edge.generate(**question, **SETTINGS)
+    with Cascade(edge, cloud.rest_url, threshold=2.0, servable="vlm") as cascade:
+        deltas = list(cascade.stream(**question, **SETTINGS))
+        assert [d.source for d in deltas] == ["cloud"] * len(expected.tokens)
+        assert [d.token for d in deltas] == expected.tokens  # the same package's graphs, greedy
+        assert "".join(d.text for d in deltas) == expected.text and deltas[-1].finish == "length"
+        np.testing.assert_allclose([d.logprob for d in deltas], expected.logprobs, atol=1e-4, rtol=0)
+        answer = cascade.generate(**question, **SETTINGS)
+        assert answer.source == "cloud" and answer.tokens == expected.tokens and answer.edge_text == expected.text
+        assert cascade.counts == {"edge": 0, "cloud": 2, "edge_fallback": 0}
+
+
+def test_an_unreachable_cloud_leaves_the_devices_answer(edge, question):
+    expected = edge.generate(**question, **SETTINGS)
+    with Cascade(edge, "http://127.0.0.1:9", threshold=2.0, timeout_s=5, servable="vlm") as cascade:
+        answer = cascade.generate(**question, **SETTINGS)
+    assert answer.source == "edge_fallback" and answer.tokens == expected.tokens and answer.text == expected.text
+    assert "cannot reach http://127.0.0.1:9" in answer.cloud_error
+
+
+def test_a_setting_the_cloud_does_not_take_and_a_vqa_calibration_are_refused(edge, tmp_path):
+    with Cascade(edge, "http://127.0.0.1:9", servable="vlm") as cascade:
+        with pytest.raises(LiteError, match="stop_tokens: the cloud's generate takes no such setting"):
+            cascade.generate(question="what?", stop_tokens=[3])
+        with pytest.raises(LiteError, match="generative package answers in words"):
+            cascade.answer(b"png", "what?")
+    calibration = Calibration(temperature=1.5, threshold=0.5, package={"name": "tiny"}).save(tmp_path / "c.json")
+    with pytest.raises(CalibrationError, match="has no vqa graph to calibrate"):
+        Cascade.from_calibration(calibration, edge, "http://127.0.0.1:9")
