@@ -28,6 +28,8 @@ from mindvl.preprocess import preprocess_config
 from mindvl.prompting import PromptLayout
 
 EVALUATION = "evaluation.json"
+EVAL_SIZES = (1, 2, 4, 8, 16)  # batch sizes a generative package's graphs run at (DecodeBatch.sizes): each new
+# size compiles the graphs anew and keeps its working memory
 LATENCY_BATCHES = (1, 32)
 
 
@@ -64,7 +66,7 @@ class PackageGenerator:
 
     def generate(self, prompts, max_new_tokens: int, **settings):
         return generate(self.spec, self.layout, self.run, as_array, prompts,
-                        sampling_config(max_new_tokens=max_new_tokens, **settings))
+                        sampling_config(max_new_tokens=max_new_tokens, **settings), EVAL_SIZES)
 
     def decode_ms(self, prompt, tokens: int = 32) -> float:
         """Milliseconds per decoded token of one sequence (batch 1): `tokens` tokens timed against one (the prefill
@@ -82,10 +84,11 @@ def evaluate_generative_package(package: Path, manifest: dict, cfg, key: Optiona
                                 progress: bool = True, limit: int = 0) -> dict:
     """A generative package's row: its generated answers to the test split's typed and spoken questions (the first
     `limit` of each; 0: all) through its MindIR graphs, its size on disk and its decode speed at batch 1."""
-    from mindvl.eval.generative import GenerativeEvaluator
+    from mindvl.eval.generative import BATCH, LARGE_DECODER, LARGE_DECODER_BATCH, GenerativeEvaluator
 
     generator = PackageGenerator(package, manifest, key)
-    evaluator = GenerativeEvaluator(cfg, generator=generator)
+    large = manifest["parameters"] > LARGE_DECODER  # as the framework's evaluation: fewer prompts at once
+    evaluator = GenerativeEvaluator(cfg, batch_size=LARGE_DECODER_BATCH if large else BATCH, generator=generator)
     report = evaluator.evaluate("test", captions=False, progress=progress, limit=limit)
     prompt = evaluator.questions("test", 1)[0][1]
     return {"package": str(package), "name": manifest["name"], "kind": "generative",

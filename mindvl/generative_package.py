@@ -221,10 +221,11 @@ class DecodeBatch:
 
 
 def generate(spec: GenerationSpec, layout: PromptLayout, run: Run, to_numpy: Callable[[Any], np.ndarray],
-             prompts: Sequence[MultimodalPrompt], settings: SamplingConfig) -> List[Generation]:
+             prompts: Sequence[MultimodalPrompt], settings: SamplingConfig,
+             sizes: Sequence[int] = ()) -> List[Generation]:
     """Every prompt's generation, the prompts prefilled and decoded together (verification, evaluation, the
-    device)."""
-    batch = DecodeBatch(spec, layout, run, to_numpy)
+    device); `sizes`: DecodeBatch's."""
+    batch = DecodeBatch(spec, layout, run, to_numpy, sizes)
     rows = batch.prefill(prompts, [settings] * len(prompts), owners=list(range(len(prompts))))
     results = [Generation("", prompt_tokens=row.prompt_tokens) for row in rows]
     while batch.rows:
