@@ -115,9 +115,9 @@ def export_lite2_graph(spec, model, path: Path) -> List[str]:
         traced = Path(scratch) / f"{spec.name}.mindir"
         with substituted(model, _lite2_substitutions()):
             export_graph(net, spec.name, spec.inputs, traced)
-        data, ops = convert_mindir(traced.read_bytes(), spec.name)
+        data, converted = convert_mindir(traced.read_bytes(), spec.name)
     path.write_bytes(data)
-    return ops
+    return converted
 
 
 def device_assets(folder: Path, tokenizer, labels: Sequence[str], pre, graph_files: Mapping[str, str],
