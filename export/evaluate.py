@@ -28,8 +28,6 @@ from mindvl.preprocess import preprocess_config
 from mindvl.prompting import PromptLayout
 
 EVALUATION = "evaluation.json"
-EVAL_SIZES = (1, 2, 4, 8, 16)  # batch sizes a generative package's graphs run at (DecodeBatch.sizes): each new
-# size compiles the graphs anew and keeps its working memory
 LATENCY_BATCHES = (1, 32)
 
 
@@ -57,7 +55,11 @@ def measure_latency(package: Path, key: Optional[bytes] = None, repeats: int = 2
 class PackageGenerator:
     """A generative package's graphs (GraphCells) generating greedily, as GenerativeEvaluator asks a generator."""
 
-    def __init__(self, package: Path, manifest: dict, key: Optional[bytes] = None) -> None:
+    def __init__(self, package: Path, manifest: dict, key: Optional[bytes] = None, sizes: Sequence[int] = ()) -> None:
+        """sizes: the batch sizes the graphs run at (DecodeBatch.sizes). Each size a graph meets compiles anew and
+        keeps its working memory, an INT8 graph's dequantized weights included (vlm-s INT8 at five sizes: 23 GB,
+        killed): evaluation pads every batch to one size."""
+        self.sizes = tuple(sizes)
         self.spec = GenerationSpec.from_manifest(manifest)
         self.chat = package_chat(package, self.spec)
         self.layout = PromptLayout(self.chat, preprocess_config(manifest["preprocess"]), self.spec.buckets,
@@ -66,17 +68,19 @@ class PackageGenerator:
 
     def generate(self, prompts, max_new_tokens: int, **settings):
         return generate(self.spec, self.layout, self.run, as_array, prompts,
-                        sampling_config(max_new_tokens=max_new_tokens, **settings), EVAL_SIZES)
+                        sampling_config(max_new_tokens=max_new_tokens, **settings), self.sizes)
 
     def decode_ms(self, prompt, tokens: int = 32) -> float:
         """Milliseconds per decoded token of one sequence (batch 1): `tokens` tokens timed against one (the prefill
         and the first token), after a warm-up that compiles the graphs at batch 1."""
-        self.generate([prompt], 2, ignore_eos=True)
-        timed = []
-        for count in (1, tokens):
+        def once(count: int) -> float:
             start = time.perf_counter()
-            self.generate([prompt], count, ignore_eos=True)
-            timed.append(time.perf_counter() - start)
+            generate(self.spec, self.layout, self.run, as_array, [prompt],
+                     sampling_config(max_new_tokens=count, ignore_eos=True))  # batch 1 exactly
+            return time.perf_counter() - start
+
+        once(2)  # compiles the graphs at batch 1
+        timed = [once(1), once(tokens)]
         return round((timed[1] - timed[0]) / (tokens - 1) * 1000, 2)
 
 
@@ -86,9 +90,9 @@ def evaluate_generative_package(package: Path, manifest: dict, cfg, key: Optiona
     `limit` of each; 0: all) through its MindIR graphs, its size on disk and its decode speed at batch 1."""
     from mindvl.eval.generative import BATCH, LARGE_DECODER, LARGE_DECODER_BATCH, GenerativeEvaluator
 
-    generator = PackageGenerator(package, manifest, key)
-    large = manifest["parameters"] > LARGE_DECODER  # as the framework's evaluation: fewer prompts at once
-    evaluator = GenerativeEvaluator(cfg, batch_size=LARGE_DECODER_BATCH if large else BATCH, generator=generator)
+    batch = LARGE_DECODER_BATCH if manifest["parameters"] > LARGE_DECODER else BATCH  # as the framework's evaluation
+    generator = PackageGenerator(package, manifest, key, sizes=(batch,))
+    evaluator = GenerativeEvaluator(cfg, batch_size=batch, generator=generator)
     report = evaluator.evaluate("test", captions=False, progress=progress, limit=limit)
     prompt = evaluator.questions("test", 1)[0][1]
     return {"package": str(package), "name": manifest["name"], "kind": "generative",
