@@ -32,6 +32,7 @@ from mindvl.preprocess import InputError
 
 SOURCES = ("edge", "cloud", "edge_fallback")
 CLOUD_THREADS = 4  # cloud requests in flight at once; a hung one holds a thread until the Client's own timeout
+CLIENT_GRACE_S = 1.0  # a Client made here outwaits timeout_s by this, so the two deadlines never race
 
 
 @dataclasses.dataclass
@@ -107,8 +108,9 @@ class Cascade:
     calibrated confidence at or above which the device answers (0: always; > 1: never). temperature:
     divides the edge's vqa logits before the softmax (> 0; 1: uncalibrated; a generated answer's confidence
     is its mean token probability, unscaled). timeout_s: how long to wait for the cloud before answering
-    from the edge (a Client made here also gives up then; a given Client keeps its own timeout for the
-    request; a stream waits that long for each token).
+    from the edge (a Client made here gives up CLIENT_GRACE_S later, so the cascade's own deadline is the one
+    that answers; a given Client keeps its own timeout for the request; a stream waits as long as the
+    Client's timeout for each token).
     """
 
     def __init__(self, edge: Union[DevicePipeline, LiteModel, str, Path], cloud: Any, threshold: float = 0.5,
@@ -127,7 +129,8 @@ class Cascade:
         self._owns_edge = not isinstance(edge, DevicePipeline)  # made here: closed here
         self.edge = _edge_pipeline(edge)
         method = "generate" if self.edge.generative else "predict"
-        self.cloud = Client(cloud, servable, method, timeout=float(timeout_s)) if isinstance(cloud, str) else cloud
+        self.cloud = Client(cloud, servable, method, timeout=float(timeout_s) + CLIENT_GRACE_S) \
+            if isinstance(cloud, str) else cloud
         self.threshold, self.temperature, self.timeout_s = float(threshold), float(temperature), float(timeout_s)
         self.counts = {source: 0 for source in SOURCES}  # answers given per source since the cascade was made
         self._cloud_pool = ThreadPoolExecutor(CLOUD_THREADS, thread_name_prefix="mindvl-cloud")

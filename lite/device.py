@@ -260,14 +260,15 @@ class DevicePipeline:
     # -- generation (a generative package)
     def _prompt(self, image: Optional[bytes], question: Optional[str], audio: Optional[bytes]):
         """The request as a MultimodalPrompt, its image and audio preprocessed on their lanes at once
-        -> (prompt, timings of the image and audio tasks)."""
+        -> (prompt, timings of the image and audio tasks). None or empty: no image, no typed or spoken question."""
         from mindvl.prompting import MultimodalPrompt
 
         question = "" if question is None else P.expect(question, str, "question")
         audio = b"" if audio is None else P.expect(audio, bytes, "audio")
+        image = b"" if image is None else P.expect(image, bytes, "image")
         if not question.strip() and not audio:
             raise P.InputError("generate: question and audio are both empty; ask as text, as audio or both")
-        image_task = None if image is None else self._lanes["image"].submit(_timed, self.inputs.pixels, image)
+        image_task = None if not image else self._lanes["image"].submit(_timed, self.inputs.pixels, image)
         audio_task = None if not audio else self._lanes["audio"].submit(_timed, self.inputs.speech, audio, "audio")
         wait([t for t in (image_task, audio_task) if t is not None])  # both, even when one fails
         pixels, image_seconds, _ = image_task.result() if image_task else (None, 0.0, "")
