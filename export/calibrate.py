@@ -31,9 +31,11 @@ from mindvl.data.root import load_meta
 from mindvl.data.splits import LOADER_SPLITS, split_rows
 from mindvl.lite.calibration import MODALITIES, Calibration, CalibrationError, PathLike, example_item, package_identity
 from mindvl.lite.device import DevicePipeline, softmax
+from mindvl.generative_package import SECTION
 from mindvl.model_package import read_manifest
 from mindvl.preprocess import InputError
 from mindvl.serving.client import Client
+from mindvl.serving.register import GENERATE
 
 TEMPERATURE_BOUNDS = (0.05, 20.0)
 CLOUD_BATCH = 16  # questions per request when the curve asks a real cloud
@@ -187,15 +189,54 @@ def edge_logits(pipeline, examples: Sequence, modality: str):
     return logits, labels, skipped, [e for _, e in kept]
 
 
+def edge_generations(pipeline, examples: Sequence, modality: str):
+    """(confidence: exp(mean token log-probability) per answered example, 1/0 the answer is right, the skipped
+    items' errors, the answered examples) of a generative package's device pipeline, answers generated greedily
+    as the evaluation generates them and compared after the same normalisation; bad items are skipped, never
+    fatal."""
+    from mindvl.eval.generative import ANSWER_TOKENS, normalise_answer
+
+    confidences, correct, skipped, kept = [], [], [], []
+    for example in examples:
+        try:
+            answer = pipeline.generate(**example_item(example, modality), max_new_tokens=ANSWER_TOKENS)
+        except InputError as error:
+            skipped.append(str(error))
+            continue
+        confidences.append(math.exp(answer.mean_logprob))
+        correct.append(float(normalise_answer(answer.text) == normalise_answer(example.answer)))
+        kept.append(example)
+    if not kept:
+        raise CalibrationError(f"no usable questions: {len(examples)} given, {len(skipped)} failed"
+                               + (f" (first: {skipped[0]})" if skipped else "") + "; check --data and --split")
+    return np.asarray(confidences), np.asarray(correct), skipped, kept
+
+
+def _cloud_answer(reply: Dict[str, Any]) -> Optional[str]:
+    """The answer of a cloud reply (predict's `answer`, generate's `text`), normalised; None when it failed."""
+    from mindvl.eval.generative import normalise_answer
+
+    if "error" in reply:
+        return None
+    return normalise_answer(str(reply["text"])) if "text" in reply else reply.get("answer")
+
+
 def cloud_correctness(cloud, examples: Sequence, modality: str, edge_correct: np.ndarray) -> Dict[str, Any]:
     """Ask the cloud (a Client) every question; -> {"correct": per question 1/0, "failed": count}. A
     question the cloud fails counts as the cascade would answer it: with the edge's answer."""
+    from mindvl.eval.generative import normalise_answer
+
+    generative = getattr(cloud, "method_name", "predict") == GENERATE
     answers: List[Optional[str]] = []
     for start in range(0, len(examples), CLOUD_BATCH):
         chunk = [example_item(e, modality) for e in examples[start:start + CLOUD_BATCH]]
-        answers.extend(reply.get("answer") if "error" not in reply else None for reply in cloud.infer(chunk))
-    correct = np.asarray([edge if answer is None else float(answer == e.answer)
-                          for answer, e, edge in zip(answers, examples, edge_correct)], np.float64)
+        if generative:  # generate's names: the question is its `text`; empty fields are no attachment
+            chunk = [{"text": item["question"], **{k: item[k] for k in ("image", "audio") if item[k]}}
+                     for item in chunk]
+        answers.extend(_cloud_answer(reply) for reply in cloud.infer(chunk))
+    expected = [normalise_answer(e.answer) if generative else e.answer for e in examples]
+    correct = np.asarray([edge if answer is None else float(answer == want)
+                          for answer, want, edge in zip(answers, expected, edge_correct)], np.float64)
     return {"correct": correct, "failed": sum(a is None for a in answers)}
 
 
@@ -228,18 +269,26 @@ def calibrate(package: PathLike, root: PathLike, split: str = "validation", moda
         raise CalibrationError(f"split {split} of {root}: no questions; build the data set or choose another split")
     own = pipeline is None
     pipeline = pipeline or DevicePipeline(package, backend)
+    generative = SECTION in manifest
     try:
-        logits, labels, skipped, kept = edge_logits(pipeline, examples, modality)
+        if generative:  # a generated answer's confidence is already a probability: no temperature to fit
+            confidences, edge_correct, skipped, kept = edge_generations(pipeline, examples, modality)
+            temperature, fitted_nll = 1.0, {}
+        else:
+            logits, labels, skipped, kept = edge_logits(pipeline, examples, modality)
     finally:
         if own:
             pipeline.close()
-    temperature = fit_temperature(logits, labels)
-    probabilities = softmax(logits, temperature)
-    confidences = probabilities.max(axis=1)
-    edge_correct = (probabilities.argmax(axis=1) == labels).astype(np.float64)
+    if not generative:
+        temperature = fit_temperature(logits, labels)
+        probabilities = softmax(logits, temperature)
+        confidences = probabilities.max(axis=1)
+        edge_correct = (probabilities.argmax(axis=1) == labels).astype(np.float64)
+        fitted_nll = {"temperature_1": nll(logits, labels, 1.0), "fitted": nll(logits, labels, temperature)}
 
     if cloud is not None:
-        client = Client(cloud, servable, "predict", timeout=timeout_s) if isinstance(cloud, str) else cloud
+        client = Client(cloud, servable, GENERATE if generative else "predict", timeout=timeout_s) \
+            if isinstance(cloud, str) else cloud
         measured = cloud_correctness(client, kept, modality, edge_correct)
         cloud_correct = measured["correct"]
         cloud_info = {"address": getattr(client, "address", str(cloud)), "accuracy": float(cloud_correct.mean()),
@@ -258,7 +307,7 @@ def calibrate(package: PathLike, root: PathLike, split: str = "validation", moda
         target = {"accuracy": float(target_accuracy)}
     return Calibration(temperature=float(temperature), threshold=float(threshold), package=package_identity(manifest),
                        target=target, split=split, modality=modality, examples=len(kept), skipped=skipped,
-                       nll={"temperature_1": nll(logits, labels, 1.0), "fitted": nll(logits, labels, temperature)},
+                       nll=fitted_nll,
                        cloud=cloud_info, chosen=chosen, curve=curve,
                        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 

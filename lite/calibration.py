@@ -23,14 +23,19 @@ class CalibrationError(LiteError):
     used; the message says what to change."""
 
 
+def identity_graph(manifest: dict) -> str:
+    """The graph whose file a calibration is bound to: vqa, or a generative package's decode graph."""
+    for graph in ("vqa", "decode"):
+        if graph in manifest["graphs"]:
+            return graph
+    raise CalibrationError(f"package {manifest['name']}: has no vqa or decode graph to calibrate a cascade for")
+
+
 def package_identity(manifest: dict) -> Dict[str, Any]:
-    """What a calibration belongs to: the package's name, version and vqa graph file hash."""
-    if "vqa" not in manifest["graphs"]:
-        raise CalibrationError(f"package {manifest['name']}: has no vqa graph to calibrate (a generative package: its "
-                               f"answers' confidence is their mean token probability); give Cascade a threshold "
-                               f"for it instead of a calibration file")
-    vqa = manifest["graphs"]["vqa"]["file"]
-    return {"name": manifest["name"], "version": manifest["version"], "vqa_sha256": manifest["files"][vqa]["sha256"]}
+    """What a calibration belongs to: the package's name, version and its vqa (or decode) graph file's hash."""
+    graph = identity_graph(manifest)
+    return {"name": manifest["name"], "version": manifest["version"],
+            f"{graph}_sha256": manifest["files"][manifest["graphs"][graph]["file"]]["sha256"]}
 
 
 @dataclasses.dataclass
@@ -65,12 +70,14 @@ class Calibration:
     def check_package(self, manifest: dict, package: PathLike) -> None:
         """CalibrationError unless this calibration was fitted for the package with `manifest`."""
         have = package_identity(manifest)
-        if have["vqa_sha256"] != self.package.get("vqa_sha256"):
+        key = f"{identity_graph(manifest)}_sha256"
+        if have[key] != self.package.get(key):
             fitted = self.package
+            theirs = next((f"{k[:-7]} sha256 {str(v)[:12]}" for k, v in fitted.items() if k.endswith("_sha256")), "")
             raise CalibrationError(f"the calibration was fitted for package {fitted.get('name')} v"
-                                   f"{fitted.get('version')} (vqa sha256 {str(fitted.get('vqa_sha256'))[:12]}), "
-                                   f"not {package} ({have['name']} v{have['version']}, vqa sha256 "
-                                   f"{have['vqa_sha256'][:12]}); run `mindvl lite calibrate {package}` for it")
+                                   f"{fitted.get('version')} ({theirs}), not {package} ({have['name']} "
+                                   f"v{have['version']}, {key[:-7]} sha256 {have[key][:12]}); run `mindvl lite "
+                                   f"calibrate {package}` for it")
 
 
 def load_calibration(path: PathLike) -> Calibration:

@@ -242,16 +242,18 @@ def vqa_package(trained_run, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def generative_package(generative_run, tmp_path_factory):
-    """(config, package folder) of the small generative run (generative_run): attachments, prefill per bucket
-    and decode graphs over one weights file, its sample questions' greedy tokens, verified."""
+    """(config, package folder) of the small generative run (generative_run): attachments, prefill graphs for
+    prompts of 32 and 48 tokens and the decode graph over one weights file (a 112-token cache), their lite2/
+    versions at batch 1 with the device assets, its sample questions' greedy tokens, verified (on Lite 2.0 too
+    where the runtime is here)."""
     from mindvl.export.pipeline import PackageOptions, package_and_check
     from mindvl.models import load_model
 
     _, result = generative_run
     cfg, model, record = load_model(result.output_dir)
     out = tmp_path_factory.mktemp("generative_pkg") / "vlm"
-    return cfg, Path(package_and_check(cfg, model, record, out, PackageOptions(progress=False),
-                                       log=lambda *_: None)["package"])
+    options = PackageOptions(progress=False, lite2_batch=1, prompt_buckets=(32, 48), cache_len=112)
+    return cfg, Path(package_and_check(cfg, model, record, out, options, log=lambda *_: None)["package"])
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from mindspore import nn, ops
 from mindvl.cli import main
 from mindvl.cells.portable import DecomposedLayerNorm
 from mindvl.model_package import PackageError, load_samples, read_manifest
-from mindvl.export.lite2_convert import AS_IS, RULES, convert_mindir, unconvertible
+from mindvl.export.lite2_convert import convert_mindir, unconvertible
 from mindvl.mindir import mindir_ops, mindir_version
 from mindvl.export.package import write_package
 from mindvl.models import load_model
@@ -41,15 +41,6 @@ class Norm(nn.Cell):
         return y
 
 
-class Sine(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.sin = ops.Sin()
-
-    def construct(self, x):
-        return self.sin(x)
-
-
 def exported(net: nn.Cell, shape, path) -> bytes:
     net.set_train(False)
     ms.export(net, ms.Tensor(shape=list(shape), dtype=ms.float32), file_name=str(path.with_suffix("")),
@@ -70,12 +61,6 @@ def test_every_op_of_the_package_graphs_has_a_rule(vqa_package):
         data = (package / entry["file"]).read_bytes()
         assert mindir_version(data) == 1
         assert "LayerNorm" not in mindir_ops(data) and "Muls" not in mindir_ops(data)
-
-
-def test_an_op_without_a_rule_fails_the_conversion_with_its_name(tmp_path):
-    assert "Sin" not in RULES and "Sin" not in AS_IS
-    with pytest.raises(PackageError, match=r"graph sine: op Sin has no Lite 2.0 conversion"):
-        convert_mindir(exported(Sine(), (2, 3), tmp_path / "sine.mindir"), "sine")
 
 
 def test_dynamic_shapes_and_foreign_bytes_are_refused(tmp_path):

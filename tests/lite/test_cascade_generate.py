@@ -73,6 +73,25 @@ def test_a_setting_the_cloud_does_not_take_and_a_vqa_calibration_are_refused(edg
             cascade.generate(question="what?", stop_tokens=[3])
         with pytest.raises(LiteError, match="generative package answers in words"):
             cascade.answer(b"png", "what?")
-    calibration = Calibration(temperature=1.5, threshold=0.5, package={"name": "tiny"}).save(tmp_path / "c.json")
-    with pytest.raises(CalibrationError, match="has no vqa graph to calibrate"):
-        Cascade.from_calibration(calibration, edge, "http://127.0.0.1:9")
+    calibration = Calibration(temperature=1.5, threshold=0.5, package={"name": "tiny", "vqa_sha256": "0" * 64})
+    with pytest.raises(CalibrationError, match="fitted for package tiny v.* \\(vqa sha256 000000000000\\), not .* decode "
+                                               "sha256"):
+        Cascade.from_calibration(calibration.save(tmp_path / "c.json"), edge, "http://127.0.0.1:9")
+
+
+def test_calibrate_fits_the_threshold_of_generated_answers_on_their_confidence(generative_package, edge, cloud):
+    """`mindvl lite calibrate` of a generative package: each answer's confidence is exp(mean token log-probability),
+    right or wrong after the evaluation's normalisation; the cloud (a live generate) measured on the same
+    questions; the calibrated cascade loads for the package and routes by that threshold."""
+    from mindvl.export.calibrate import calibrate
+
+    cfg, package = generative_package
+    calibration = calibrate(package, cfg.data.root, split="test", limit=6, target_cloud_rate=0.5, pipeline=edge,
+                            cloud=cloud.rest_url, servable="vlm")
+    assert calibration.examples == 6 and calibration.temperature == 1.0 and calibration.nll == {}
+    assert calibration.cloud["measured"] and calibration.cloud["failed"] == 0
+    assert 0 < calibration.chosen["cloud_rate"] < 1 and 0 < calibration.threshold <= 1
+    assert "decode_sha256" in calibration.package
+    with Cascade.from_calibration(calibration.save(package.parent / "calibration_test.json"), edge, cloud.rest_url,
+                                  servable="vlm") as cascade:
+        assert cascade.threshold == calibration.threshold

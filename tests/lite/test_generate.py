@@ -26,16 +26,10 @@ TOKENS = 12  # fixed-length answers (ignore_eos): this small model says its answ
 
 
 @pytest.fixture(scope="module")
-def lite2_package(generative_run, tmp_path_factory):
-    """The generative run exported with --target lite2 (two prompt buckets, a 112-token cache) and verified: when
-    the runtime is here, `verify_package` has already generated the stored questions on Lite 2.0."""
-    from mindvl.export.pipeline import PackageOptions, package_and_check
-    from mindvl.models import load_model
-
-    cfg, model, record = load_model(generative_run[1].output_dir)
-    out = tmp_path_factory.mktemp("lite2_generative") / "vlm"
-    options = PackageOptions(progress=False, lite2_batch=1, prompt_buckets=(32, 48), cache_len=112)
-    return package_and_check(cfg, model, record, out, options, log=lambda *_: None)["package"]
+def lite2_package(generative_package):
+    """The session's generative package: two prompt buckets, a 112-token cache, lite2/ at batch 1, verified (when the
+    runtime is here, `verify_package` has already generated the stored questions on Lite 2.0)."""
+    return generative_package[1]
 
 
 @pytest.fixture(scope="module")

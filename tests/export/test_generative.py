@@ -11,13 +11,13 @@ def test_the_package_holds_the_generation_graphs_over_one_weights_file(generativ
     manifest = read_manifest(package)
     spec = manifest["generation"]
     assert list(manifest["graphs"]) == ["attachments", *(f"prefill_{b}" for b in spec["buckets"]), "decode"]
-    assert spec["buckets"][0] == 16 and all(b + spec["max_new_tokens"] <= spec["cache_len"] for b in spec["buckets"])
+    assert spec["buckets"] == [32, 48] and spec["cache_len"] == 112  # the fixture's --prompt-bucket / --cache-len
     weights = manifest["weights"]
     # every graph's parameters point into weights.bin: the graph files hold no weights of their own, and the
     # decoder, in every prefill graph and in decode, is stored once
     graph_files = sum(manifest["files"][e["file"]]["bytes"] for e in manifest["graphs"].values())
     assert weights["shared_bytes"] == graph_files + weights["weights_bytes"]
-    assert weights["shared_bytes"] < weights["graph_bytes"] / 3
+    assert weights["shared_bytes"] < 0.6 * weights["graph_bytes"]  # the decoder in 3 graphs, stored once
     assert weights["weights_bytes"] < 1.1 * 4 * manifest["parameters"] + 64 * 200  # one float32 copy (+ alignment)
     assert (package / "tokenizer.json").is_file()
     assert spec["stop_ids"] and spec["chat_template"] == "word"
