@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from mindspore import nn, ops
 
-from mindvl.cli import main
 from mindvl.export.lite2 import BroadcastSelect, ExpTanhGELU, HalfAngleCos
 from mindvl.export.lite2_convert import AS_IS, RULES, convert_mindir, unconvertible
 from mindvl.export.verify import verify_package
@@ -25,13 +24,10 @@ def lite2_runtime():
 
 
 @pytest.fixture(scope="module")
-def exported(generative_run, tmp_path_factory):
-    """The generative run exported on the command line with --target lite2 (two prompt buckets and a 112-token
-    cache, to keep it small); the command verified it (on Lite 2.0 too, when the runtime is here)."""
-    out = tmp_path_factory.mktemp("lite2_cli") / "vlm"
-    assert main(["export", "--checkpoint", str(generative_run[1].output_dir), "--out", str(out), "--target", "lite2",
-                 "--prompt-bucket", "32", "--prompt-bucket", "48", "--cache-len", "112"]) == 0
-    return out
+def exported(generative_package):
+    """The session's generative package: --target lite2 with two prompt buckets and a 112-token cache, verified (on
+    Lite 2.0 too, when the runtime is here)."""
+    return generative_package[1]
 
 
 class Ops(nn.Cell):
@@ -122,7 +118,7 @@ def test_a_set_argument_lite2_has_no_place_for_is_refused(tmp_path):
 def test_the_lite2_folder_holds_the_generation_graphs_over_the_package_weights(exported):
     package = exported
     manifest = read_manifest(package)
-    lite2, spec = manifest["lite2"], manifest["generation"]
+    lite2 = manifest["lite2"]
     assert list(lite2["graphs"]) == ["attachments", "prefill_32", "prefill_48", "decode"] and lite2["batch"] == 1
     used = set()
     for name, entry in lite2["graphs"].items():
