@@ -149,17 +149,18 @@ def read_evaluation(package: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _generative_table(packages: Sequence[Path], rows: List[dict]) -> str:
-    base = rows[0]
-    header = ("| package | compression | parameters | package MB | decode ms/token b1 | VQA typed | VQA spoken | "
-              "VQA kept |")
-    lines = [header, "|" + "---|" * (header.count("|") - 1)]
-    for package, row in zip(packages, rows):
-        kept = (row["vqa_text"] + row["vqa_audio"]) / max(base["vqa_text"] + base["vqa_audio"], 1e-9)
-        lines.append(f"| {Path(package).name} | {row['compression']} | {row['parameters']:,} | "
-                     f"{row['package_bytes'] / 1e6:.2f} | {row['decode_ms_b1']:.2f} | {row['vqa_text']:.1%} | "
-                     f"{row['vqa_audio']:.1%} | {kept:.1%} |")
-    return "\n".join(lines)
+# each kind's columns after package, compression and parameters: (header, the cell from a row with its "kept")
+CLASSIFIER_COLUMNS = (
+    ("graph MB", lambda r: f"{r['graph_bytes'] / 1e6:.2f}"),
+    ("latency b1 / b32 (ms)", lambda r: f"{r['latency_ms_b1']:.1f} / {r['latency_ms_b32']:.1f}"),
+    ("VQA text", lambda r: f"{r['vqa_text']:.1%}"), ("VQA audio", lambda r: f"{r['vqa_audio']:.1%}"),
+    ("VQA kept", lambda r: f"{r['kept']:.1%}"), ("image->caption R@1", lambda r: f"{r['image_to_caption_r1']:.1%}"),
+    ("speech->question R@1", lambda r: f"{r['audio_to_text_r1']:.1%}"))
+GENERATIVE_COLUMNS = (
+    ("package MB", lambda r: f"{r['package_bytes'] / 1e6:.2f}"),
+    ("decode ms/token b1", lambda r: f"{r['decode_ms_b1']:.2f}"),
+    ("VQA typed", lambda r: f"{r['vqa_text']:.1%}"), ("VQA spoken", lambda r: f"{r['vqa_audio']:.1%}"),
+    ("VQA kept", lambda r: f"{r['kept']:.1%}"))
 
 
 def comparison_table(packages: Sequence[Path]) -> str:
@@ -169,16 +170,12 @@ def comparison_table(packages: Sequence[Path]) -> str:
     kinds = {row.get("kind", "classifier") for row in rows}
     if len(kinds) > 1:
         raise PackageError("export compare: give either classifier packages or generative ones, not both")
-    if kinds == {"generative"}:
-        return _generative_table(packages, rows)
-    base = rows[0]
-    header = ("| package | compression | parameters | graph MB | latency b1 / b32 (ms) | VQA text | VQA audio | "
-              "VQA kept | image->caption R@1 | speech->question R@1 |")
+    columns = GENERATIVE_COLUMNS if kinds == {"generative"} else CLASSIFIER_COLUMNS
+    header = "| package | compression | parameters | " + " | ".join(name for name, _ in columns) + " |"
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    base = rows[0]
     for package, row in zip(packages, rows):
-        kept = (row["vqa_text"] + row["vqa_audio"]) / max(base["vqa_text"] + base["vqa_audio"], 1e-9)
+        row = {**row, "kept": (row["vqa_text"] + row["vqa_audio"]) / max(base["vqa_text"] + base["vqa_audio"], 1e-9)}
         lines.append(f"| {Path(package).name} | {row['compression']} | {row['parameters']:,} | "
-                     f"{row['graph_bytes'] / 1e6:.2f} | {row['latency_ms_b1']:.1f} / {row['latency_ms_b32']:.1f} | "
-                     f"{row['vqa_text']:.1%} | {row['vqa_audio']:.1%} | {kept:.1%} | "
-                     f"{row['image_to_caption_r1']:.1%} | {row['audio_to_text_r1']:.1%} |")
+                     + " | ".join(cell(row) for _, cell in columns) + " |")
     return "\n".join(lines)

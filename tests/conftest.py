@@ -297,6 +297,29 @@ def live_server(deployed):
         yield server
 
 
+# ----------------------------------------------------------------------------- the MindSpore Lite 2.0 runtime
+@pytest.fixture(scope="session")
+def lite2_runtime():
+    """Skips the test, with the reason, where the Lite 2.0 runtime cannot be fetched or prepared."""
+    from mindvl.lite import runtime2
+
+    reason = runtime2.status()
+    if reason:
+        pytest.skip(f"the Lite 2.0 runtime cannot be prepared here: {reason}")
+
+
+@pytest.fixture(scope="session")
+def runner(lite2_runtime):
+    """The C++ on-device runner (lite/runner), built once; skips the test, with the reason, where it cannot be."""
+    from mindvl.lite import runtime2
+    from mindvl.lite.runner import build_runner
+
+    try:
+        return build_runner()
+    except runtime2.Lite2Unavailable as exc:
+        pytest.skip(f"the C++ runner cannot be built here: {exc}")
+
+
 # ----------------------------------------------------------------------------- pretrained LLM decoders
 
 REFERENCES = Path(__file__).parent / "references"

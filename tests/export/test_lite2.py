@@ -19,13 +19,6 @@ from mindvl.lite import runtime2
 from mindvl.lite.model import Context, LiteModel
 
 
-@pytest.fixture(scope="module")
-def lite2_runtime():
-    reason = runtime2.status()
-    if reason:
-        pytest.skip(f"the Lite 2.0 runtime cannot be prepared here: {reason}")
-
-
 class Norm(nn.Cell):
     """LayerNorm over the last axis, as the primitive or decomposed."""
 

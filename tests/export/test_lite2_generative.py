@@ -17,13 +17,6 @@ from mindvl.model_package import PackageError, read_manifest
 
 
 @pytest.fixture(scope="module")
-def lite2_runtime():
-    reason = runtime2.status()
-    if reason:
-        pytest.skip(f"the Lite 2.0 runtime cannot be prepared here: {reason}")
-
-
-@pytest.fixture(scope="module")
 def exported(generative_package):
     """The session's generative package: --target lite2 with two prompt buckets and a 112-token cache, verified (on
     Lite 2.0 too, when the runtime is here)."""

@@ -12,10 +12,8 @@ import pytest
 
 from mindvl.data.examples import query_examples
 from mindvl.export.verify import stored_prompts
-from mindvl.lite import runtime2
 from mindvl.lite.device import DevicePipeline
 from mindvl.lite.model import Context, GenerationGraphs, LiteError
-from mindvl.lite.runner import build_runner
 from mindvl.model_package import read_manifest
 from mindvl.preprocess import InputError
 
@@ -30,21 +28,6 @@ def lite2_package(generative_package):
     """The session's generative package: two prompt buckets, a 112-token cache, lite2/ at batch 1, verified (when the
     runtime is here, `verify_package` has already generated the stored questions on Lite 2.0)."""
     return generative_package[1]
-
-
-@pytest.fixture(scope="module")
-def lite2_runtime():
-    reason = runtime2.status()
-    if reason:
-        pytest.skip(f"the Lite 2.0 runtime cannot be prepared here: {reason}")
-
-
-@pytest.fixture(scope="module")
-def runner(lite2_runtime):
-    try:
-        return build_runner()
-    except runtime2.Lite2Unavailable as exc:
-        pytest.skip(f"the C++ runner cannot be built here: {exc}")
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,6 @@ from mindvl.lite.model import BACKENDS, Context, LiteError, LiteModel, backend_r
 
 
 @pytest.fixture(scope="module")
-def lite2_runtime():
-    reason = runtime2.status()
-    if reason:
-        pytest.skip(f"the Lite 2.0 runtime cannot be prepared here: {reason}")
-
-
-@pytest.fixture(scope="module")
 def dense_v1(tmp_path_factory, lite2_runtime):
     """A static (2, 8) -> (2, 4) Dense + ReLU graph for Lite 2.0, and the framework's function."""
     ms.set_seed(0)

@@ -12,22 +12,13 @@ from PIL import Image
 from mindvl import preprocess as P
 from mindvl.config import PreprocessConfig
 from mindvl.model_package import read_manifest
-from mindvl.lite import runtime2
 from mindvl.lite.model import LiteModel
-from mindvl.lite.runner import RunnerFailed, build_runner, run_runner
+from mindvl.lite.runner import RunnerFailed, run_runner
 
 # Measured on the session's package (and a second small one): the runner's image tensor equals
 # decode_image's bit for bit (PNG and JPEG, resized or not), so preprocessing adds nothing; its logits
 # equal the Lite 2.0 runtime's through the bridge exactly, and GraphCell's within 7.5e-6.
 LOGITS_ATOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def runner():
-    try:
-        return build_runner()
-    except runtime2.Lite2Unavailable as exc:
-        pytest.skip(f"the C++ runner cannot be built here: {exc}")
 
 
 @pytest.fixture(scope="module")
