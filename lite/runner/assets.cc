@@ -36,6 +36,30 @@ std::vector<std::string> read_lines(const std::string &path) {
   return lines;
 }
 
+// One "key value value ..." line of an asset file, and where it is (for messages).
+struct Entry {
+  std::string key;
+  std::vector<std::string> values;
+  std::string where;
+};
+
+// The entries of an asset file of "key value value ..." lines; blank lines are skipped.
+std::vector<Entry> read_entries(const std::string &path) {
+  std::vector<Entry> entries;
+  std::vector<std::string> lines = read_lines(path);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    std::istringstream line(lines[i]);
+    Entry entry;
+    std::string word;
+    line >> entry.key;
+    while (line >> word) entry.values.push_back(word);
+    if (entry.key.empty()) continue;
+    entry.where = path + " line " + std::to_string(i + 1) + " (" + entry.key + ")";
+    entries.push_back(entry);
+  }
+  return entries;
+}
+
 // Values are parsed as Python wrote them: floats through double (then float32, as numpy casts them).
 double number(const std::string &where, const std::string &word) {
   errno = 0;
@@ -53,15 +77,9 @@ int integer(const std::string &where, const std::string &word) {
 
 void parse_preprocess(const std::string &path, Preprocess &pre) {
   std::set<std::string> seen;
-  std::vector<std::string> lines = read_lines(path);
-  for (size_t i = 0; i < lines.size(); ++i) {
-    std::istringstream line(lines[i]);
-    std::string key, word;
-    std::vector<std::string> values;
-    line >> key;
-    while (line >> word) values.push_back(word);
-    if (key.empty()) continue;
-    const std::string where = path + " line " + std::to_string(i + 1) + " (" + key + ")";
+  for (const Entry &entry : read_entries(path)) {
+    const std::string &key = entry.key, &where = entry.where;
+    const std::vector<std::string> &values = entry.values;
     auto expect = [&](size_t count) {
       if (values.size() != count) {
         throw RunnerError(where + ": expected " + std::to_string(count) + " value(s), got " +
@@ -114,7 +132,6 @@ bool exists(const std::string &path) { return static_cast<bool>(std::ifstream(pa
 
 void parse_generation(const std::string &path, Generation &generation, int vocab_size) {
   std::set<std::string> seen;
-  std::vector<std::string> lines = read_lines(path);
   const std::map<std::string, int Generation::*> integers = {
       {"cache_len", &Generation::cache_len}, {"layers", &Generation::layers},
       {"vocab_size", &Generation::vocab_size}, {"width", &Generation::width}, {"kv_width", &Generation::kv_width},
@@ -128,14 +145,9 @@ void parse_generation(const std::string &path, Generation &generation, int vocab
       {"end", &Generation::end}, {"image_open", &Generation::image_open},
       {"image_close", &Generation::image_close}, {"audio_open", &Generation::audio_open},
       {"audio_close", &Generation::audio_close}};
-  for (size_t i = 0; i < lines.size(); ++i) {
-    std::istringstream line(lines[i]);
-    std::string key, word;
-    std::vector<std::string> values;
-    line >> key;
-    while (line >> word) values.push_back(word);
-    if (key.empty()) continue;
-    const std::string where = path + " line " + std::to_string(i + 1) + " (" + key + ")";
+  for (const Entry &entry : read_entries(path)) {
+    const std::string &key = entry.key, &where = entry.where;
+    const std::vector<std::string> &values = entry.values;
     seen.insert(key);
     if (key == "template") {
       if (values.size() != 1) throw RunnerError(where + ": expected 1 value, got " + std::to_string(values.size()));
