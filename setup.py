@@ -50,10 +50,13 @@ setup(
         "prometheus_client>=0.17,<1",  # /metrics of mindvl serve
         "protobuf>=4.21",  # gRPC messages, built from descriptors at import (no generated code)
         "pycocoevalcap==1.2",  # BLEU-4 and CIDEr-D of the generative model's descriptions (mindvl eval)
+        "matplotlib>=3.8,<4",  # the pictures (mindvl plot, plan --plot, the quickstart's plots), Agg only
     ],
     # onnxruntime: the peer runtime the ONNX export is checked against (tests only; mindvl never imports it)
     # import-linter: the import contracts in .importlinter, checked by tests/test_imports.py
     # openai: the real OpenAI client the chat API is tested with (tests/serving/test_generation.py)
-    extras_require={"test": ["pytest>=8,<10", "onnxruntime==1.32.0", "import-linter>=2.1,<3", "openai>=1.40,<4"]},
+# selenium: drives the distribution's chromium + chromedriver for the demo page's tests (tests/serving/)
+    extras_require={"test": ["pytest>=8,<10", "onnxruntime==1.32.0", "import-linter>=2.1,<3", "openai>=1.40,<4",
+                                "selenium>=4.20,<5"]},
     entry_points={"console_scripts": ["mindvl = mindvl.cli:main"]},
 )
