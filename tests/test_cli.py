@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import SMALL_MODEL, TEST_VOICES, TRAIN_VOICES
+from conftest import SMALL_MODEL, TEST_VOICES, TRAIN_VOICES, small_overrides
 
 
 def run_cli(*args, cwd=None):
@@ -35,6 +35,33 @@ def test_training_without_built_data_tells_how_to_build_it(tmp_path):
     result = run_cli("train", "--set", f"data.root={tmp_path / 'missing'}")
     assert result.returncode == 2
     assert "mindvl data build" in result.stderr
+
+
+def test_plot_of_a_folder_that_is_neither_a_run_nor_a_data_set_exits_2_naming_both(tmp_path, capsys):
+    from mindvl.cli import main
+
+    assert main(["plot", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("mindvl: error:") and "holds none of metrics.jsonl, report.json" in error
+    assert "mindvl train" in error and "mindvl data build" in error
+    assert main(["plot", str(tmp_path / "nowhere")]) == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_plot_draws_a_run_into_its_plots_folder_and_a_data_set_where_asked(trained_run, small_cfg, tmp_path, capsys):
+    from mindvl.cli import main
+    from mindvl.cli.plot import KINDS
+    from mindvl.runs import METRICS_FILE
+
+    assert KINDS[0].marker == METRICS_FILE
+    run = trained_run[1].output_dir
+    assert main(["plot", run]) == 0
+    assert capsys.readouterr().out.split() == ["plots:", f"{run}/plots/training.png,", f"{run}/plots/training.svg"]
+    overrides = [arg for override in small_overrides(small_cfg.data.root) if not override.startswith("data.root=")
+                 for arg in ("--set", override)]
+    assert main(["plot", small_cfg.data.root, "--out", str(tmp_path), *overrides]) == 0
+    printed = capsys.readouterr().out
+    for name in ("data_lengths.png", "data_packing.svg"):
+        assert str(tmp_path / name) in printed and (tmp_path / name).is_file()
 
 
 @pytest.mark.slow
@@ -68,4 +95,7 @@ def test_quickstart_runs_every_stage_and_prints_the_summary(tmp_path):
         ({"lite2/vqa", "lite2/image_embed", "lite2/text_embed", "lite2/audio_embed"} if device["backend"] == "lite2"
          else set())
     assert (tmp_path / "qs" / "package" / "manifest.json").is_file()
+    plots = summary["plots"]  # the pictures next to the summary, named in it
+    assert {"training.png", "data_lengths.png", "data_packing.png"} <= set(plots["files"]) and "plots" in result.stdout
+    assert all((tmp_path / "qs" / "plots" / name).is_file() for name in plots["files"])
     assert run_cli("export", "verify", str(tmp_path / "qs" / "package")).returncode == 0

@@ -12,7 +12,7 @@ from mindvl.config import ConfigError  # noqa: E402
 # the modules of mindvl/cli that register commands, in the order `mindvl --help` lists them; each imports the
 # library only inside its handlers, so building the parser imports no MindSpore
 COMMAND_GROUPS = ("data", "train", "eval", "export", "average", "lora", "convert", "generate", "quickstart", "serving",
-                  "lite", "plan", "kernels")
+                  "lite", "plan", "kernels", "plot")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -481,6 +481,37 @@ class Packer:
             needed["fusion"].append(len(self.fusion.bins(fusion)))
         return needed
 
+    def bucket_fill(self, sizes: SampleSizes, batches: int, rng: np.random.Generator) -> Dict[str, List[Dict]]:
+        """Per stream, per shape of `shapes()`: how many of `batches` batches drawn from `sizes` take it and the
+        share of its slots their tokens fill (None where no batch took it); the last shape of each stream is
+        its padded fallback. Row counts as pack_rows packs them, token counts as __call__ counts them (audio:
+        encoder tokens, ceil(frames / 2))."""
+        taken = {name: {shape: [0, 0] for shape in shapes} for name, shapes in self.shapes().items()}
+
+        def count(name: str, shape: Tuple[int, int], useful: int) -> None:
+            taken[name][shape][0] += 1
+            taken[name][shape][1] += useful
+
+        for _ in range(batches):
+            drawn = sizes.draw(self.fusion.batch_size, rng)
+            texts = np.minimum(np.concatenate((drawn["question"], drawn["caption"])), self.text.max_length)
+            rows = self.text.buckets.pick(len(self.text.bins(texts))) if self.text.enabled else None
+            count("text", (rows, self.text.length) if rows else (self.text.sequences, self.text.max_length),
+                  int(texts.sum()))
+            frames = np.minimum(drawn["frames"], self.audio.max_frames)
+            rows = self.audio.buckets.pick(len(self.audio.bins(frames))) if self.audio.enabled else None
+            count("audio", (rows, self.audio.frames) if rows else (self.audio.batch, self.audio.max_frames),
+                  int(((frames + 1) // 2).sum()))
+            used = self.fusion.layout.size(drawn["question"], frames, drawn["use_text"], drawn["use_audio"])
+            needed = len(self.fusion.bins(used)) if self.fusion.enabled else self.fusion.batch_size
+            rows = next((r for r in self.fusion.rows if r >= needed), self.fusion.batch_size)
+            count("fusion", (rows, self.fusion.length), int(used.sum()))
+        step = {"text": 1, "audio": 2, "fusion": 1}  # slots per token along a row (audio rows count frames)
+        return {name: [{"rows": r, "length": n, "padded": (r, n) == list(shapes)[-1], "batches": b,
+                        "fill": round(u / (r * n // step[name] * b), 4) if b else None}
+                       for (r, n), (b, u) in shapes.items()]
+                for name, shapes in taken.items()}
+
     def shapes(self) -> Dict[str, List[Tuple[int, int]]]:
         """Every (rows, row length) each stream can take; a graph compiles once per combination met."""
         return {"text": self.text.shapes(), "audio": self.audio.shapes(), "fusion": self.fusion.shapes()}

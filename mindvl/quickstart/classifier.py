@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Sequence
 
 from mindvl.config import Config
 
+from .plots import plots_row, write_plots
 from .report import nonzero, pct, stage, table
 
 QUESTIONS = 8  # asked of the server, the device and the cascade: half typed, half spoken
@@ -48,8 +49,9 @@ def run_classifier_quickstart(work: Path, cfg: Config, progress: bool = True) ->
         stage("6/6 answer on the device (MindSpore Lite 2.0, C++ runner) and through the edge-cloud cascade")
         device = run_on_device(work / "package", cfg.data.root, server.rest_url, asked, examples,
                                served["answers"]["rest"])
+    plots = write_plots(work, cfg, report.to_dict(), [("training", result.output_dir)])
     summary = {"data": report.to_dict(), "train": asdict(result), "eval": metrics, "export": check,
-               "serve": served, "device": device, "wall_seconds": round(time.perf_counter() - start, 1)}
+               "serve": served, "device": device, "plots": plots, "wall_seconds": round(time.perf_counter() - start, 1)}
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(format_summary(summary))
     return summary
@@ -180,6 +182,7 @@ def format_summary(summary: Dict[str, Any]) -> str:
                     f"{cascade['calibrated_on']} other test questions): {cascade['sources']['edge']} edge, "
                     f"{cascade['sources']['cloud']} cloud, {cascade['sources']['edge_fallback']} fallback; "
                     f"{cascade['correct']} right"],
+        plots_row(summary["plots"]),
         ["wall time", f"{summary['wall_seconds']:.0f} s"],
     ]
     return table("mindvl quickstart summary", rows)

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from mindvl.config import Config, ConfigError, load_config, recipes_writing
 
+from .plots import plots_row, write_plots
 from .report import nonzero, pct, stage, table
 
 PRETRAINED_STEPS = 60  # a stage over a converted decoder: ~2 samples/s at batch 8 on 2 cores
@@ -55,7 +56,8 @@ def run_generative_quickstart(work: Path, config: str, overrides: Sequence[str] 
     pretrained = bool(final.model.pretrained.decoder)
     steps = (PRETRAINED_STEPS if pretrained else 0) if max_steps is None else max_steps
     stage(f"1/5 build data ({names[0]})")
-    report = build_dataset(load_config(names[0], common), progress=progress)
+    data_cfg = load_config(names[0], common)
+    report = build_dataset(data_cfg, progress=progress)
     stage("2/5 pretrained weights")
     common += convert_missing([load_config(name, common) for name in names], work / "pretrained")
     trained, previous = [], ""
@@ -74,8 +76,10 @@ def run_generative_quickstart(work: Path, config: str, overrides: Sequence[str] 
     metrics = evaluator.evaluate("test", progress=progress, limit=EVAL_LIMIT if pretrained else 0)
     stage(f"5/5 answer {QUESTIONS} test questions (half spoken) about their images")
     answers = answer_questions(evaluator, QUESTIONS)
+    plots = write_plots(work, data_cfg, report.to_dict(), [(f"training_{run['recipe']}", run["output_dir"])
+                                                            for run in trained])
     summary = {"recipe": config, "data": report.to_dict(), "train": trained, "eval": metrics, "answers": answers,
-               "wall_seconds": round(time.perf_counter() - start, 1)}
+               "plots": plots, "wall_seconds": round(time.perf_counter() - start, 1)}
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(format_generative_summary(summary))
     return summary
@@ -168,5 +172,6 @@ def format_generative_summary(summary: Dict[str, Any]) -> str:
                      if caption["count"] else "none in the test split"])
     for item in summary["answers"]:
         rows.append(["answer", f"{item['question']} -> '{item['answer']}' (expected '{item['expected']}')"])
+    rows.append(plots_row(summary["plots"]))
     rows.append(["wall time", f"{summary['wall_seconds']:.0f} s"])
     return table(f"mindvl quickstart summary ({summary['recipe']})", rows)

@@ -343,6 +343,29 @@ def test_buckets_sized_from_the_data_hold_its_batches_and_follow_its_lengths():
     assert Packer.from_config(fixed, sizes=short).shapes()["text"][0] == (40, fixed.data.packing.text_length)
 
 
+def test_bucket_fill_counts_the_shape_and_fill_the_packer_gives_each_drawn_batch():
+    cfg = load_config("tiny", ["data.batch_size=16"])
+    rng = np.random.default_rng(6)
+    short = _sizes(rng, 500, (7, 13), (5, 6), (38, 123))
+    long = _sizes(rng, 500, (10, 15), (10, 15), (90, 129))  # some batches overflow the short data's buckets
+    packer = Packer.from_config(cfg, sizes=short)
+    for seed in range(4):
+        sizes = short if seed % 2 else long
+        fill = packer.bucket_fill(sizes, 1, np.random.default_rng(seed))
+        drawn = sizes.draw(16, np.random.default_rng(seed))  # the same batch, packed for real
+        question_ids, question_mask = _texts(drawn["question"])
+        caption_ids, caption_mask = _texts(drawn["caption"])
+        mel, audio_mask = _clips(np.minimum(drawn["frames"], cfg.preprocess.max_audio_frames),
+                                 cfg.preprocess.max_audio_frames, 1)
+        packed = packer(question_ids, question_mask, caption_ids, caption_mask, mel, audio_mask,
+                        drawn["use_text"], drawn["use_audio"])
+        for name, stream in (("text", packed.text), ("audio", packed.audio), ("fusion", packed.fusion)):
+            [taken] = [b for b in fill[name] if b["batches"]]
+            assert (taken["rows"], taken["length"]) == stream.shape
+            assert taken["fill"] == round(stream.fill, 4)
+            assert [b["padded"] for b in fill[name]] == [False] * (len(fill[name]) - 1) + [True]
+
+
 def test_packing_stats_report_fill_and_buckets():
     stats = PackingStats()
     segment = np.array([[1, 1, 2, 0], [1, 0, 0, 0], [0, 0, 0, 0]], np.int32)

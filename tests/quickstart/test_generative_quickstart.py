@@ -44,3 +44,5 @@ def test_the_generative_quickstart_trains_its_stages_evaluates_and_answers(tmp_p
     answers = summary["answers"]
     assert len(answers) == 4 and [a["question"] == "(spoken)" for a in answers] == [False, True, False, True]
     assert all(a["expected"] for a in answers)
+    assert {"training_tiny.png", "training_vlm-tiny.png", "data_packing.png"} <= set(summary["plots"]["files"])
+    assert all((work / "plots" / name).is_file() for name in summary["plots"]["files"])

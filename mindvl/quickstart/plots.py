@@ -1,0 +1,30 @@
+"""The quickstarts' pictures, written into `<workdir>/plots` next to summary.json: each training stage's curves
+(`training.png`, or `training_<recipe>.png` for a generative recipe's stages) and the data build's quarantine,
+sequence lengths and packing fill (mindvl/plots)."""
+import time
+from pathlib import Path
+from typing import Any, Dict, Sequence, Tuple
+
+from mindvl.config import Config
+
+PLOTS = "plots"
+
+
+def write_plots(work: Path, data_cfg: Config, report: Dict, runs: Sequence[Tuple[str, str]]) -> Dict[str, Any]:
+    """`runs`: (file stem, run folder) of each training stage; `data_cfg`: the recipe whose packing is drawn
+    (the data build's). -> {"folder", "files": the PNGs, "seconds"} for the summary (the SVGs lie beside them)."""
+    from mindvl.data.lengths import data_lengths
+    from mindvl.plots.data import plot_data
+    from mindvl.plots.training import plot_training
+
+    start = time.perf_counter()
+    folder = work / PLOTS
+    paths = [path for stem, run in runs for path in plot_training(run, folder, Path(run).name, stem)[1]]
+    paths += plot_data(report, data_lengths(data_cfg), folder)[1]
+    return {"folder": str(folder), "files": [p.name for p in paths if p.suffix == ".png"],
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def plots_row(plots: Dict[str, Any]) -> list:
+    """The summary table's row naming them."""
+    return ["plots", f"{plots['folder']}: {', '.join(plots['files'])} (+ SVG; {plots['seconds']:.1f} s)"]
