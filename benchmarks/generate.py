@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mindvl.plots.benchmarks import add_plot_option, plot_comparison
+
 PEERS = ("mindvl", "mindir", "transformers", "llama.cpp")
 TEXT = ("MindSpore compiles the whole network into one graph before it runs, so the framework can fuse "
         "operators, plan memory and schedule kernels ahead of time. ")
@@ -226,6 +228,7 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--json", help="also write every figure to this file")
+    add_plot_option(parser)
     parser.add_argument("--peer", help=argparse.SUPPRESS)  # a child process running one peer
     args = parser.parse_args(argv)
     if args.peer:
@@ -234,7 +237,8 @@ def main(argv=None) -> None:
     from mindvl.cells.kernels.machine import describe
     from mindvl.pretrained.llm import convert_gguf, installed_gguf
 
-    print(f"machine: {describe(os.environ.get('MINDVL_KERNEL_ARCH', 'native'))}; {args.threads} threads per peer")
+    machine = describe(os.environ.get('MINDVL_KERNEL_ARCH', 'native'))
+    print(f"machine: {machine}; {args.threads} threads per peer")
     args.gguf = args.gguf or str(installed_gguf())
     if not args.model:
         args.model = str(Path.home() / ".cache" / "mindvl" / "llm" / "gemma3-270m")
@@ -270,6 +274,11 @@ def main(argv=None) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"bandwidth_gb_s": bandwidth, "floor_tok_s": floor, "rows": rows},
                                               indent=2))
+    plot_comparison(args.plot, [{"peer": peer, **row} for peer, row in rows.items()], x="peer", series="peer",
+                    value={"prefill_tok_s": "prefill tokens/s", "decode_tok_s": "decode tokens/s",
+                           "peak_rss_gb": "peak RSS (GB)"}, machine=machine,
+                    title=f"Gemma 3 270M: prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, "
+                          f"{args.threads} threads (decode floor {floor:.1f} tokens/s)")
 
 
 if __name__ == "__main__":

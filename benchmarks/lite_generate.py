@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mindvl.plots.benchmarks import add_plot_option, plot_comparison
+
 os.environ.setdefault("GLOG_v", "3")
 
 
@@ -104,6 +106,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="also write the figures to this file")
+    add_plot_option(parser)
     args = parser.parse_args()
 
     import mindspore as ms
@@ -121,8 +124,8 @@ def main() -> None:
     data = args.data or json.loads((package / "config.json").read_text())["data"]["root"]
     example = query_examples(data, 1)[0]
     ms.device_context.cpu.op_tuning.threads_num(args.threads)
-    print(f"machine: {cpu_model()}; {machine_kind()} ({' '.join(isa_flags())}); {os.cpu_count()} cores; "
-          f"{args.threads} thread(s)", flush=True)
+    machine = f"{cpu_model()}; {machine_kind()} ({' '.join(isa_flags())}); {os.cpu_count()} cores"
+    print(f"machine: {machine}; {args.threads} thread(s)", flush=True)
     print(f"package {package.name}: {manifest['parameters']:,} parameters, cache {manifest['generation']['cache_len']}; "
           f"question {example.question!r} with its image, {args.tokens} tokens greedy (ignore_eos)", flush=True)
     results = {
@@ -140,6 +143,10 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"threads": args.threads, "tokens": args.tokens, "results": results},
                                               indent=2))
+    plot_comparison(args.plot, [{"peer": peer, **row} for peer, row in results.items()], x="peer", series="peer",
+                    value={"first_token_ms": "time to first token (ms)", "decode_tokens_per_s": "decode tokens/s"},
+                    machine=machine, title=f"generation on the device, {manifest['name']}: {args.tokens} tokens, "
+                                           f"{args.threads} thread(s), median of {args.repeat}")
     sys.exit(0 if all(r["tokens"] == results["framework"]["tokens"] for r in results.values()) else 1)
 
 

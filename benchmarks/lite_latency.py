@@ -21,7 +21,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from mindvl.plots.benchmarks import add_plot_option, plot_comparison
+
 GRAPHS = ("vqa", "image_embed", "text_embed", "audio_embed")
+PEERS = {"lite2_ms": "Lite 2.0 (call)", "lite2_runtime_ms": "Lite 2.0 (runtime)", "graphcell_ms": "GraphCell",
+         "onnxruntime_ms": "ONNX Runtime"}
+
+
+def machine() -> str:
+    from mindvl.cells.kernels.machine import cpu_model, isa_flags, machine_kind
+
+    return f"{cpu_model()}; {machine_kind()} ({' '.join(isa_flags())}); {os.cpu_count()} cores"
 
 
 def median_ms(call, repeat: int, warmup: int) -> float:
@@ -108,6 +118,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--json", help="also write the figures to this file")
+    add_plot_option(parser)
     parser.add_argument("--measure", nargs=3, metavar=("PACKAGE", "ONNX_DIR", "THREADS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:  # the child: one thread count
@@ -131,6 +142,12 @@ def main() -> None:
     print(f"\nlargest |Lite 2.0 - ONNX Runtime| over all outputs: {worst:.2e}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    plot_comparison(args.plot, [{"graph": graph, "threads": f"{threads} thread(s)", "peer": peer, "ms": row[key]}
+                                for threads, rows in results.items() for graph, row in rows.items()
+                                for key, peer in PEERS.items()],
+                    x="graph", series="peer", value="ms", panel="threads", log=True,
+                    ylabel=f"ms a call, median of {args.repeat}",
+                    title="one sample through each graph of the package (batch 1)", machine=machine())
 
 
 if __name__ == "__main__":

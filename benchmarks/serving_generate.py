@@ -27,6 +27,8 @@ from typing import Dict, List
 
 import numpy as np
 
+from mindvl.plots.benchmarks import add_plot_option, plot_comparison
+
 os.environ.setdefault("GLOG_v", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serving_load import start_server  # noqa: E402  (the same `mindvl serve` process the serving benchmark runs)
@@ -95,8 +97,10 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", type=int, default=32, help="tokens per answer (ignore_eos)")
     parser.add_argument("--rounds", type=int, default=3, help="requests per stream")
     parser.add_argument("--json", default=None, help="also write the results here")
+    add_plot_option(parser)
     args = parser.parse_args(argv)
-    print(f"machine: {cpu_model()}; {machine_kind()} ({' '.join(isa_flags())}); {os.cpu_count()} cores", flush=True)
+    machine = f"{cpu_model()}; {machine_kind()} ({' '.join(isa_flags())}); {os.cpu_count()} cores"
+    print(f"machine: {machine}", flush=True)
     package = Path(args.package)
     data_root = args.data or json.loads((package / "config.json").read_text())["data"]["root"]
     bodies = request_bodies(data_root, args.tokens)
@@ -133,6 +137,11 @@ def main(argv=None) -> None:
           f"({'met' if gain >= 4 else 'NOT met'})")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "gain": gain}, indent=2))
+    plot_comparison(args.plot, rows, x="streams", kind="line", machine=machine,
+                    series=lambda r: f"continuous batching {'on' if r['continuous_batching'] else 'off'}",
+                    value={"aggregate_tokens_per_s": "aggregate tokens/s",
+                           "ttft_ms_p50": "time to first token p50 (ms)"},
+                    title=f"mindvl serve generate, {manifest['name']}: {args.tokens} tokens an answer")
 
 
 if __name__ == "__main__":

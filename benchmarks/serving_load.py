@@ -33,6 +33,8 @@ from typing import Dict, List
 
 import numpy as np
 
+from mindvl.plots.benchmarks import add_plot_option, plot_comparison
+
 os.environ.setdefault("GLOG_v", "3")
 
 # what each --methods name asks: (servable, method)
@@ -171,12 +173,14 @@ def main(argv=None) -> None:
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--json", help="also write the rows here")
+    add_plot_option(parser)
     args = parser.parse_args(argv)
 
     from mindvl.cells.kernels.machine import cpu_model, isa_flags, machine_kind
     from mindvl.serving.servable import deploy
 
-    print(f"machine: {cpu_model()}; {machine_kind()} ({' '.join(isa_flags())}); {os.cpu_count()} cores", flush=True)
+    machine = f"{cpu_model()}; {machine_kind()} ({' '.join(isa_flags())}); {os.cpu_count()} cores"
+    print(f"machine: {machine}", flush=True)
     bodies = {method: request_bodies(args.data, method) for method in args.methods}
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -217,6 +221,10 @@ def main(argv=None) -> None:
                   f"{top['p99_ms'] / off[most]['p99_ms']:.2f}x (goal <= 0.5x)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
+    plot_comparison(args.plot, rows, x="clients", kind="line", machine=machine,
+                    series=lambda r: f"{r['method']}, batching {'on' if r['batching'] else 'off'}",
+                    value={"throughput": "requests/s", "p99_ms": "p99 latency (ms)"},
+                    title=f"mindvl serve, closed-loop clients, {args.seconds:g} s a point")
 
 
 if __name__ == "__main__":

@@ -66,6 +66,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from mindvl.plots.benchmarks import add_plot_option, plot_comparison
+
 MODELS = ("reference", "reference-mask", "tiny")
 IMPLEMENTATIONS = {"mindvl-auto": "mindvl, auto (default)", "mindvl-fused": "mindvl, fused kernels",
                    "mindvl-standard": "mindvl, standard ops",
@@ -1025,6 +1027,7 @@ def main(argv=None) -> None:
     parser.add_argument("--skip-compile", action="store_true", help="no torch.compile rows")
     parser.add_argument("--skip-ops", action="store_true", help="no per-op table")
     parser.add_argument("--json", help="also write every figure to this file")
+    add_plot_option(parser)
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -1067,6 +1070,10 @@ def main(argv=None) -> None:
     print("\n" + report(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    plot_comparison(args.plot, [{"model": model, "implementation": IMPLEMENTATIONS[i], **row}
+                                for model, rows in results["steps"].items() for i, row in rows.items()],
+                    x="model", series="implementation", value="step_ms", ylabel=f"ms a step, median of {args.steps}",
+                    title=f"one training step, {args.threads} threads", machine=results["machine"])
     if not all(check["same"] for check in results["parameters"].values()):
         raise SystemExit("mindvl and its PyTorch mirror differ in parameters (notes above)")
 

@@ -2,6 +2,7 @@
 or with --search the valid strategies for a device count ranked by predicted step time under a memory cap."""
 import argparse
 import json
+import sys
 
 from mindvl.cli.options import add_config_args
 from mindvl.config import ConfigError, load_config
@@ -31,6 +32,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="bytes the backend keeps per byte of the activation accounting (1: Ascend; ~4.4: "
                              "MindSpore's CPU executor, benchmarks/activation_memory.py)")
     parser.add_argument("--json", action="store_true", help="print the plan (or the ranking) as JSON")
+    parser.add_argument("--plot", metavar="STEM", help="also draw per-device memory by kind against the cap into "
+                        "STEM.png and STEM.svg: the strategy, or with --search the ranked ones and those faster "
+                        "that the cap rejected")
     parser.add_argument("--dump-strategy", action="store_true",
                         help="print the per-primitive shard strategies the strategy sets (JSON)")
     parser.add_argument("--dryrun", metavar="DIR", help="compile the strategy per pipeline stage with MindSpore's "
@@ -45,28 +49,51 @@ def hardware_from_args(args) -> Hardware:
                     devices_per_node=args.devices_per_node, activation_overhead=args.activation_overhead)
 
 
-def plan_command(args) -> int:
-    from mindvl.parallel.planner import plan, search
-    from mindvl.parallel.strategy import create_strategy
+def _plot(args, pairs, cap: float, title: str) -> None:
+    from mindvl.plots.figure import written
+    from mindvl.plots.plan import plot_memory
 
-    cfg = load_config(args.config, args.overrides)
-    hardware = hardware_from_args(args)
-    if args.search:
-        if not args.devices:
-            raise ConfigError("--devices: --search needs the device count, e.g. --devices 64")
-        ranked = search(cfg, args.devices, args.memory_cap_gb, hardware)
-        if args.json:
-            print(json.dumps([{"strategy": s.to_dict(), "plan": p.to_dict()} for s, p in ranked[:args.top]],
-                             indent=2))
-            return 0
-        if not ranked:
-            print(f"no valid strategy for {args.devices} devices fits {args.memory_cap_gb or hardware.memory_gb} GB")
-            return 1
+    strategies = [{"name": strategy.name, "plan": result.to_dict()} for strategy, result in pairs]
+    label = "--memory-cap-gb" if args.memory_cap_gb is not None else "the device's memory"
+    # beside --json's document, not inside it
+    print(written(list(plot_memory(strategies, cap, args.plot, label, title))), file=sys.stderr if args.json else None)
+
+
+def _search(args, cfg, hardware: Hardware, cap: float) -> int:
+    from mindvl.parallel.planner import rank
+
+    every = rank(cfg, args.devices, hardware)
+    ranked = [pair for pair in every if pair[1].total_bytes <= cap]  # planner.search
+    if args.json:
+        print(json.dumps([{"strategy": s.to_dict(), "plan": p.to_dict()} for s, p in ranked[:args.top]], indent=2))
+    elif not ranked:
+        print(f"no valid strategy for {args.devices} devices fits {cap / GB:g} GB")
+    else:
         print(f"{'strategy':34} {'memory GB':>9} {'step s':>10} {'samples/s':>11} {'bubble':>7}")
         for strategy, p in ranked[:args.top]:
             print(f"{strategy.name:34} {p.total_bytes / GB:9.2f} {p.step_time_s:10.4g} {p.samples_per_s:11.1f} "
                   f"{p.bubble_fraction:7.1%}")
-        return 0
+    if args.plot:  # the listed strategies and the faster ones the cap rejected, fastest first
+        fastest = ranked[0][1].step_time_s if ranked else float("inf")
+        rejected = [pair for pair in every if pair[1].total_bytes > cap and pair[1].step_time_s < fastest]
+        shown = sorted(ranked[:args.top] + rejected[:args.top], key=lambda pair: (pair[1].step_time_s,
+                                                                                 pair[1].total_bytes))
+        _plot(args, shown, cap, f"{cfg.name}: {args.devices} devices, the {min(len(ranked), args.top)} fastest that "
+                                f"fit and {len(rejected[:args.top])} faster over the cap")
+    return 0 if ranked or args.json else 1
+
+
+def plan_command(args) -> int:
+    from mindvl.parallel.planner import memory_cap_bytes, plan
+    from mindvl.parallel.strategy import create_strategy
+
+    cfg = load_config(args.config, args.overrides)
+    hardware = hardware_from_args(args)
+    cap = memory_cap_bytes(args.memory_cap_gb, hardware)
+    if args.search:
+        if not args.devices:
+            raise ConfigError("--devices: --search needs the device count, e.g. --devices 64")
+        return _search(args, cfg, hardware, cap)
     if not args.strategy:
         raise ConfigError("--strategy: name a strategy (parallel_configs/) or use --search --devices N")
     strategy = create_strategy(args.strategy)
@@ -84,10 +111,9 @@ def plan_command(args) -> int:
         print(json.dumps(dump_strategy(cfg, strategy), indent=2, default=str))
         return 0
     result = plan(cfg, strategy, hardware, args.devices)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-        return 0
-    print(render(strategy.name, result))
+    print(json.dumps(result.to_dict(), indent=2) if args.json else render(strategy.name, result))
+    if args.plot:
+        _plot(args, [(strategy, result)], cap, f"{cfg.name}: strategy {strategy.name}, {result.devices} devices")
     return 0
 
 

@@ -732,17 +732,25 @@ def candidate_strategies(cfg: Config, devices: int, max_model_parallel: int = 8)
     return found
 
 
+def rank(cfg: Config, devices: int, hardware: Hardware = Hardware(),
+         pure_data_parallel: bool = False) -> List[Tuple[ParallelStrategy, Plan]]:
+    """Every valid strategy for `devices` with its plan, whatever its memory, fastest predicted step first (less
+    memory breaks ties)."""
+    ranked = [(strategy, plan(cfg, strategy, hardware, devices, validate=False))
+              for strategy in candidate_strategies(cfg, devices)
+              if not (pure_data_parallel and (strategy.model_parallel > 1 or strategy.pipeline_stage > 1))]
+    ranked.sort(key=lambda pair: (pair[1].step_time_s, pair[1].total_bytes))
+    return ranked
+
+
+def memory_cap_bytes(memory_cap_gb: Optional[float], hardware: Hardware) -> float:
+    """The per-rank cap: `memory_cap_gb`, else the device's memory."""
+    return (memory_cap_gb if memory_cap_gb is not None else hardware.memory_gb) * 1e9
+
+
 def search(cfg: Config, devices: int, memory_cap_gb: Optional[float] = None, hardware: Hardware = Hardware(),
            pure_data_parallel: bool = False) -> List[Tuple[ParallelStrategy, Plan]]:
     """Valid strategies for `devices` whose per-rank memory fits the cap (default: the device's memory),
     fastest predicted step first (less memory breaks ties)."""
-    cap = (memory_cap_gb if memory_cap_gb is not None else hardware.memory_gb) * 1e9
-    ranked = []
-    for strategy in candidate_strategies(cfg, devices):
-        if pure_data_parallel and (strategy.model_parallel > 1 or strategy.pipeline_stage > 1):
-            continue
-        result = plan(cfg, strategy, hardware, devices, validate=False)
-        if result.total_bytes <= cap:
-            ranked.append((strategy, result))
-    ranked.sort(key=lambda pair: (pair[1].step_time_s, pair[1].total_bytes))
-    return ranked
+    cap = memory_cap_bytes(memory_cap_gb, hardware)
+    return [pair for pair in rank(cfg, devices, hardware, pure_data_parallel) if pair[1].total_bytes <= cap]
