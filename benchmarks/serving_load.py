@@ -221,7 +221,7 @@ def main(argv=None) -> None:
                   f"{top['p99_ms'] / off[most]['p99_ms']:.2f}x (goal <= 0.5x)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
-    plot_comparison(args.plot, rows, x="clients", kind="line", machine=machine,
+    plot_comparison(args.plot, rows, x="clients", kind="line", log=True, machine=machine,
                     series=lambda r: f"{r['method']}, batching {'on' if r['batching'] else 'off'}",
                     value={"throughput": "requests/s", "p99_ms": "p99 latency (ms)"},
                     title=f"mindvl serve, closed-loop clients, {args.seconds:g} s a point")

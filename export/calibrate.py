@@ -12,6 +12,10 @@
 4. The threshold is the one for the target cloud-call rate (the round(rate * n) least confident questions go
    to the cloud; the threshold sits halfway between two neighbouring confidences), or the lowest cloud rate
    whose overall accuracy reaches the target accuracy.
+5. The latency the curve costs: the device's and the cloud's (when `cloud=` is asked) median time to answer one
+   question alone, over the first LATENCY_QUESTIONS questions (a classifier's questions are answered again one
+   at a time for it; a generated answer is timed as it is generated), so that the expected per-question latency
+   at a cloud rate r is edge + r x cloud (the cascade asks the cloud after the device).
 The result is a JSON file (`calibration.json` beside the package's manifest, like evaluation.json, or
 anywhere; lite/calibration.py) that `Cascade.from_calibration` reads; it records the package's vqa graph hash so it is never
 applied to another model.
@@ -19,6 +23,7 @@ applied to another model.
 import datetime
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -39,6 +44,7 @@ from mindvl.serving.register import GENERATE
 
 TEMPERATURE_BOUNDS = (0.05, 20.0)
 CLOUD_BATCH = 16  # questions per request when the curve asks a real cloud
+LATENCY_QUESTIONS = 16  # questions timed one at a time on the device and on the cloud
 
 
 # ----------------------------------------------------------------------------- temperature
@@ -189,14 +195,15 @@ def edge_logits(pipeline, examples: Sequence, modality: str):
     return logits, labels, skipped, [e for _, e in kept]
 
 
-def edge_generations(pipeline, examples: Sequence, modality: str):
+def edge_generations(pipeline, examples: Sequence, modality: str, seconds: Optional[List[float]] = None):
     """(confidence: exp(mean token log-probability) per answered example, 1/0 the answer is right, the skipped
     items' errors, the answered examples) of a generative package's device pipeline, answers generated greedily
     as the evaluation generates them and compared after the same normalisation; bad items are skipped, never
-    fatal."""
+    fatal. `seconds` (a list) gets each answer's whole time (timings["total"])."""
     from mindvl.eval.generative import ANSWER_TOKENS, normalise_answer
 
     confidences, correct, skipped, kept = [], [], [], []
+    seconds = [] if seconds is None else seconds
     for example in examples:
         try:
             answer = pipeline.generate(**example_item(example, modality), max_new_tokens=ANSWER_TOKENS)
@@ -204,6 +211,7 @@ def edge_generations(pipeline, examples: Sequence, modality: str):
             skipped.append(str(error))
             continue
         confidences.append(math.exp(answer.mean_logprob))
+        seconds.append(answer.timings["total"])
         correct.append(float(normalise_answer(answer.text) == normalise_answer(example.answer)))
         kept.append(example)
     if not kept:
@@ -240,6 +248,38 @@ def cloud_correctness(cloud, examples: Sequence, modality: str, edge_correct: np
     return {"correct": correct, "failed": sum(a is None for a in answers)}
 
 
+def _median_ms(seconds: Sequence[float]) -> Optional[float]:
+    return float(np.median(seconds) * 1000) if len(seconds) else None
+
+
+def edge_latency_ms(pipeline, examples: Sequence, modality: str) -> Optional[float]:
+    """The device's median time (ms) to answer one question alone (its own timings["total"]: preprocessing and
+    the graph), over the first LATENCY_QUESTIONS `examples`; a question it refuses is left out."""
+    seconds = []
+    for example in examples[:LATENCY_QUESTIONS]:
+        try:
+            seconds.append(pipeline.answer(**example_item(example, modality)).timings["total"])
+        except InputError:
+            continue
+    return _median_ms(seconds)
+
+
+def cloud_latency_ms(cloud, examples: Sequence, modality: str) -> Optional[float]:
+    """The cloud's median time (ms) to answer one question alone: a request per question, as the cascade sends
+    it, over the first LATENCY_QUESTIONS `examples` (a failed request is left out)."""
+    generative = getattr(cloud, "method_name", "predict") == GENERATE
+    seconds = []
+    for example in examples[:LATENCY_QUESTIONS]:
+        item = example_item(example, modality)
+        if generative:
+            item = {"text": item["question"], **{k: item[k] for k in ("image", "audio") if item[k]}}
+        start = time.perf_counter()
+        reply = cloud.infer([item])[0]
+        if "error" not in reply:
+            seconds.append(time.perf_counter() - start)
+    return _median_ms(seconds)
+
+
 def calibrate(package: PathLike, root: PathLike, split: str = "validation", modality: str = "typed",
               target_cloud_rate: Optional[float] = None, target_accuracy: Optional[float] = None,
               cloud_accuracy: Optional[float] = None, cloud: Any = None, backend: str = "auto", limit: int = 0,
@@ -272,10 +312,13 @@ def calibrate(package: PathLike, root: PathLike, split: str = "validation", moda
     generative = SECTION in manifest
     try:
         if generative:  # a generated answer's confidence is already a probability: no temperature to fit
-            confidences, edge_correct, skipped, kept = edge_generations(pipeline, examples, modality)
+            seconds: List[float] = []
+            confidences, edge_correct, skipped, kept = edge_generations(pipeline, examples, modality, seconds)
             temperature, fitted_nll = 1.0, {}
+            edge_ms = _median_ms(seconds[:LATENCY_QUESTIONS])
         else:
             logits, labels, skipped, kept = edge_logits(pipeline, examples, modality)
+            edge_ms = edge_latency_ms(pipeline, kept, modality)  # after the batch: the graph is warm
     finally:
         if own:
             pipeline.close()
@@ -293,7 +336,9 @@ def calibrate(package: PathLike, root: PathLike, split: str = "validation", moda
         cloud_correct = measured["correct"]
         cloud_info = {"address": getattr(client, "address", str(cloud)), "accuracy": float(cloud_correct.mean()),
                       "failed": measured["failed"], "measured": True}
+        cloud_ms = cloud_latency_ms(client, kept, modality)  # after the curve's requests: the server is warm
     else:
+        cloud_ms = None
         cloud_correct = np.full(len(kept), cloud_accuracy)
         cloud_info = {"accuracy": cloud_accuracy, "measured": False}
     curve = accuracy_curve(confidences, edge_correct, cloud_correct)
@@ -309,6 +354,8 @@ def calibrate(package: PathLike, root: PathLike, split: str = "validation", moda
                        target=target, split=split, modality=modality, examples=len(kept), skipped=skipped,
                        nll=fitted_nll,
                        cloud=cloud_info, chosen=chosen, curve=curve,
+                       latency={"edge_ms": edge_ms, "cloud_ms": cloud_ms,
+                                "questions": min(len(kept), LATENCY_QUESTIONS)},
                        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -316,6 +363,17 @@ def calibrate(package: PathLike, root: PathLike, split: str = "validation", moda
 
 def _percent(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.1%}"
+
+
+def _latency_lines(c: Calibration) -> List[str]:
+    edge, cloud = c.latency.get("edge_ms"), c.latency.get("cloud_ms")
+    if edge is None:
+        return []
+    line = f"one question alone, median of {c.latency['questions']}: edge {edge:.1f} ms"
+    if cloud is None:
+        return [line + "; cloud not timed (--cloud URL measures it)"]
+    return [line + f", cloud {cloud:.1f} ms: expected {edge + c.chosen['cloud_rate'] * cloud:.1f} ms a question at "
+                   f"the chosen cloud rate"]
 
 
 def format_report(calibration: Calibration, rows: int = 11) -> str:
@@ -328,10 +386,11 @@ def format_report(calibration: Calibration, rows: int = 11) -> str:
     target = ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in c.target.items())
     lines = [f"calibrated on {c.examples} {c.split} questions ({c.modality})"
              + (f", {len(c.skipped)} skipped (bad input; first: {c.skipped[0]})" if c.skipped else ""),
-             f"temperature {c.temperature:.4f}: NLL {c.nll['temperature_1']:.4f} at T=1 -> {c.nll['fitted']:.4f}",
+             (f"temperature {c.temperature:.4f}: NLL {c.nll['temperature_1']:.4f} at T=1 -> {c.nll['fitted']:.4f}"
+              if c.nll else "confidence: exp(mean token log-probability) of the generated answer (no temperature)"),
              f"threshold {c.threshold:.6f} for target {target}: cloud rate {c.chosen['cloud_rate']:.1%}, edge "
              f"accuracy {_percent(c.chosen['edge_accuracy'])}, overall {c.chosen['accuracy']:.1%}",
-             f"cloud accuracy {cloud}", ""]
+             f"cloud accuracy {cloud}", *_latency_lines(c), ""]
     wanted = np.linspace(0, 1, rows) if rows > 1 else [0.0]
     picked = {min(range(len(c.curve)), key=lambda i: abs(c.curve[i]["cloud_rate"] - rate)) for rate in wanted}
     header = f"  {'threshold':>10}  {'cloud rate':>10}  {'edge acc. (answered)':>20}  {'overall acc.':>12}"

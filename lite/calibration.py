@@ -54,6 +54,9 @@ class Calibration:
     chosen: Dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
     curve: List[Dict[str, Optional[float]]] = dataclasses.field(default_factory=list)
     created: str = ""
+    # edge_ms / cloud_ms: median ms to answer one question alone (cloud_ms None when the cloud was not asked),
+    # over `questions` questions; empty in a file written before it was measured
+    latency: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"format": FORMAT, "format_version": FORMAT_VERSION, **dataclasses.asdict(self)}

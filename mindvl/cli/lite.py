@@ -93,10 +93,18 @@ def _calibrate(args) -> None:
                             cloud_accuracy=args.cloud_accuracy, cloud=args.cloud, backend=args.backend,
                             limit=args.limit, servable=args.servable, timeout_s=args.timeout)
     path = calibration.save(args.out or Path(args.package) / CALIBRATION_FILE)
+    plots = []
+    if args.plot:
+        from mindvl.plots.cascade import plot_cascade
+        plots = list(plot_cascade(calibration.to_dict(), args.plot))
     if args.json:
-        print(json.dumps({**calibration.to_dict(), "path": str(path)}, indent=2))
+        shown = {"plots": [str(p) for p in plots]} if plots else {}
+        print(json.dumps({**calibration.to_dict(), "path": str(path), **shown}, indent=2))
         return
     print(format_report(calibration))
+    if plots:
+        from mindvl.plots.figure import written
+        print(written(plots))
     print(f"\nwrote {path} (the full curve: {len(calibration.curve)} thresholds); use it with "
           f"`mindvl lite ask {args.package} --cloud URL --calibration {path}` or Cascade.from_calibration")
 
@@ -162,6 +170,8 @@ def _add_device_commands(sub) -> None:
     cal.add_argument("--limit", type=int, default=0, metavar="N", help="only the first N questions (0: all)")
     cal.add_argument("--out", metavar="FILE", help="where to write it (default PKG/calibration.json)")
     cal.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    cal.add_argument("--plot", metavar="STEM", help="also draw accuracy and expected latency against the cloud rate, "
+                                                    "the chosen threshold marked, into STEM.png and STEM.svg")
     cal.set_defaults(func=_calibrate)
 
     res = sub.add_parser("resolution", help="test-time resolution search: accuracy of the plain resize vs views "

@@ -94,6 +94,7 @@ def test_a_target_accuracy_picks_the_lowest_cloud_rate_reaching_it(pipeline, pac
     assert not [row for row in by_accuracy.curve
                 if row["accuracy"] >= target and row["cloud_rate"] < chosen["cloud_rate"]]
     assert by_accuracy.cloud == {"accuracy": 0.9, "measured": False}
+    assert by_accuracy.latency["edge_ms"] > 0 and by_accuracy.latency["cloud_ms"] is None  # the cloud is not asked
     with pytest.raises(CalibrationError, match="no threshold reaches it"):
         threshold_for_accuracy(by_accuracy.curve, 0.999)  # a cloud right 90% of the time cannot lift it there
 
@@ -101,6 +102,7 @@ def test_a_target_accuracy_picks_the_lowest_cloud_rate_reaching_it(pipeline, pac
 def test_the_cloud_accuracy_can_be_measured_by_asking_the_server(pipeline, package, root, live_server):
     measured = calibrate(package, root, target_cloud_rate=0.5, cloud=live_server.rest_url, pipeline=pipeline)
     assert measured.cloud["measured"] and measured.cloud["failed"] == 0
+    assert measured.latency["cloud_ms"] > 0 and measured.latency["edge_ms"] > 0  # one question alone, each side
     # the server runs the same model: every answer it gives is the device's, so the cloud changes nothing
     edge_alone = measured.curve[0]["accuracy"]
     assert measured.cloud["accuracy"] == pytest.approx(edge_alone)
