@@ -28,6 +28,7 @@ setup(
     # the C++ sources compiled on first use (the Lite 2.0 bridge, the on-device runner, the fused CPU kernels)
     package_data={"mindvl": ["configs/*.yaml"],
                   "mindvl.lite": ["bridge.cc", "runner/CMakeLists.txt", "runner/*.cc", "runner/*.h"],
+                  "mindvl.serving": ["demo/*.html", "demo/*.js", "demo/*.css"],  # the demo page (mindvl serve)
                   "mindvl.parallel_configs": ["*.yaml", "README.md"], "mindvl.cells.kernels": ["*.cc", "*.h"]},
     install_requires=[
         "mindspore==2.10.0",

@@ -236,6 +236,31 @@ class Cascade:
                 results.append((str(reply["answer"]), float(confidence) if confidence is not None else float("nan")))
         return results
 
+    # -- one instance as a REST client sends it (the demo page's `POST /cascade`, mindvl.serving.demo)
+    def describe(self) -> Dict[str, Any]:
+        """The edge package's name, the cloud method and servable, and the threshold."""
+        return {"edge": self.edge.package.name, "method": "generate" if self.edge.generative else "predict",
+                "servable": getattr(self.cloud, "servable_name", ""), "threshold": self.threshold}
+
+    def ask(self, instance: Mapping[str, Any]) -> Dict[str, Any]:
+        """One instance with the cloud method's inputs (predict: image, question, audio; generate: image, text,
+        audio, max_tokens) -> CascadeAnswer's fields, or a generated answer's (text, confidence, source,
+        edge_text, cloud_error, finish_reason, timings). ValueError names an input the method does not take."""
+        inputs = ("image", "text", "audio", "max_tokens") if self.edge.generative else ("image", "question", "audio")
+        unknown = sorted(set(instance) - set(inputs))
+        if unknown:
+            raise ValueError(f"input {unknown[0]!r}: the cascade's {self.describe()['method']} takes "
+                             f"{', '.join(inputs)}")
+        image, audio = instance.get("image") or None, instance.get("audio") or None
+        if not self.edge.generative:
+            return self.answer(image, instance.get("question") or "", audio).to_dict()
+        limit = instance.get("max_tokens")
+        answer = self.generate(image, instance.get("text") or None, audio,
+                               **({"max_new_tokens": int(limit)} if limit is not None else {}))
+        return {"text": answer.text, "confidence": answer.confidence, "source": answer.source,
+                "edge_text": answer.edge_text, "cloud_error": answer.cloud_error, "finish_reason": answer.finish,
+                "timings": answer.timings}
+
     # -- generating (a generative package at the edge)
     @staticmethod
     def generation_confidence(generation: Generation) -> float:

@@ -9,6 +9,8 @@ Events when asked with `Accept: text/event-stream`. Besides `POST /model/<servab
   GET  /ready                            200 once there are servables and each has a loaded version, else 503
   GET  /metrics                          Prometheus text: requests, errors, latency, batch sizes
   GET  /servables                        every servable's versions and their status (JSON)
+  GET  /                                 the demo page (demo.py; off with demo=False, `mindvl serve --no-demo`)
+  POST /cascade                          one instance through the edge-cloud cascade (`--cascade-edge PKG`)
   POST /servables/<name>/version/<n>:load|unload   load a version (it becomes the default when newest) or
                                          unload one (its running requests finish first); off unless an admin
                                          token is configured, then only with `Authorization: Bearer <token>`
@@ -29,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import grpc
 from aiohttp import web
@@ -39,6 +41,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from mindvl.config import ConfigError, build_dataclass
 from mindvl.model_package import MANIFEST, PackageError, read_key
 from mindvl.preprocess import limit_decodes
+from mindvl.serving import demo as D
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving import openai_api as O
 from mindvl.serving.admission import BodyBudget, Connections, authorized, read_admin_token
@@ -90,6 +93,7 @@ class ServeConfig:
     key_env: str = ""  # ... or from this environment variable
     admin_token_file: str = ""  # the admin endpoints' bearer token, from a file ...
     admin_token_env: str = ""  # ... or from this environment variable; neither: the admin endpoints are off
+    demo: bool = True  # the demo page at GET / (a client of the same endpoints; mindvl serve --no-demo: off)
 
     def validate(self) -> "ServeConfig":
         if not self.servable_dir:
@@ -193,6 +197,12 @@ class Server:
         self._listener: Optional[asyncio.Server] = None
         self._grpc: Optional[grpc.aio.Server] = None
         self._poller: Optional[asyncio.Task] = None
+        self.cascade: Optional[D.CascadeEndpoint] = None
+
+    def attach_cascade(self, service: D.CascadeService) -> None:
+        """Answer `POST /cascade` through `service` (whose cloud is usually this server: attach it once the
+        server listens); the server closes it when it stops."""
+        self.cascade = D.CascadeEndpoint(service)
 
     @property
     def grpc_calls(self) -> int:
@@ -267,6 +277,8 @@ class Server:
             await self._runner.cleanup()  # closes the connections aiohttp holds
         await self.catalog.close()
         self.pool.shutdown(wait=False)
+        if self.cascade is not None:
+            self.cascade.close()
 
     def _update_loaded(self) -> None:
         for name, versions in self.catalog.loaded.items():
@@ -329,12 +341,18 @@ class Server:
                     return await self._openai_answer(request)
                 if request.method == "GET" and path in ("/health", "/ready", "/metrics", "/servables"):
                     return self._status_page(path)
+                if self.config.demo and request.method == "GET" and path in D.PATHS:
+                    return D.settings(self.config.max_request_mb, self.cascade and self.cascade.service) \
+                        if path == D.SETTINGS else D.asset(path)
+                if path == D.CASCADE:
+                    return await self._cascade(request)
                 match = ADMIN_URL.fullmatch(path)
                 if match and request.method == "POST":
                     return await self._admin(request, *match.groups())
                 raise Failure(f"please check url: {request.method} {path[:64]!r} is not served; predict with "
                               f"POST /model/<servable>[/version/<n>]:<method>, POST /v1/chat/completions, or GET "
-                              f"/health, /ready, /metrics, /servables, /v1/models", 404, "protocol")
+                              f"/health, /ready, /metrics, /servables, /v1/models"
+                              + (", / (the demo page)" if self.config.demo else ""), 404, "protocol")
             except Exception as error:
                 failure = _failure(error)
                 return self._json(encode_error(str(failure)), failure.status)
@@ -358,6 +376,28 @@ class Server:
                 return await self._generate_events(request, servable, version, instances)
             results, _ = await self.predict(servable, version, method, instances, "rest")
             return self._json(encode_reply(results))
+
+    async def _cascade(self, request: web.Request) -> web.Response:
+        """`POST /cascade`: one instance (the cloud servable's method's inputs) through the edge-cloud cascade."""
+        if request.method != "POST":
+            raise Failure("http message only support POST right now", 405, "protocol")
+        if self.cascade is None:
+            raise Failure("this server has no edge-cloud cascade; start mindvl serve with --cascade-edge PKG (an "
+                          "exported package that answers on this machine as a device would)", 404, "not_found")
+        async with self._held_body(request) as body:
+            try:
+                instances = parse_request(body, 1, PARSE_FACTOR * self._request_limit)
+            except ProtocolError as error:
+                raise self._protocol_failure(error) from None
+        try:
+            result = await asyncio.wait_for(self.cascade.answer(instances[0]), self.config.timeout_s)
+        except ValueError as error:  # a bad instance (InputError, ConfigError)
+            self.metrics.errors.labels("instance").inc()
+            raise Failure(str(error), 400, "instance") from None
+        except asyncio.TimeoutError:
+            raise Failure(f"the cascade did not answer within {self.config.timeout_s:g} s (--timeout-s)", 504,
+                          "timeout") from None
+        return self._json(json.dumps(result).encode())
 
     @property
     def _request_limit(self) -> int:
@@ -640,10 +680,11 @@ def _return_large_frees() -> None:
         pass
 
 
-def serve(config: ServeConfig) -> None:
+def serve(config: ServeConfig, cascade: Optional[Callable[[str], D.CascadeService]] = None) -> None:
     """Run the server until SIGINT or SIGTERM (the `mindvl serve` command). A directory with no servable yet is
     served (a deploy is picked up within poll_s) and said so; with polling off it would serve nothing ever,
-    and is refused."""
+    and is refused. cascade: makes the demo's edge-cloud cascade from this server's REST URL (its cloud), once
+    the server listens."""
     if not list_servables(config.validate().servable_dir):
         deploy = f"`mindvl deploy PKG --servable-dir {config.servable_dir} --name NAME`"
         if not config.poll_s:
@@ -660,10 +701,16 @@ def serve(config: ServeConfig) -> None:
             loop.add_signal_handler(sig, stop.set)
         try:
             await server.start()
+            if cascade is not None:
+                server.attach_cascade(await loop.run_in_executor(None, cascade, server.rest_url))
             print(f"mindvl serve: REST http://{config.host}:{server.rest_port}"
                   + (f", gRPC {config.host}:{server.grpc_port}" if server.grpc_port else ", gRPC off")
                   + f"; servables: {json.dumps({n: e['default_version'] for n, e in server.catalog.state().items()})}",
                   flush=True)
+            if config.demo:
+                print(f"mindvl serve: demo page {server.rest_url}/"
+                      + (f" (edge-cloud cascade: {server.cascade.service.describe()['edge']})" if server.cascade
+                         else ""), flush=True)
             await stop.wait()
         finally:
             await server.stop()

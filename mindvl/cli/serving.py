@@ -10,7 +10,7 @@ from mindvl.config import ConfigError
 SERVE_FLAGS = ("servable_dir", "host", "port", "grpc_port", "batching", "max_batch_size", "max_wait_ms", "workers",
                "max_request_mb", "max_instances", "timeout_s", "header_timeout_s", "keepalive_s", "max_connections",
                "max_inflight_mb", "decode_slots", "strict_http", "poll_s", "key_file", "key_env", "admin_token_file",
-               "admin_token_env")
+               "admin_token_env", "demo")
 QUERY_METHODS = {  # the inputs of the methods `mindvl deploy` generates; --input NAME=VALUE for any other
     "predict": ("image", "question", "audio"), "embed_image": ("image",), "embed_text": ("text",),
     "embed_audio": ("audio",)}
@@ -43,10 +43,46 @@ def _serve(args) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("mindvl").setLevel(logging.INFO)
     try:
-        serve(config)
+        serve(config, _cascade_maker(args, config))
     except OSError as exc:  # most often a port another server holds
         raise ConfigError(f"cannot serve on {config.host} (REST port {config.port}, gRPC port {config.grpc_port}): "
                           f"{exc}; choose other ports with --port / --grpc-port (0: any free port)") from None
+
+
+def _cascade_maker(args, config):
+    """--cascade-edge's cascade, made from the server's REST URL (its cloud) once it listens; checked first."""
+    if not args.cascade_edge:
+        for flag in ("cascade_servable", "cascade_calibration", "cascade_threshold"):
+            if getattr(args, flag) is not None:
+                raise ConfigError(f"--{flag.replace('_', '-')}: needs --cascade-edge PKG (the package answering as "
+                                  f"the device)")
+        return None
+    from mindvl.lite.calibration import CALIBRATION_FILE
+    from mindvl.model_package import MANIFEST
+    from mindvl.serving.servable import list_servables
+
+    edge = Path(args.cascade_edge)
+    if not (edge / MANIFEST).is_file():
+        raise ConfigError(f"--cascade-edge {edge}: not a model package (no {MANIFEST}); pass a folder written by "
+                          f"`mindvl export`")
+    servable = args.cascade_servable
+    if servable is None:
+        names = list_servables(config.servable_dir)
+        if len(names) != 1:
+            raise ConfigError(f"--cascade-servable: {config.servable_dir} holds {len(names)} servables "
+                              f"({', '.join(names) or 'none'}); name the one the cascade asks as its cloud")
+        servable = names[0]
+    calibration = args.cascade_calibration or (edge / CALIBRATION_FILE if (edge / CALIBRATION_FILE).is_file()
+                                               else None)
+
+    def make(cloud: str):
+        from mindvl.lite.cascade import Cascade
+        if calibration:
+            return Cascade.from_calibration(calibration, edge, cloud, config.timeout_s, servable,
+                                            args.cascade_threshold)
+        threshold = 0.5 if args.cascade_threshold is None else args.cascade_threshold
+        return Cascade(edge, cloud, threshold, 1.0, config.timeout_s, servable)
+    return make
 
 
 def _deploy(args) -> None:
@@ -149,6 +185,18 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="how often DIR is checked for new versions (default 2; 0: never)")
     add_key_args(serve, "encrypted packages (AES-GCM; never a key on the command line)",
                  "file holding the key, raw or as hex text")
+    serve.add_argument("--no-demo", dest="demo", action="store_const", const=False,
+                       help="no demo page at / (default: served, a client of the same endpoints)")
+    cascade = serve.add_argument_group(
+        "edge-cloud cascade for the demo page (POST /cascade): a package that answers on this machine as the device "
+        "would, asking this server when unsure")
+    cascade.add_argument("--cascade-edge", metavar="PKG", help="the edge's model package")
+    cascade.add_argument("--cascade-servable", metavar="NAME",
+                         help="the cloud's servable (default: the only one served)")
+    cascade.add_argument("--cascade-calibration", metavar="JSON", help="`mindvl lite calibrate`'s file (default: "
+                         "PKG/calibration.json where it exists, else threshold 0.5, temperature 1)")
+    cascade.add_argument("--cascade-threshold", type=float, metavar="T",
+                         help="answer on the edge at this calibrated confidence or above (overrides the calibration)")
     admin = serve.add_argument_group(
         "admin endpoints (POST /servables/<name>/version/<n>:load|unload): off unless a token is given, then only "
         "for 'Authorization: Bearer <token>' (never a token on the command line)")
