@@ -65,7 +65,7 @@ def cascade_figure(calibration: Dict[str, Any]) -> Figure:
     ax.set_ylabel("accuracy (%)")
     ax.set_xlim(0, 100)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="best")  # the curves climb to the right: usually a free corner at the top or bottom
     ax.set_title("accuracy against the cloud rate", fontsize=10)
 
     if timed:
