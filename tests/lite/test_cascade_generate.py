@@ -95,3 +95,16 @@ def test_calibrate_fits_the_threshold_of_generated_answers_on_their_confidence(g
     with Cascade.from_calibration(calibration.save(package.parent / "calibration_test.json"), edge, cloud.rest_url,
                                   servable="vlm") as cascade:
         assert cascade.threshold == calibration.threshold
+
+
+def test_ask_takes_an_instance_as_a_rest_client_sends_it(edge, cloud, question):
+    """`Cascade.ask` (the demo page's POST /cascade): generate's inputs in, the answer and its source out."""
+    expected = edge.generate(**question, max_new_tokens=8)
+    with Cascade(edge, cloud.rest_url, threshold=2.0, servable="vlm") as cascade:
+        assert cascade.describe() == {"edge": "vlm", "method": "generate", "servable": "vlm", "threshold": 2.0}
+        answer = cascade.ask({"image": question["image"], "text": question["question"], "max_tokens": 8})
+        assert answer["source"] == "cloud" and answer["text"] == expected.text == answer["edge_text"]
+        assert answer["confidence"] == pytest.approx(float(np.exp(np.mean(expected.logprobs))))
+        with pytest.raises(ValueError, match="input 'question': the cascade's generate takes image, text, audio, "
+                                             "max_tokens"):
+            cascade.ask({"image": question["image"], "question": "what?"})

@@ -1,15 +1,18 @@
 """`mindvl deploy`, `mindvl serve` and `mindvl query`: a package deployed and served by the real command in a
 subprocess, queried over REST and gRPC; wrong flags, missing files and bad settings end with a message and
 exit status 2 before anything is sent or served."""
+import base64
 import dataclasses
 import json
 import re
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -56,13 +59,15 @@ def test_deploy_serve_and_query_from_the_command_line(fresh_servables, vqa_packa
     log = tmp_path / "serve.log"
     with log.open("w") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "mindvl.cli", "serve", "--config", settings, "--port", "0",
-                                    "--grpc-port", "0", "--no-batching"], stdout=subprocess.PIPE, stderr=stderr,
-                                   text=True)
+                                    "--grpc-port", "0", "--no-batching", "--cascade-edge", package],
+                                   stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:
         started = STARTED.match(wait_for_start(process, log))
         assert started, log.read_text()[-3000:]
         rest, grpc_address = started.groups()
         assert "loaded servable vqa version 2" in log.read_text()  # INFO logging shows loading
+        # the demo page, with the cascade of --cascade-edge (its cloud: the only servable, this server's vqa)
+        assert process.stdout.readline() == f"mindvl serve: demo page {rest}/ (edge-cloud cascade: {package.name})\n"
 
         example, = query_examples(cfg.data.root, 1)
         image, question, audio = example.image, example.question, example.audio
@@ -72,6 +77,10 @@ def test_deploy_serve_and_query_from_the_command_line(fresh_servables, vqa_packa
         expected = Client(rest, "vqa", "predict").infer({"image": image, "question": question, "audio": b""})[0]
         status, out, _ = run(capsys, "query", rest, "--servable", "vqa", "--image", tmp_path / "image.png",
                              "--question", question)
+        cascade = json.loads(urllib.request.urlopen(urllib.request.Request(
+            f"{rest}/cascade", json.dumps({"instances": [{"image": {"b64": base64.b64encode(image).decode()},
+                                                          "question": question}]}).encode()), timeout=120).read())
+        assert cascade["source"] in ("edge", "cloud") and cascade["edge_answer"] in labels
         lines = dict(line.split(None, 1) for line in out.splitlines())
         assert status == 0 and lines["answer"] == expected["answer"] and lines["answer"] in labels
         assert float(lines["confidence"]) == pytest.approx(expected["confidence"], abs=5e-5)
@@ -162,6 +171,19 @@ def test_serve_refuses_a_config_with_an_unknown_key_naming_it(tmp_path, capsys):
     assert "max_batch_size" in err
     status, _, err = run(capsys, "serve", "--servable-dir", tmp_path / "absent")
     assert status == 2 and f"servable_dir: {tmp_path / 'absent'} is not a folder" in err
+
+
+def test_cascade_flags_are_checked_before_serving(deployed, vqa_package, tmp_path, capsys):
+    for argv, message in (
+            (["--cascade-threshold", "0.3"], "--cascade-threshold: needs --cascade-edge PKG"),
+            (["--cascade-edge", tmp_path], f"--cascade-edge {tmp_path}: not a model package (no manifest.json)")):
+        status, _, err = run(capsys, "serve", "--servable-dir", deployed, *argv)
+        assert status == 2 and f"mindvl: error: {message}" in err and "Traceback" not in err
+    two = tmp_path / "two"
+    shutil.copytree(deployed, two)
+    shutil.copytree(deployed / "vqa", two / "other")
+    status, _, err = run(capsys, "serve", "--servable-dir", two, "--cascade-edge", vqa_package[1])
+    assert status == 2 and "--cascade-servable: " in err and "holds 2 servables (other, vqa)" in err
 
 
 def test_every_serve_setting_is_a_flag_that_overrides_the_file(tmp_path):
