@@ -46,7 +46,8 @@ def comparison_figure(rows: Sequence[Dict[str, Any]], *, x: Key, series: Key, va
         names = _ordered(_get(panel, row) for row in rows) if panel is not None else [""]
         panels = [(name, value, ylabel) for name in names]
     figure = new_figure(max(6.0, 4.2 * len(panels)), 4.6)
-    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    # panels of one figure share its axis; panels of different figures each have their own
+    axes = figure.subplots(1, len(panels), squeeze=False, sharey=not isinstance(value, dict))[0]
     for ax, (name, key, label) in zip(axes, panels):
         mine = [row for row in rows if key in row and row[key] is not None
                 and (panel is None or isinstance(value, dict) or _get(panel, row) == name)]
