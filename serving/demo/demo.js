@@ -353,6 +353,8 @@ function resetAnswer(model) {
   $("source").textContent = "-";
   $("source").className = "";
   $("generated").textContent = "-";
+  $("generated-label").textContent = model.viaCascade ? "Edge's answer" : "Generated text";
+  $("generated").hidden = $("generated-label").hidden = model.kind === "generate" && !model.viaCascade;
   $("elapsed").textContent = "-";
   $("answered-model").textContent = `${model.name}, version ${model.number}` +
     (model.viaCascade ? ` (cloud of the cascade; edge package ${page.settings.cascade.edge})` : "");
@@ -473,10 +475,8 @@ async function askCascade(model, body) {
   $("answer").textContent = generative ? result.text : result.answer;
   $("confidence").textContent = percent(result.confidence);
   showSource(result.source);
-  if (result.source !== "edge") {
-    const edge = generative ? result.edge_text : result.edge_answer;
-    $("generated").textContent = `edge said: ${edge}` + (result.cloud_error ? `; cloud error: ${result.cloud_error}` : "");
-  }
+  const edge = generative ? result.edge_text : result.edge_answer;
+  $("generated").textContent = edge + (result.cloud_error ? ` (the cloud failed: ${result.cloud_error})` : "");
 }
 
 // ---- start ------------------------------------------------------------------------------------------
