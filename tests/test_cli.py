@@ -42,7 +42,7 @@ def test_plot_of_a_folder_that_is_neither_a_run_nor_a_data_set_exits_2_naming_bo
 
     assert main(["plot", str(tmp_path)]) == 2
     error = capsys.readouterr().err
-    assert error.startswith("mindvl: error:") and "holds none of metrics.jsonl, report.json" in error
+    assert error.startswith("mindvl: error:") and "holds none of metrics.jsonl, report.json, calibration.json" in error
     assert "mindvl train" in error and "mindvl data build" in error
     assert main(["plot", str(tmp_path / "nowhere")]) == 2 and "does not exist" in capsys.readouterr().err
 
@@ -96,6 +96,7 @@ def test_quickstart_runs_every_stage_and_prints_the_summary(tmp_path):
          else set())
     assert (tmp_path / "qs" / "package" / "manifest.json").is_file()
     plots = summary["plots"]  # the pictures next to the summary, named in it
-    assert {"training.png", "data_lengths.png", "data_packing.png"} <= set(plots["files"]) and "plots" in result.stdout
+    assert {"training.png", "data_lengths.png", "data_packing.png", "cascade.png"} <= set(plots["files"])
+    assert "plots" in result.stdout
     assert all((tmp_path / "qs" / "plots" / name).is_file() for name in plots["files"])
     assert run_cli("export", "verify", str(tmp_path / "qs" / "package")).returncode == 0

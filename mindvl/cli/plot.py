@@ -1,5 +1,6 @@
 """`mindvl plot PATH`: the pictures of what a command wrote, by what PATH holds (KINDS): a training run's curves,
-a built data set's quarantine, lengths and packing. PNG and SVG into PATH/plots (or --out)."""
+a built data set's quarantine, lengths and packing, a calibrated package's cascade (accuracy and expected latency
+against the cloud rate). PNG and SVG into PATH/plots (or --out)."""
 import argparse
 import json
 from dataclasses import dataclass
@@ -27,6 +28,12 @@ def _plot_data(path: Path, out: Path, args) -> List[Path]:
     return plot_data(json.loads((path / REPORT_FILE).read_text()), data_lengths(cfg), out, lines)[1]
 
 
+def _plot_calibration(path: Path, out: Path, args) -> List[Path]:
+    from mindvl.lite.calibration import load_calibration
+    from mindvl.plots.cascade import plot_cascade
+    return list(plot_cascade(load_calibration(path).to_dict(), out / "cascade"))
+
+
 @dataclass(frozen=True)
 class Kind:
     """What a folder holding `marker` is, and how it is drawn: plot(folder, out folder, args) -> files written."""
@@ -39,7 +46,8 @@ class Kind:
 
 # In the order they are tried; another kind of result is one more entry.
 KINDS = (Kind("a training run", "metrics.jsonl", "mindvl train", _plot_run),
-         Kind("a built data set", "report.json", "mindvl data build", _plot_data))
+         Kind("a built data set", "report.json", "mindvl data build", _plot_data),
+         Kind("a calibrated package", "calibration.json", "mindvl lite calibrate", _plot_calibration))
 
 
 def kind_of(path: Path) -> Kind:
@@ -62,11 +70,13 @@ def _plot(args) -> None:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    plot = commands.add_parser("plot", help="draw a training run's curves or a built data set's report "
-                               "(PNG and SVG)")
+    plot = commands.add_parser("plot", help="draw a training run's curves, a built data set's report or a "
+                               "calibrated package's cascade (PNG and SVG)")
     plot.add_argument("path", metavar="PATH", help="a run folder (metrics.jsonl: loss per objective, learning rate, "
                       "gradient norms, samples/s, validation) or a data root (report.json: quarantine reasons, "
-                      "sequence lengths, and the packing fill per row bucket of the recipe --config names)")
+                      "sequence lengths, and the packing fill per row bucket of the recipe --config names), or a model package "
+                      "that `mindvl lite calibrate` calibrated (calibration.json: the cascade's accuracy and latency "
+                      "against the cloud rate, the threshold marked)")
     plot.add_argument("--out", metavar="DIR", help="folder for the pictures (default: PATH/plots)")
     add_config_args(plot, "data.batch_size=32")  # a data set's packing is the recipe's: its batch and buckets
     plot.set_defaults(func=_plot)

@@ -25,6 +25,7 @@ def run_classifier_quickstart(work: Path, cfg: Config, progress: bool = True) ->
     from mindvl.data.examples import query_examples
     from mindvl.eval import evaluate
     from mindvl.export.pipeline import PackageOptions, package_and_check
+    from mindvl.lite.calibration import load_calibration
     from mindvl.models import load_model
     from mindvl.train import train
 
@@ -49,7 +50,8 @@ def run_classifier_quickstart(work: Path, cfg: Config, progress: bool = True) ->
         stage("6/6 answer on the device (MindSpore Lite 2.0, C++ runner) and through the edge-cloud cascade")
         device = run_on_device(work / "package", cfg.data.root, server.rest_url, asked, examples,
                                served["answers"]["rest"])
-    plots = write_plots(work, cfg, report.to_dict(), [("training", result.output_dir)])
+    plots = write_plots(work, cfg, report.to_dict(), [("training", result.output_dir)],
+                        load_calibration(work / "package").to_dict())
     summary = {"data": report.to_dict(), "train": asdict(result), "eval": metrics, "export": check,
                "serve": served, "device": device, "plots": plots, "wall_seconds": round(time.perf_counter() - start, 1)}
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -94,6 +96,7 @@ def run_on_device(package: Path, data_root: str, cloud: str, instances: Sequence
     2.0 where it can be prepared), the C++ runner on the typed ones, and the cascade with the server as
     its cloud, calibrated on the test questions after the asked ones."""
     from mindvl.export.calibrate import calibrate
+    from mindvl.lite.calibration import CALIBRATION_FILE
     from mindvl.lite.cascade import Cascade
     from mindvl.lite.device import DevicePipeline
 
@@ -107,6 +110,7 @@ def run_on_device(package: Path, data_root: str, cloud: str, instances: Sequence
         held_out = examples[len(instances):] or asked  # a tiny data set has no others: then in-sample
         fitted = calibrate(package, data_root, split="test", target_cloud_rate=0.3, pipeline=pipeline,
                            examples=held_out)
+        fitted.save(Path(package) / CALIBRATION_FILE)  # where `mindvl lite calibrate` puts it: cascade.png draws it
         with Cascade(pipeline, cloud, fitted.threshold, fitted.temperature) as cascade:
             routed = [cascade.answer(**instance) for instance in instances]
         backend = pipeline.backend

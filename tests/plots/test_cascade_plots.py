@@ -64,6 +64,14 @@ def test_calibrate_plot_marks_the_chosen_threshold_and_the_measured_latencies(ca
     assert any("cloud measured" in text for text in _legend(figure))
 
 
+def test_mindvl_plot_draws_a_calibrated_folder(calibrated, tmp_path, capsys):
+    """`mindvl plot` finds the calibration.json (as `mindvl lite calibrate` leaves it in a package folder)."""
+    _, folder = calibrated
+    assert main(["plot", str(folder), "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.split() == ["plots:", f"{tmp_path}/cascade.png,", f"{tmp_path}/cascade.svg"]
+    assert (tmp_path / "cascade.svg").read_text() == (folder / "cascade.svg").read_text()  # the same figure
+
+
 def test_a_calibration_without_cloud_timings_draws_accuracy_alone_and_says_why(calibrated, tmp_path):
     data = {**calibrated[0], "latency": {**calibrated[0]["latency"], "cloud_ms": None}}  # calibrated without --cloud
     figure = cascade_figure(data)
