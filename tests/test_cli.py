@@ -95,6 +95,7 @@ def test_quickstart_runs_every_stage_and_prints_the_summary(tmp_path):
         ({"lite2/vqa", "lite2/image_embed", "lite2/text_embed", "lite2/audio_embed"} if device["backend"] == "lite2"
          else set())
     assert (tmp_path / "qs" / "package" / "manifest.json").is_file()
+    assert summary["try_it"] in result.stdout and (tmp_path / "qs" / "servables" / "vqa" / "1").is_dir()
     plots = summary["plots"]  # the pictures next to the summary, named in it
     assert {"training.png", "data_lengths.png", "data_packing.png", "cascade.png"} <= set(plots["files"])
     assert "plots" in result.stdout

@@ -53,7 +53,9 @@ def run_classifier_quickstart(work: Path, cfg: Config, progress: bool = True) ->
     plots = write_plots(work, cfg, report.to_dict(), [("training", result.output_dir)],
                         load_calibration(work / "package").to_dict())
     summary = {"data": report.to_dict(), "train": asdict(result), "eval": metrics, "export": check,
-               "serve": served, "device": device, "plots": plots, "wall_seconds": round(time.perf_counter() - start, 1)}
+               "serve": served, "device": device, "plots": plots, "wall_seconds": round(time.perf_counter() - start, 1),
+               "try_it": f"mindvl serve --servable-dir {work / 'servables'} --cascade-edge {work / 'package'}, "
+                         f"then open http://127.0.0.1:1500/ (the demo page)"}
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(format_summary(summary))
     return summary
@@ -188,5 +190,6 @@ def format_summary(summary: Dict[str, Any]) -> str:
                     f"{cascade['correct']} right"],
         plots_row(summary["plots"]),
         ["wall time", f"{summary['wall_seconds']:.0f} s"],
+        ["try it", summary["try_it"]],
     ]
     return table("mindvl quickstart summary", rows)

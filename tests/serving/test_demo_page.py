@@ -274,6 +274,26 @@ def test_cascade_shows_who_answered(server, driver, examples, image_file):
 
 
 @needs_chromium
+def test_a_dropped_image_is_taken_like_a_chosen_one(server, driver, examples):
+    """A file dropped on the image box (the browser's drop event with the file in its DataTransfer) is read and
+    asked about as a chosen one."""
+    open_page(driver, server, "vqa")
+    driver.execute_script(
+        "const bytes = Uint8Array.from(atob(arguments[0]), c => c.charCodeAt(0));"
+        "const transfer = new DataTransfer();"
+        "transfer.items.add(new File([bytes], 'dropped.png', {type: 'image/png'}));"
+        "document.getElementById('image-group').dispatchEvent(new DragEvent('drop', {dataTransfer: transfer, "
+        "bubbles: true, cancelable: true}));", base64.b64encode(examples[1].image).decode())
+    wait(driver, lambda d: by_id(d, "image-hint").text.startswith("dropped.png"))
+    by_id(driver, "question").send_keys(examples[1].question)
+    by_id(driver, "ask").click()
+    answer, state = answered(driver)
+    rest = rest_predict(server, {"image": b64(examples[1].image), "question": examples[1].question,
+                                 "audio": b64(b"")})
+    assert state == "done" and answer == rest["answer"]
+
+
+@needs_chromium
 def test_clear_messages_for_errors(server, driver, examples, image_file, tmp_path):
     open_page(driver, server, "vqa")
     # an image over the server's --max-request-mb, refused before it is sent
