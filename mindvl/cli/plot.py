@@ -74,9 +74,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                                "calibrated package's cascade (PNG and SVG)")
     plot.add_argument("path", metavar="PATH", help="a run folder (metrics.jsonl: loss per objective, learning rate, "
                       "gradient norms, samples/s, validation) or a data root (report.json: quarantine reasons, "
-                      "sequence lengths, and the packing fill per row bucket of the recipe --config names), or a model package "
-                      "that `mindvl lite calibrate` calibrated (calibration.json: the cascade's accuracy and latency "
-                      "against the cloud rate, the threshold marked)")
+                      "sequence lengths, and the packing fill per bucket of the recipe --config names: a generative "
+                      "recipe's conversation rows and labels), or a model package that `mindvl lite calibrate` "
+                      "calibrated (calibration.json: the cascade's accuracy and latency against the cloud rate, the "
+                      "threshold marked)")
     plot.add_argument("--out", metavar="DIR", help="folder for the pictures (default: PATH/plots)")
     add_config_args(plot, "data.batch_size=32")  # a data set's packing is the recipe's: its batch and buckets
     plot.set_defaults(func=_plot)

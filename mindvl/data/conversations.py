@@ -11,7 +11,7 @@ counts are padded to the smallest bucket that holds them, so graph mode compiles
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -78,6 +78,29 @@ class ConversationPacker:
         """The (rows, labels) bucket a batch of conversations of `lengths` tokens with `labels` learnt positions
         takes: its graph."""
         return self._shape(len(pack_rows(lengths, self.length)), labels)
+
+    def bucket_fill(self, batches: Sequence[Tuple[Sequence[int], int]]) -> Dict[str, List[Dict]]:
+        """How `batches` (each: its conversations' token counts and its learnt labels) use the buckets, as
+        Packer.bucket_fill says it for the classifier's streams: "conversation", per row bucket (rows x length),
+        "labels", per label bucket; each entry the batches that take it (`bucket`) and the share of its slots
+        they fill (tokens of rows x length, labels of the bucket's labels; None where no batch took it). The last
+        of each list, what the largest batch needs (one conversation per row; the longest conversations'
+        labels), is marked "padded"."""
+        taken = {"conversation": {r: [0, 0] for r in self.row_buckets},
+                 "labels": {n: [0, 0] for n in self.label_buckets}}
+        for lengths, labels in batches:
+            for name, bucket, useful in zip(taken, self.bucket(list(lengths), int(labels)), (sum(lengths), labels)):
+                taken[name][bucket][0] += 1
+                taken[name][bucket][1] += int(useful)
+        slots = {"conversation": self.length, "labels": 1}
+
+        def entry(name: str, bucket: int, count: int, useful: int) -> Dict:
+            size = {"rows": bucket, "length": self.length} if name == "conversation" else {"labels": bucket}
+            return {**size, "padded": bucket == max(taken[name]), "batches": count,
+                    "fill": round(useful / (bucket * slots[name] * count), 4) if count else None}
+
+        return {name: [entry(name, bucket, *counts) for bucket, counts in buckets.items()]
+                for name, buckets in taken.items()}
 
     def _shape(self, rows: int, labels: int) -> Tuple[int, int]:
         return _bucket(rows, self.row_buckets, "rows"), _bucket(labels, self.label_buckets, "labels")

@@ -1,8 +1,10 @@
 """A built data set's pictures: what the build quarantined (by reason, per split), its sequence lengths (tokens
-and mel frames per example, against the longest the model takes) and the fill its packer reaches per row bucket.
+and mel frames per example, or tokens per conversation for a generative recipe, against the longest the model
+takes) and the fill the recipe's packer reaches per bucket.
 
 Inputs are plain data: the build's report (`<data>/report.json` as a dict: `skips_by_split`, split -> reason ->
-count, in each reason's unit) and mindvl.data.lengths.data_lengths (lengths, limits, Packer.bucket_fill).
+count, in each reason's unit) and mindvl.data.lengths.data_lengths (lengths, limits, and Packer.bucket_fill or
+ConversationPacker.bucket_fill).
 """
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -59,9 +61,9 @@ def lengths_figure(lengths: Dict[str, List[int]], limits: Dict[str, int], split:
     figure = new_figure(3.6 * max(len(kinds), 1), 2.8)
     for axes, name in zip(figure.subplots(1, len(kinds), squeeze=False)[0], kinds):
         values = lengths[name]
-        low, high = min(values), max(max(values), limits.get(name, 0))
-        bins = range(low, high + 2) if high - low <= 60 else 40
-        axes.hist(values, bins=bins, color="tab:blue", align="left" if high - low <= 60 else "mid")
+        low, high = min(values), max(values)
+        few = high - low <= 60  # one bar per value; the limit line widens the axis, not the bars' bins
+        axes.hist(values, bins=range(low, high + 2) if few else 40, color="tab:blue", align="left" if few else "mid")
         if name in limits:
             axes.axvline(limits[name], color="tab:red", linestyle="--", label=f"limit {limits[name]}")
             axes.legend(fontsize="small")
@@ -72,12 +74,20 @@ def lengths_figure(lengths: Dict[str, List[int]], limits: Dict[str, int], split:
     return figure
 
 
+def bucket_label(bucket: Dict) -> str:
+    """A bar's tick: rows x length (a row bucket; "padded" under the fallback) or the count of a label bucket
+    ("largest" under the one the largest batch needs)."""
+    if "rows" in bucket:
+        return f"{bucket['rows']}x{bucket['length']}" + ("\npadded" if bucket["padded"] else "")
+    return f"{bucket['labels']}" + ("\nlargest" if bucket["padded"] else "")
+
+
 def packing_figure(packing: Dict[str, List[Dict]], batch_size: int = 0) -> Figure:
-    """Per stream, one bar per row bucket (rows x length; the last the padded fallback): the share of its slots
-    filled, labelled with how many of the drawn batches took it."""
+    """Per stream, one bar per bucket (rows x length, or a label count; the last the padded fallback, grey): the
+    share of its slots filled, labelled with how many of the drawn batches took it."""
     figure = new_figure(3.6 * len(packing), 3.0)
     for axes, (stream, buckets) in zip(figure.subplots(1, len(packing), squeeze=False)[0], packing.items()):
-        labels = [f"{b['rows']}x{b['length']}" + ("\npadded" if b["padded"] else "") for b in buckets]
+        labels = [bucket_label(b) for b in buckets]
         fills = [100 * (b["fill"] or 0.0) for b in buckets]
         bars = axes.bar(range(len(buckets)), fills, color=["tab:gray" if b["padded"] else "tab:green"
                                                              for b in buckets])
@@ -88,8 +98,8 @@ def packing_figure(packing: Dict[str, List[Dict]], batch_size: int = 0) -> Figur
         axes.set_ylim(0, 118)
         axes.set_ylabel("fill (%)")
         axes.set_title(stream)
-    figure.suptitle("packing: fill per row bucket, batches that took it" + (f" (batch {batch_size})"
-                                                                          if batch_size else ""))
+    figure.suptitle("packing: fill per bucket, batches that took it" + (f" (batch {batch_size})"
+                                                                      if batch_size else ""))
     return figure
 
 

@@ -76,8 +76,9 @@ def run_generative_quickstart(work: Path, config: str, overrides: Sequence[str] 
     metrics = evaluator.evaluate("test", progress=progress, limit=EVAL_LIMIT if pretrained else 0)
     stage(f"5/5 answer {QUESTIONS} test questions (half spoken) about their images")
     answers = answer_questions(evaluator, QUESTIONS)
-    plots = write_plots(work, data_cfg, report.to_dict(), [(f"training_{run['recipe']}", run["output_dir"])
-                                                            for run in trained])
+    # the data pictures of the recipe trained last (cfg: its run's config): its conversation packing
+    plots = write_plots(work, cfg, report.to_dict(), [(f"training_{run['recipe']}", run["output_dir"])
+                                                      for run in trained])
     summary = {"recipe": config, "data": report.to_dict(), "train": trained, "eval": metrics, "answers": answers,
                "plots": plots, "wall_seconds": round(time.perf_counter() - start, 1)}
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

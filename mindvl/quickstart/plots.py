@@ -1,7 +1,7 @@
 """The quickstarts' pictures, written into `<workdir>/plots` next to summary.json: each training stage's curves
-(`training.png`, or `training_<recipe>.png` for a generative recipe's stages) and the data build's quarantine,
-sequence lengths and packing fill, and the classifier's cascade: accuracy and expected latency against the cloud
-rate, its threshold marked (mindvl/plots)."""
+(`training.png`, or `training_<recipe>.png` for a generative recipe's stages), the data build's quarantine and
+the sequence lengths and packing fill of the recipe trained last (a generative recipe's conversations), and the
+classifier's cascade: accuracy and expected latency against the cloud rate, its threshold marked (mindvl/plots)."""
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -13,8 +13,9 @@ PLOTS = "plots"
 
 def write_plots(work: Path, data_cfg: Config, report: Dict, runs: Sequence[Tuple[str, str]],
                 calibration: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """`runs`: (file stem, run folder) of each training stage; `data_cfg`: the recipe whose packing is drawn
-    (the data build's); `calibration`: the cascade's (`cascade.png`). -> {"folder", "files": the PNGs,
+    """`runs`: (file stem, run folder) of each training stage; `data_cfg`: the recipe whose lengths and packing
+    are drawn (mindvl.data.lengths.data_lengths: a generative recipe's conversation packing, the classifier's
+    streams otherwise); `calibration`: the cascade's (`cascade.png`). -> {"folder", "files": the PNGs,
     "seconds"} for the summary (the SVGs lie beside them)."""
     from mindvl.data.lengths import data_lengths
     from mindvl.plots.data import plot_data

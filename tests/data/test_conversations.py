@@ -75,6 +75,29 @@ def test_the_bucket_a_batch_takes_is_the_shape_it_is_packed_into(batch):
         assert packer.bucket([len(s) for s in batch], learnt) == (packed.shape[0], packed.shape[2])
 
 
+def test_bucket_fill_counts_each_batch_in_the_shape_it_is_packed_into_and_the_share_it_fills(batch):
+    """ConversationPacker.bucket_fill (the data_packing picture of a generative recipe) from sizes alone: per row
+    and label bucket, the batches packed into it and their tokens (labels) over its slots, the largest marked."""
+    packer = ConversationPacker(96, [1, 2, 3], [8, 16, 32], IMAGE_TOKENS, AUDIO_TOKENS)
+    drawn = [batch, batch[:1], batch[1:], batch[2:], batch[::2]]
+    packed = [packer(b) for b in drawn]
+    fill = packer.bucket_fill([([len(s) for s in b], sum(int(s.learn[1:].sum()) for s in b)) for b in drawn])
+    assert [(b["rows"], b["length"], b["padded"]) for b in fill["conversation"]] == \
+        [(1, 96, False), (2, 96, False), (3, 96, True)]
+    assert [(b["labels"], b["padded"]) for b in fill["labels"]] == [(8, False), (16, False), (32, True)]
+    for entry in fill["conversation"]:
+        into = [p for p in packed if p.shape[0] == entry["rows"]]
+        assert entry["batches"] == len(into)
+        assert entry["fill"] == (round(sum(p.useful_tokens for p in into) / (len(into) * entry["rows"] * 96), 4)
+                                 if into else None)
+    for entry in fill["labels"]:
+        into = [p for p in packed if p.shape[2] == entry["labels"]]
+        assert entry["batches"] == len(into)
+        assert entry["fill"] == (round(sum(p.label_weight.sum() for p in into) / (len(into) * entry["labels"]), 4)
+                                 if into else None)
+    assert sum(b["batches"] for b in fill["labels"]) == sum(b["batches"] for b in fill["conversation"]) == len(drawn)
+
+
 def test_a_batch_past_the_buckets_or_a_row_is_refused_by_name(batch):
     with pytest.raises(InputError, match=r"needs \d+ rows but the largest bucket is 1"):
         ConversationPacker(70, [1], [32], IMAGE_TOKENS, AUDIO_TOKENS)(batch)
