@@ -21,7 +21,7 @@ RUN_SLOW = "MINDVL_RUN_SLOW"  # 1: run the slow tests anywhere; 0: skip them any
 
 def pytest_collection_modifyitems(config, items):
     """The tests marked slow (end-to-end runs of minutes) run everywhere they fit: always on a developer's machine
-    and in CI on an AVX-512 host (the whole suite ~35 min there), but not in CI on a host without AVX-512, where
+    and in CI on an AVX-512 host (the whole suite ~38 min there), but not in CI on a host without AVX-512, where
     everything runs 3-5x slower and they would take CI past its 90 minutes. MINDVL_RUN_SLOW=1 / 0 decides instead."""
     from mindvl.cells.kernels.machine import machine_kind
 
