@@ -229,20 +229,29 @@ def _cloud_answer(reply: Dict[str, Any]) -> Optional[str]:
     return normalise_answer(str(reply["text"])) if "text" in reply else reply.get("answer")
 
 
+def _generative_cloud(cloud) -> bool:
+    return getattr(cloud, "method_name", "predict") == GENERATE
+
+
+def _cloud_instance(cloud, example, modality: str) -> Dict[str, Any]:
+    """One question as the cloud's method takes it: predict's item, or generate's names (the question is its
+    `text`; empty fields are no attachment)."""
+    item = example_item(example, modality)
+    if not _generative_cloud(cloud):
+        return item
+    return {"text": item["question"], **{k: item[k] for k in ("image", "audio") if item[k]}}
+
+
 def cloud_correctness(cloud, examples: Sequence, modality: str, edge_correct: np.ndarray) -> Dict[str, Any]:
     """Ask the cloud (a Client) every question; -> {"correct": per question 1/0, "failed": count}. A
     question the cloud fails counts as the cascade would answer it: with the edge's answer."""
     from mindvl.eval.generative import normalise_answer
 
-    generative = getattr(cloud, "method_name", "predict") == GENERATE
     answers: List[Optional[str]] = []
     for start in range(0, len(examples), CLOUD_BATCH):
-        chunk = [example_item(e, modality) for e in examples[start:start + CLOUD_BATCH]]
-        if generative:  # generate's names: the question is its `text`; empty fields are no attachment
-            chunk = [{"text": item["question"], **{k: item[k] for k in ("image", "audio") if item[k]}}
-                     for item in chunk]
+        chunk = [_cloud_instance(cloud, e, modality) for e in examples[start:start + CLOUD_BATCH]]
         answers.extend(_cloud_answer(reply) for reply in cloud.infer(chunk))
-    expected = [normalise_answer(e.answer) if generative else e.answer for e in examples]
+    expected = [normalise_answer(e.answer) if _generative_cloud(cloud) else e.answer for e in examples]
     correct = np.asarray([edge if answer is None else float(answer == want)
                           for answer, want, edge in zip(answers, expected, edge_correct)], np.float64)
     return {"correct": correct, "failed": sum(a is None for a in answers)}
@@ -267,12 +276,9 @@ def edge_latency_ms(pipeline, examples: Sequence, modality: str) -> Optional[flo
 def cloud_latency_ms(cloud, examples: Sequence, modality: str) -> Optional[float]:
     """The cloud's median time (ms) to answer one question alone: a request per question, as the cascade sends
     it, over the first LATENCY_QUESTIONS `examples` (a failed request is left out)."""
-    generative = getattr(cloud, "method_name", "predict") == GENERATE
     seconds = []
     for example in examples[:LATENCY_QUESTIONS]:
-        item = example_item(example, modality)
-        if generative:
-            item = {"text": item["question"], **{k: item[k] for k in ("image", "audio") if item[k]}}
+        item = _cloud_instance(cloud, example, modality)
         start = time.perf_counter()
         reply = cloud.infer([item])[0]
         if "error" not in reply:
