@@ -271,15 +271,19 @@ class TextPacker:
         """Sequences (by index) per row, from their token counts."""
         return pack_rows(lengths.tolist(), self.length)
 
+    def arrange(self, lengths: np.ndarray) -> Tuple[List[List[int]], int, int]:
+        """(sequences per row, rows, row length) of a batch with these token counts: packed into the smallest row
+        bucket that holds them, else the padded layout (sequence n alone in row n)."""
+        bins = self.bins(lengths) if self.enabled else None
+        rows = self.buckets.pick(len(bins)) if bins is not None else None
+        if rows is None:
+            return [[n] for n in range(len(lengths))], len(lengths), self.max_length
+        return bins, rows, self.length
+
     def __call__(self, ids: np.ndarray, mask: np.ndarray) -> PackedStream:
         """ids (N, Lt) int32, mask (N, Lt) float32 -> PackedStream with TEXT_COLUMNS."""
         lengths = _prefix_lengths(mask, "text masks")
-        bins = self.bins(lengths) if self.enabled else None
-        rows = self.buckets.pick(len(bins)) if bins is not None else None
-        if rows is None:  # the padded layout: sequence n alone in row n
-            bins, rows, length = [[n] for n in range(len(lengths))], len(lengths), self.max_length
-        else:
-            length = self.length
+        bins, rows, length = self.arrange(lengths)
         out_ids = np.zeros((rows, length), np.int32)
         positions = np.zeros((rows, length), np.int32)
         segment = np.zeros((rows, length), np.int32)
@@ -327,16 +331,20 @@ class AudioPacker:
         leaving one empty token after it."""
         return pack_rows(((frames + 1) // 2).tolist(), self.frames // 2, (1 - frames % 2).tolist())
 
+    def arrange(self, frames: np.ndarray) -> Tuple[List[List[int]], int, int]:
+        """(clips per row, rows, row length in frames) of a batch with these frame counts: packed into the smallest
+        row bucket that holds them, else the padded layout (clip b alone in row b)."""
+        bins = self.bins(frames) if self.enabled else None
+        rows = self.buckets.pick(len(bins)) if bins is not None else None
+        if rows is None:
+            return [[b] for b in range(len(frames))], len(frames), self.max_frames
+        return bins, rows, self.frames
+
     def __call__(self, mel: np.ndarray, mask: np.ndarray) -> PackedStream:
         """mel (B, n_mels, T) float32, frame mask (B, T) float32 -> PackedStream with AUDIO_COLUMNS."""
         frames = _prefix_lengths(mask, "audio frame masks")
         tokens = (frames + 1) // 2  # token i is centred on frame 2i
-        bins = self.bins(frames) if self.enabled else None
-        rows = self.buckets.pick(len(bins)) if bins is not None else None
-        if rows is None:  # the padded layout: clip b alone in row b
-            bins, rows, length = [[b] for b in range(len(frames))], len(frames), self.max_frames
-        else:
-            length = self.frames
+        bins, rows, length = self.arrange(frames)
         token_length = length // 2
         out_mel = np.zeros((rows, mel.shape[1], length), np.float32)
         segment = np.zeros((rows, length), np.int32)
@@ -383,6 +391,15 @@ class FusionPacker:
         """Samples (by index) per row, from their used slot counts."""
         return pack_rows(list(sizes), self.length)
 
+    def arrange(self, sizes: Sequence[int]) -> Tuple[List[List[int]], int]:
+        """(samples per row, rows) of a packed batch with these used slot counts: the smallest row bucket that
+        holds them (more rows than the batch size can only mean one sample per row)."""
+        bins = self.bins(sizes)
+        rows = next((r for r in self.rows if r >= len(bins)), None)
+        if rows is None:
+            return [[b] for b in range(len(sizes))], len(sizes)
+        return bins, rows
+
     def __call__(self, question_mask: np.ndarray, audio_mask: np.ndarray, use_text: np.ndarray,
                  use_audio: np.ndarray) -> PackedStream:
         batch = question_mask.shape[0]
@@ -390,10 +407,7 @@ class FusionPacker:
                  for b in range(batch)]
         if not self.enabled:
             return self._padded(slots)
-        bins = self.bins([len(prefix) + len(answer) for prefix, answer in slots])
-        rows = next((r for r in self.rows if r >= len(bins)), None)
-        if rows is None:  # more rows than the batch size can only mean one sample per row
-            bins, rows = [[b] for b in range(batch)], batch
+        bins, rows = self.arrange([len(prefix) + len(answer) for prefix, answer in slots])
         return self._place(slots, bins, rows)
 
     def _padded(self, slots) -> PackedStream:
@@ -495,16 +509,11 @@ class Packer:
         for _ in range(batches):
             drawn = sizes.draw(self.fusion.batch_size, rng)
             texts = np.minimum(np.concatenate((drawn["question"], drawn["caption"])), self.text.max_length)
-            rows = self.text.buckets.pick(len(self.text.bins(texts))) if self.text.enabled else None
-            count("text", (rows, self.text.length) if rows else (self.text.sequences, self.text.max_length),
-                  int(texts.sum()))
+            count("text", self.text.arrange(texts)[1:], int(texts.sum()))
             frames = np.minimum(drawn["frames"], self.audio.max_frames)
-            rows = self.audio.buckets.pick(len(self.audio.bins(frames))) if self.audio.enabled else None
-            count("audio", (rows, self.audio.frames) if rows else (self.audio.batch, self.audio.max_frames),
-                  int(((frames + 1) // 2).sum()))
+            count("audio", self.audio.arrange(frames)[1:], int(((frames + 1) // 2).sum()))
             used = self.fusion.layout.size(drawn["question"], frames, drawn["use_text"], drawn["use_audio"])
-            needed = len(self.fusion.bins(used)) if self.fusion.enabled else self.fusion.batch_size
-            rows = next((r for r in self.fusion.rows if r >= needed), self.fusion.batch_size)
+            rows = self.fusion.arrange(used)[1] if self.fusion.enabled else self.fusion.batch_size
             count("fusion", (rows, self.fusion.length), int(used.sum()))
         step = {"text": 1, "audio": 2, "fusion": 1}  # slots per token along a row (audio rows count frames)
         return {name: [{"rows": r, "length": n, "padded": (r, n) == list(shapes)[-1], "batches": b,
