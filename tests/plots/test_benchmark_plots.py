@@ -3,14 +3,13 @@ per value key or per panel label, lines for kind "line", the machine under the t
 compares peers side by side takes --plot STEM."""
 import argparse
 import ast
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from saved import assert_png_and_svg
 
 from mindvl.plots.benchmarks import add_plot_option, bar_gid, comparison_figure, plot_comparison
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # the benchmarks that put mindvl next to a peer (or one setting next to another) and draw it
 WITH_PLOT = ("serving_load", "serving_generate", "lite_latency", "lite_generate", "train_step", "generate")
@@ -50,7 +49,7 @@ def test_a_panel_per_value_key_and_lines_for_a_scaling_series(tmp_path, capsys):
     paths = plot_comparison(tmp_path / "load", rows, x="clients", series=series, kind="line", machine="cpu",
                             value={"throughput": "requests/s", "p99_ms": "p99 (ms)"}, title="serving")
     assert capsys.readouterr().out.strip() == f"plots: {paths[0]}, {paths[1]}"
-    assert paths[0].read_bytes()[:8] == PNG_SIGNATURE and ET.parse(paths[1]).getroot().tag.endswith("svg")
+    assert_png_and_svg(paths)
     figure = comparison_figure(rows, x="clients", series=series, kind="line", title="serving",
                                value={"throughput": "requests/s", "p99_ms": "p99 (ms)"})
     throughput, p99 = figure.axes

@@ -4,22 +4,13 @@ cloud from the latencies the calibration measured, accuracy alone (and the legen
 not timed, for a classifier and a generative package; a calibration file from before the latencies still loads
 and draws."""
 import json
-import xml.etree.ElementTree as ET
 
 import pytest
+from saved import assert_png_and_svg, stem_files
 
 from mindvl.cli import main
 from mindvl.lite.calibration import load_calibration
 from mindvl.plots.cascade import CHOSEN, cascade_figure, expected_latency_ms
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def assert_png_and_svg(stem):
-    png, svg = stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".svg")
-    assert png.read_bytes()[:8] == PNG_SIGNATURE
-    assert ET.parse(svg).getroot().tag.endswith("svg")
-    return svg.read_text()
 
 
 def _marker(figure, gid):
@@ -43,7 +34,7 @@ def calibrated(package, root, live_server, tmp_path_factory):
 
 def test_calibrate_plot_marks_the_chosen_threshold_and_the_measured_latencies(calibrated):
     data, folder = calibrated
-    svg = assert_png_and_svg(folder / "cascade")
+    svg = assert_png_and_svg(stem_files(folder / "cascade"))
     assert f'id="{CHOSEN}"' in svg
 
     latency = data["latency"]
@@ -93,7 +84,7 @@ def test_a_generative_packages_calibration_draws_its_confidence_and_latency(gene
     main(["lite", "calibrate", str(package), "--data", str(cfg.data.root), "--split", "test", "--limit", "2",
           "--target-cloud-rate", "0.5", "--out", str(tmp_path / "cal.json"), "--plot", str(tmp_path / "gen")])
     assert "exp(mean token log-probability)" in capsys.readouterr().out
-    assert_png_and_svg(tmp_path / "gen")
+    assert_png_and_svg(stem_files(tmp_path / "gen"))
     data = json.loads((tmp_path / "cal.json").read_text())
     assert data["latency"]["edge_ms"] > 0 and data["latency"]["questions"] == 2
     figure = cascade_figure(data)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from conftest import small_generative_config, small_generative_overrides
-from test_training_plots import assert_png_and_svg
+from saved import assert_png_and_svg
 
 
 def _bars(axes):

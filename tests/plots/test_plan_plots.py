@@ -2,10 +2,9 @@
 per-rank bytes (parameters, gradients, optimizer states, activations in flight; their sum its total), the cap
 drawn, and the strategies over it hatched and named in red; with --search the listed strategies and the faster
 ones the cap rejected."""
-import xml.etree.ElementTree as ET
-
 import pytest
 from matplotlib.colors import same_color
+from saved import assert_png_and_svg, stem_files
 
 from mindvl.cli import main
 from mindvl.config import load_config
@@ -13,15 +12,6 @@ from mindvl.parallel.hardware import Hardware
 from mindvl.parallel.planner import plan, rank
 from mindvl.parallel.strategy import create_strategy
 from mindvl.plots.plan import GB, MEMORY_KINDS, bar_gid, memory_figure, over_cap
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def assert_png_and_svg(stem):
-    png, svg = stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".svg")
-    assert png.read_bytes()[:8] == PNG_SIGNATURE
-    assert ET.parse(svg).getroot().tag.endswith("svg")
-    return svg.read_text()
 
 
 def _segments(figure):
@@ -50,7 +40,7 @@ def test_the_bars_are_the_planners_bytes_by_kind_stacked_to_its_total(tmp_path, 
           "--plot", str(tmp_path / "one")])
     out = capsys.readouterr().out
     assert out.startswith("strategy dp2-mp4") and out.rstrip().endswith(f"{tmp_path / 'one'}.svg")
-    assert f'id="{bar_gid(strategy.name, "activation_bytes")}"' in assert_png_and_svg(tmp_path / "one")
+    assert f'id="{bar_gid(strategy.name, "activation_bytes")}"' in assert_png_and_svg(stem_files(tmp_path / "one"))
 
 
 def test_search_plot_shows_the_listed_strategies_and_marks_the_faster_ones_over_the_cap(tmp_path, capsys):
@@ -64,7 +54,7 @@ def test_search_plot_shows_the_listed_strategies_and_marks_the_faster_ones_over_
     assert listed == [s.name for s, _ in fitting[:3]]
     rejected = [(s, p) for s, p in every if p.total_bytes > 20e9 and p.step_time_s < fitting[0][1].step_time_s]
     assert rejected, "the cap of 20 GB should reject the fastest strategies of this recipe"
-    svg = assert_png_and_svg(tmp_path / "search")
+    svg = assert_png_and_svg(stem_files(tmp_path / "search"))
     for strategy, _ in [*fitting[:3], *rejected[:3]]:
         assert f'id="{bar_gid(strategy.name, "parameter_bytes")}"' in svg
 

@@ -1,18 +1,10 @@
 """`mindvl plot RUN`'s figure (mindvl/plots/training.py) from the session's trained runs: a panel per kind of
 record the trainer wrote, a line per objective and per module, the values the records hold."""
-import xml.etree.ElementTree as ET
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+from saved import assert_png_and_svg
 
 
 def _lines(figure):
     return {axes.get_title(): {line.get_label(): line for line in axes.get_lines()} for axes in figure.axes}
-
-
-def assert_png_and_svg(paths):
-    png, svg = paths
-    assert png.suffix == ".png" and png.read_bytes()[:8] == PNG_SIGNATURE
-    assert svg.suffix == ".svg" and ET.parse(svg).getroot().tag.endswith("svg")
 
 
 def test_the_run_figure_draws_each_objective_module_and_validation_metric_the_run_logged(trained_run, tmp_path):
