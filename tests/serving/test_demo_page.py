@@ -8,6 +8,7 @@ overrides the folder).
 Without a Chromium the browser tests skip, saying how to install one (`.ci/run` installs it); the server-side
 tests (the page's files, --no-demo, /cascade's errors) run everywhere."""
 import base64
+import contextlib
 import io
 import os
 import re
@@ -55,8 +56,10 @@ def server(vqa_package, generative_package, tmp_path_factory):
         yield live
 
 
+@contextlib.contextmanager
 def browser(*flags):
-    """A headless Chromium as a test machine runs it: no network beyond the loopback, a fresh profile."""
+    """A headless Chromium as a test machine runs it (no network beyond the loopback, a fresh profile), quit on
+    leaving the block."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -66,15 +69,19 @@ def browser(*flags):
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage", f"--window-size={DESKTOP[0]},{DESKTOP[1]}", *flags):
         options.add_argument(flag)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    chrome = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield chrome
+    finally:
+        chrome.quit()
 
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
     """The browser most tests share: a fake microphone, whose permission is not granted unless asked."""
-    chrome = browser(f"--user-data-dir={tmp_path_factory.mktemp('chromium')}", "--use-fake-device-for-media-stream")
-    yield chrome
-    chrome.quit()
+    profile = tmp_path_factory.mktemp("chromium")
+    with browser(f"--user-data-dir={profile}", "--use-fake-device-for-media-stream") as chrome:
+        yield chrome
 
 
 @pytest.fixture(scope="module")
@@ -225,9 +232,8 @@ def test_spoken_question_from_a_fake_microphone(server, examples, image_file, tm
     ends and sends it as WAV. The answer shown equals the REST answer to the WAV the page sent."""
     clip = tmp_path / "question.wav"
     clip.write_bytes(examples[0].audio)
-    chrome = browser(f"--user-data-dir={tmp_path / 'profile'}", "--use-fake-ui-for-media-stream",
-                     "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={clip}%noloop")
-    try:
+    with browser(f"--user-data-dir={tmp_path / 'profile'}", "--use-fake-ui-for-media-stream",
+                 "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={clip}%noloop") as chrome:
         open_page(chrome, server, "vqa")
         by_id(chrome, "image").send_keys(str(image_file))
         by_id(chrome, "record").click()
@@ -249,8 +255,6 @@ def test_spoken_question_from_a_fake_microphone(server, examples, image_file, tm
         assert state == "done" and answer == rest["answer"]
         assert by_id(chrome, "confidence").text == percent(rest["confidence"])
         screenshot(chrome, "spoken")
-    finally:
-        chrome.quit()
 
 
 @needs_chromium
@@ -327,11 +331,8 @@ def test_clear_messages_for_errors(server, driver, examples, image_file, tmp_pat
 
 @needs_chromium
 def test_no_microphone_message(server, tmp_path):
-    chrome = browser(f"--user-data-dir={tmp_path / 'profile'}", "--use-fake-ui-for-media-stream")  # no device
-    try:
+    with browser(f"--user-data-dir={tmp_path / 'profile'}", "--use-fake-ui-for-media-stream") as chrome:  # no device
         open_page(chrome, server, "vqa")
         by_id(chrome, "record").click()
         wait(chrome, lambda d: by_id(d, "error").text)
         assert by_id(chrome, "error").text.startswith("No microphone was found")
-    finally:
-        chrome.quit()
