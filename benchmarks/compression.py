@@ -32,8 +32,8 @@ def main(argv=None) -> None:
 
     from mindvl.cli import main as cli
     from mindvl.config import load_config
-    from mindvl.data.build import build_dataset
-    from mindvl.export.evaluate import EVALUATION, comparison_table, measure_latency
+    from mindvl.data.build.builder import build_dataset
+    from mindvl.deploy.evaluate_package import EVALUATION, comparison_table, measure_latency
     from mindvl.train import train
 
     work, data = Path(args.work), f"data.root={args.data}"

@@ -7,7 +7,7 @@ Builds the data root if it is missing. Prints two tables:
      samples/s the compiled train step consumes;
   2. the same model trained on the same batches (same seed, same samples, same order) with every stream
      padded to the longest possible sample vs packed into row buckets (text: questions and captions;
-     audio: clips; fusion: the fused sequences; mindvl/data/packing.py): each stream's rows and fill
+     audio: clips; fusion: the fused sequences; mindvl/data/reading/packing.py): each stream's rows and fill
      ratio, step time and useful (non-padding) tokens per second, counted over every Transformer input
      (vision, question, caption, audio, fusion). Both modes process exactly the same useful tokens per
      batch, so the useful-token rate ratio is the speed-up packing buys. Graph compilations: one per
@@ -26,11 +26,11 @@ import numpy as np
 
 os.environ.setdefault("GLOG_v", "3")
 
-from mindvl.data.packing import stream_segments  # noqa: E402
+from mindvl.data.reading.packing import stream_segments  # noqa: E402
 
 
 def loader_rate(cfg, batches: int) -> float:
-    from mindvl.data.stream import TrainStream
+    from mindvl.data.reading.stream import TrainStream
 
     stream = iter(TrainStream(cfg))
     next(stream)  # pipeline start-up and table loading are not throughput
@@ -107,7 +107,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     from mindvl.config import load_config
-    from mindvl.data.build import build_dataset
+    from mindvl.data.build.builder import build_dataset
 
     base = [f"data.root={args.data_root}", f"train.output_dir={args.out}", *args.overrides]
     cfg = load_config(args.config, base)

@@ -80,7 +80,7 @@ def run_mindvl(args, ids: list, mindir: bool) -> dict:
     from mindspore import Tensor, nn
 
     from mindvl.cells.kernels import standard_kernels
-    from mindvl.generation import from_pretrained
+    from mindvl import from_pretrained
 
     ms.device_context.cpu.op_tuning.threads_num(args.threads)
     start = time.perf_counter()

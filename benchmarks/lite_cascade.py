@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=500)
     args = parser.parse_args()
 
-    from mindvl.data.examples import query_examples
+    from mindvl.data.reading.examples import query_examples
     from mindvl.lite.cascade import Cascade
     from mindvl.lite.device import DevicePipeline
     from mindvl.serving.servable import deploy

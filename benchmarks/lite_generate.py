@@ -12,7 +12,7 @@ ignore_eos, so every answer is --tokens tokens long:
   runner       mindvl_runner --generate (lite/runner, C++), its own first_token_ms and decode_tokens_per_s
                (graph building left out, as for the others after their warm-up);
   graphcell    DevicePipeline(backend="graphcell").stream: the package's MindIR graphs (what the server runs);
-  framework    mindvl.generation.multimodal.from_run(...).stream: the MultimodalLM cells in graph mode
+  framework    mindvl.generation.multimodal_generator.from_run(...).stream: the MultimodalLM cells in graph mode
                (kernels "standard", the operators the package holds).
 Time to first token: from the call (the image decoded inside it) to the first token; decode tokens/s: the
 tokens after the first over their time. Each figure is the median of --repeat answers after one warm-up answer
@@ -53,7 +53,7 @@ def summary(runs) -> dict:
 
 def measure_pipeline(package: Path, backend: str, example, tokens: int, repeat: int, threads: int) -> dict:
     from mindvl.lite.device import DevicePipeline
-    from mindvl.lite.model import Context
+    from mindvl.lite.lite_model import Context
 
     with DevicePipeline(package, backend=backend, context=Context(threads)) as device:
         def answer():
@@ -64,7 +64,7 @@ def measure_pipeline(package: Path, backend: str, example, tokens: int, repeat: 
 
 
 def measure_runner(package: Path, example, tokens: int, repeat: int, threads: int) -> dict:
-    from mindvl.lite.runner import build_runner
+    from mindvl.lite.cpp_runner import build_runner
 
     runner = build_runner()
     with tempfile.TemporaryDirectory() as scratch:
@@ -82,8 +82,8 @@ def measure_runner(package: Path, example, tokens: int, repeat: int, threads: in
 
 def measure_framework(checkpoint: str, cache_len: int, example, tokens: int, repeat: int) -> dict:
     from mindvl import preprocess as P
-    from mindvl.generation.multimodal import from_run
-    from mindvl.prompting import MultimodalPrompt
+    from mindvl.generation.multimodal_generator import from_run
+    from mindvl.engine.prompts import MultimodalPrompt
 
     generator = from_run(checkpoint, cache_len=cache_len, kernels="standard")
 
@@ -112,8 +112,8 @@ def main() -> None:
     import mindspore as ms
 
     from mindvl.cells.kernels.machine import cpu_model, isa_flags, machine_kind
-    from mindvl.data.examples import query_examples
-    from mindvl.model_package import read_manifest
+    from mindvl.data.reading.examples import query_examples
+    from mindvl.package_reader import read_manifest
 
     package = Path(args.package)
     manifest = read_manifest(package)

@@ -51,8 +51,8 @@ def measure(package: Path, onnx_dir: Path, threads: int, repeat: int, warmup: in
     import numpy as np
     import onnxruntime as ort
 
-    from mindvl.lite.model import Context, LiteModel
-    from mindvl.model_package import load_samples, read_manifest
+    from mindvl.lite.lite_model import Context, LiteModel
+    from mindvl.package_reader import load_samples, read_manifest
 
     ms.device_context.cpu.op_tuning.threads_num(threads)
     manifest = read_manifest(package)
@@ -88,8 +88,8 @@ def measure(package: Path, onnx_dir: Path, threads: int, repeat: int, warmup: in
 
 def prepare(checkpoint: str, folder: Path) -> tuple:
     from mindvl.export.onnx import export_onnx
-    from mindvl.export.package import write_package
-    from mindvl.models import load_model
+    from mindvl.export.package_writer import write_package
+    from mindvl.model_factory import load_model
 
     cfg, model, record = load_model(checkpoint)
     package = write_package(cfg, model, folder / "package", record, progress=False, lite2_batch=1)

@@ -22,7 +22,7 @@ SOURCES = {"vision": "dinov2", "text": "minilm", "audio": "whisper-base"}
 def _train(recipe: str, overrides, run: str):
     """The finished run folder: `run` when given, else a fresh training of `recipe`."""
     from mindvl.config import load_config
-    from mindvl.data.build import build_dataset
+    from mindvl.data.build.builder import build_dataset
     from mindvl.train.trainer import train
 
     if run:
@@ -34,7 +34,7 @@ def _train(recipe: str, overrides, run: str):
 
 def _evaluate(run: Path):
     from mindvl.eval import evaluate
-    from mindvl.models import load_model
+    from mindvl.model_factory import load_model
 
     cfg, model, _ = load_model(str(run))
     report = evaluate(cfg, model)

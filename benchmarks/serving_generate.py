@@ -35,7 +35,7 @@ from serving_load import start_server  # noqa: E402  (the same `mindvl serve` pr
 
 
 def request_bodies(data_root: str, tokens: int, count: int = 32) -> List[bytes]:
-    from mindvl.data.examples import query_examples
+    from mindvl.data.reading.examples import query_examples
 
     return [json.dumps({"instances": [{"image": {"b64": base64.b64encode(e.image).decode()}, "text": e.question,
                                        "max_tokens": tokens, "ignore_eos": True}]}).encode()
@@ -87,7 +87,7 @@ async def run_streams(url: str, bodies: List[bytes], streams: int, rounds: int) 
 
 def main(argv=None) -> None:
     from mindvl.cells.kernels.machine import cpu_model, isa_flags, machine_kind
-    from mindvl.model_package import read_manifest
+    from mindvl.package_reader import read_manifest
     from mindvl.serving.servable import deploy
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

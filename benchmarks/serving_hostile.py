@@ -302,7 +302,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     from mindvl.cells.kernels.machine import cpu_model, isa_flags, machine_kind
-    from mindvl.data.examples import query_examples
+    from mindvl.data.reading.examples import query_examples
     from mindvl.serving.servable import deploy
     from mindvl.serving.server import ServeConfig
 

@@ -69,7 +69,7 @@ def write_mindspore_servable(package: Path, servables: Path) -> None:
     """Servable `mindspore_serving`: the package's image_embed graph as a bare MindIR file, and the config above."""
     import shutil
 
-    from mindvl.model_package import read_manifest
+    from mindvl.package_reader import read_manifest
 
     manifest = read_manifest(package)
     if "image_embed" not in manifest["graphs"]:
@@ -88,7 +88,7 @@ def write_mindspore_servable(package: Path, servables: Path) -> None:
 def request_bodies(data_root: str, method: str, count: int = 64) -> List[bytes]:
     """Bodies for the first `count` test examples: predict gets the image as b64 bytes and the question
     typed, embed_text the question, embed_image (either servable) the image."""
-    from mindvl.data.examples import query_examples
+    from mindvl.data.reading.examples import query_examples
 
     bodies = []
     for example in query_examples(data_root, count):

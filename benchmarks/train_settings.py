@@ -31,7 +31,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     from mindvl.config import load_config
-    from mindvl.data.build import build_dataset
+    from mindvl.data.build.builder import build_dataset
     from mindvl.train import train
 
     base = [f"data.root={args.data}", f"train.max_steps={args.steps}", "train.log_every=10",

@@ -132,12 +132,12 @@ def tiny_config():
 
 def tiny_batch(cfg) -> tuple:
     """A synthetic batch of data.batch_size samples with easy-VQA's lengths -> (every input of the training
-    loss net by name (mindvl.data.loader.TRAIN_COLUMNS), {stream: (rows, length)} of the packed streams).
+    loss net by name (mindvl.data.reading.loader.TRAIN_COLUMNS), {stream: (rows, length)} of the packed streams).
 
     Questions of 6-12 tokens and captions of 4-6 ([CLS] and [SEP] included), clips of 50-104 of the 128
     frames (~60%, what the packer's default buckets assume), the recipe's question-modality mix, answers
     [BOS] word [EOS] [PAD]; packed by the recipe's Packer."""
-    from mindvl.data.packing import PACK_COLUMNS, PACK_INPUTS, Packer
+    from mindvl.data.reading.packing import PACK_COLUMNS, PACK_INPUTS, Packer
 
     pre, batch, vocab = cfg.preprocess, cfg.data.batch_size, cfg.model.text.vocab_size
     rng = np.random.default_rng(0)
@@ -262,7 +262,7 @@ def mindvl_tiny_step(kind: str) -> tuple:
 
     from mindvl.cells import build_cells
     from mindvl.cells.kernels import use_kernels
-    from mindvl.data.loader import MODEL_COLUMNS, TRAIN_COLUMNS
+    from mindvl.data.reading.loader import MODEL_COLUMNS, TRAIN_COLUMNS
     from mindvl.runs import parameter_paths
     from mindvl.train.distributed import GatherWithGrad, RankMean, gradient_reducer
     from mindvl.train.losses import MultimodalLoss
@@ -658,7 +658,7 @@ def torch_tiny(mirrors) -> tuple:
     from them, the update only when finite, AdamW (0.9, 0.98, eps 1e-6) with decay on matrices, linear warmup."""
     import torch
 
-    from mindvl.data.loader import TRAIN_COLUMNS  # numpy only, like the packer
+    from mindvl.data.reading.loader import TRAIN_COLUMNS  # numpy only, like the packer
 
     cfg = tiny_config()
     batch, _ = tiny_batch(cfg)

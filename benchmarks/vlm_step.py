@@ -40,12 +40,12 @@ def run_batch(args) -> dict:
     from tokenizers import Tokenizer
 
     from mindvl.cells.kernels import use_kernels
-    from mindvl.cells.model import TokenInputModel
+    from mindvl.cells.multimodal_model import TokenInputModel
     from mindvl.cells.multimodal_lm import MultimodalLMLoss
     from mindvl.chat import ChatEncoder, chat_template, conversation_turns
     from mindvl.config import load_config
-    from mindvl.data.conversations import ConversationPacker
-    from mindvl.models import create_generative_model
+    from mindvl.data.reading.conversation_packing import ConversationPacker
+    from mindvl.model_factory import create_model
 
     ms.device_context.cpu.op_tuning.threads_num(args.threads)
     cfg = load_config("pretrained-s", [
@@ -54,7 +54,7 @@ def run_batch(args) -> dict:
         f"model.pretrained.decoder={args.decoder}", f"model.decoder.lora_rank={args.lora_rank}",
         "model.pretrained.cache=''"])
     start = time.perf_counter()
-    model = create_generative_model(cfg)
+    model = create_model(cfg)
     build_s = time.perf_counter() - start
     chat = ChatEncoder(Tokenizer.from_file(str(Path(args.decoder) / "tokenizer.json")), chat_template("gemma"),
                        model.image_tokens, model.audio_tokens)

@@ -5,11 +5,11 @@ from .audio import AudioEncoder
 from .eval_nets import EncodeNet, StateAnswerNet, StateGenerateNet
 from .export_nets import (AnswerNet, AttachmentNet, AudioEmbedNet, DecodeNet, GenerateNet, ImageEmbedNet,
                           PrefillNet, TextEmbedNet, VQANet)
-from .factory import build_cells, build_generative_cells, count_cell_parameters
+from .factory import build_cells, count_cell_parameters
 from .fusion import FusionTransformer
 from .heads import ContrastiveHead, LogitScale, NormDenseHead
 from .masks import MASK_VALUE, padding_mask, prefix_lm_mask, segment_mask
-from .model import MultimodalModel, TokenInputModel
+from .multimodal_model import MultimodalModel, TokenInputModel
 from .multimodal_lm import MultimodalLM
 from .norm import LayerNorm, create_norm
 from .quant import Int8Linear
@@ -20,7 +20,7 @@ from .vision import VisionEncoder, conv_weight_to_matmul
 __all__ = [
     "create_activation", "MultiHeadAttention", "AudioEncoder", "AnswerNet", "AudioEmbedNet", "GenerateNet",
     "EncodeNet", "StateAnswerNet", "StateGenerateNet", "AttachmentNet", "PrefillNet", "DecodeNet",
-    "ImageEmbedNet", "TextEmbedNet", "VQANet", "build_cells", "build_generative_cells", "count_cell_parameters", "FusionTransformer", "NormDenseHead", "ContrastiveHead",
+    "ImageEmbedNet", "TextEmbedNet", "VQANet", "build_cells", "count_cell_parameters", "FusionTransformer", "NormDenseHead", "ContrastiveHead",
     "LogitScale", "MASK_VALUE", "padding_mask", "prefix_lm_mask", "segment_mask",
     "MultimodalModel", "MultimodalLM", "TokenInputModel", "LayerNorm", "create_norm", "Int8Linear", "TextEncoder", "TransformerBlock",
     "TransformerStack",

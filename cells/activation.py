@@ -8,7 +8,8 @@ import math
 
 from mindspore import nn, ops
 
-ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+from mindvl.choices import DECODER_ACTIVATIONS
+
 
 
 class GELU(nn.Cell):
@@ -99,12 +100,4 @@ class ScaledMaskedSoftmax(nn.Cell):
 
 def create_activation(name: str) -> nn.Cell:
     """Return a new activation Cell for `name` ("gelu" exact erf, "gelu_tanh", "relu", "silu")."""
-    if name == "gelu":
-        return GELU()
-    if name == "gelu_tanh":
-        return GELUTanh()
-    if name == "relu":
-        return ReLU()
-    if name == "silu":
-        return SiLU()
-    raise ValueError(f"activation: expected one of {list(ACTIVATIONS)}, got {name!r}")
+    return {"gelu": GELU, "gelu_tanh": GELUTanh, "relu": ReLU, "silu": SiLU}[DECODER_ACTIVATIONS.check("activation", name)]()

@@ -5,7 +5,7 @@ LayerNorm. Padding is made harmless rather than merely ignored: the mel is zeroe
 (whatever the loader padded with) and so is the first conv's output, so a valid token's output depends
 on its clip's frames only, exactly as if zeros surrounded the clip. That is what lets several clips share
 a row (`construct_packed`, training): a clip at an even frame offset with a zero frame after it computes
-the same tokens as alone (mindvl/data/packing.py lays the rows out). Token i is centred on frame 2i of
+the same tokens as alone (mindvl/data/reading/packing.py lays the rows out). Token i is centred on frame 2i of
 the stride-2 conv, so the token mask is the frame mask at even frames.
 
 The positions are Whisper's sinusoids rounded to float16, the table the published Whisper checkpoints

@@ -9,7 +9,7 @@ so teacher forcing and greedy decoding give the same logits.
 
 Two layouts of the same computation: `construct` / `construct_prefix` run one padded sequence per
 sample with masks (deployment), `construct_packed` runs only the valid tokens of several samples per
-row with segment ids (training; mindvl/data/packing.py).
+row with segment ids (training; mindvl/data/reading/packing.py).
 """
 from mindspore import nn, ops
 
@@ -100,7 +100,7 @@ class FusionTransformer(nn.Cell):
         each row position; pack_segment (R, S) int32 names the sample (1, 2, ... per row, 0 padding);
         pack_answer (R, S) float32 marks answer slots; cls_index (B,) and answer_index (B, La) int32 are
         the flattened row positions (r * S + s) of each sample's CLS and answer slots. Layout and
-        invariants: mindvl/data/packing.py. Returns (cls (B, width), answer_states (B, La, width)), equal
+        invariants: mindvl/data/reading/packing.py. Returns (cls (B, width), answer_states (B, La, width)), equal
         to `construct` with the masks the packer's slot choice implies; with `encoder.taps` set (feature
         distillation), also the tapped blocks' states of the packed rows, (len(taps), R, S, width).
 

@@ -52,7 +52,7 @@ def segment_mask(segment_ids):
 
 
 def packed_prefix_lm_mask(segment_ids, answer_flag):
-    """prefix_lm_mask for rows of packed samples (mindvl/data/packing.py lays them out).
+    """prefix_lm_mask for rows of packed samples (mindvl/data/reading/packing.py lays them out).
 
     segment_ids: (rows, S) int32, 1..n per packed sample, 0 at padding; answer_flag: (rows, S) float32,
     1 at answer tokens, 0 elsewhere. Returns additive (rows, 1, S, S): query q sees key k iff both belong

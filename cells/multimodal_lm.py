@@ -56,7 +56,7 @@ class Projector(nn.Cell):
 
 class MultimodalLM(nn.Cell):
     """construct(ids, segment, positions, slot_index, label_index, image, mel, frame_mask) -> logits
-    (L, vocab) at the labelled positions. Layouts (mindvl.data.conversations packs them):
+    (L, vocab) at the labelled positions. Layouts (mindvl.data.reading.conversation_packing packs them):
 
       ids, segment, positions (R, S) int32   packed conversations: token ids (pad at modality slots),
                                              1, 2, ... per conversation (0 at padding), positions

@@ -1,4 +1,4 @@
-"""Reading per-sample tokens back out of packed rows (layouts: mindvl/data/packing.py).
+"""Reading per-sample tokens back out of packed rows (layouts: mindvl/data/reading/packing.py).
 
 Packed rows hold several samples each; the model wants one sample's tokens in a fixed per-sample table.
 The packer gives, for every slot of that table, the flattened row position (r * S + s) its token sits

@@ -6,7 +6,7 @@ LayerNorm from the stack instead. Keys follow BERT's names so its weights map on
 
 Two layouts of the same computation: `construct` runs one padded sequence per row with a padding mask
 (deployment), `construct_packed` runs rows of several sequences with segment ids and per-sequence
-position ids (training; mindvl/data/packing.py). A sequence's tokens get the same embeddings and see
+position ids (training; mindvl/data/reading/packing.py). A sequence's tokens get the same embeddings and see
 the same keys in both, so both give the same token states and pooled output.
 """
 from mindspore import nn, ops

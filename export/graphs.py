@@ -15,7 +15,7 @@ from mindspore import nn
 from mindvl.cells import AudioEmbedNet, ImageEmbedNet, TextEmbedNet, VQANet
 from mindvl.cells.kernels import standard_kernels
 from mindvl.config import PreprocessConfig
-from mindvl.model_package import PackageError
+from mindvl.errors import PackageError
 
 DTYPES = {"float32": (ms.float32, np.float32), "int32": (ms.int32, np.int32)}
 

@@ -20,7 +20,7 @@ from mindvl.cells.portable import PolynomialErf, PowRsqrt, substituted
 from mindvl.config import Config
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.export.graphs import DTYPES, graph_specs
-from mindvl.export.package import SAMPLE_MODALITIES, sample_graph_inputs, sample_inputs
+from mindvl.export.package_writer import SAMPLE_MODALITIES, sample_graph_inputs, sample_inputs
 
 REPORT = "onnx_report.json"
 # how MindSpore 2.10 words an operator its ONNX exporter lacks:

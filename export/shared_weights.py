@@ -13,7 +13,7 @@ from typing import Dict, Sequence
 
 from mindspore.train.mind_ir_pb2 import ModelProto
 
-from mindvl.model_package import PackageError
+from mindvl.errors import PackageError
 
 ALIGN = 64
 HEADER = b"\x01" + bytes(ALIGN - 1)  # MindSpore's mark of little-endian external data

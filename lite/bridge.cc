@@ -2,7 +2,7 @@
 //
 // The registry wheel mindspore-lite==2.0.0 ships headers and libraries but its Python module only loads
 // in Python 3.7, and it has no C API. mindvl compiles this file against the wheel's own headers with
-// the old string ABI (-D_GLIBCXX_USE_CXX11_ABI=0, the wheel was built with GCC 7.3); see lite/runtime2.py.
+// the old string ABI (-D_GLIBCXX_USE_CXX11_ABI=0, the wheel was built with GCC 7.3); see lite/lite2_runtime.py.
 // Every function returns 0 on success or -1 with a message in the caller's `error` buffer.
 #include <cstdio>
 #include <cstring>

@@ -1,5 +1,5 @@
 """The calibration a device applies in an edge-cloud cascade (`Cascade.from_calibration`): the temperature
-and threshold fitted by `mindvl lite calibrate` (mindvl/export/calibrate.py), read from its JSON file
+and threshold fitted by `mindvl lite calibrate` (mindvl/deploy/calibrate.py), read from its JSON file
 (`calibration.json` beside the package's manifest, or anywhere). It records the package's vqa graph hash,
 so it is never applied to another model.
 """
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
-from mindvl.lite.model import LiteError
+from mindvl.lite.lite_model import LiteError
 
 CALIBRATION_FILE = "calibration.json"
 FORMAT = "mindvl-calibration"

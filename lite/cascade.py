@@ -1,7 +1,7 @@
 """`Cascade`: answer on the device when the edge model is confident enough, ask the cloud endpoint otherwise.
 
 The edge's confidence is calibrated: max softmax(answer_logits / temperature), the temperature fitted on
-validation data by `mindvl lite calibrate` (mindvl/export/calibrate.py), which also picks the threshold for a
+validation data by `mindvl lite calibrate` (mindvl/deploy/calibrate.py), which also picks the threshold for a
 target cloud-call rate or accuracy. A question whose calibrated confidence is >= threshold is answered on
 the device (source "edge"): threshold 0 never calls the cloud, a threshold above 1 always does. Otherwise
 the question goes to the cloud's predict method (`mindvl serve` or MindSpore Serving, through
@@ -10,7 +10,7 @@ refuses the request, fails the instance or has not answered within `timeout_s`, 
 back instead (source "edge_fallback") with `cloud_error` saying what happened: the device always answers.
 
 With a generative package at the edge (`generate`, `stream`), the device generates the whole answer first; its
-confidence is exp(mean token log-probability) (`mindvl.decoding.Generation.mean_logprob`: the geometric mean
+confidence is exp(mean token log-probability) (`mindvl.engine.sampling.Generation.mean_logprob`: the geometric mean
 of the answer's token probabilities, in (0, 1], so the threshold reads as today's). A confident answer comes
 from the edge; otherwise the cloud's `generate` is asked with Server-Sent Events (`mindvl serve`) and its
 tokens stream through as they arrive. A cloud that fails before its first token gives the edge's answer back
@@ -25,10 +25,10 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from mindvl.decoding import Generation
+from mindvl.engine.sampling import Generation
 from mindvl.lite.device import DeviceAnswer, DeviceGeneration, DevicePipeline, softmax
-from mindvl.lite.model import LiteError, LiteModel
-from mindvl.preprocess import InputError
+from mindvl.lite.lite_model import LiteError, LiteModel
+from mindvl.errors import InputError
 
 SOURCES = ("edge", "cloud", "edge_fallback")
 CLOUD_THREADS = 4  # cloud requests in flight at once; a hung one holds a thread until the Client's own timeout

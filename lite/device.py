@@ -14,7 +14,7 @@ raises `mindvl.preprocess.InputError` naming it (`answer`), or takes that item's
 (`answer_batch`), so one corrupt JPEG never stops a batch.
 
 A generative package (vlm-tiny's: attachments, prefill per bucket, decode) answers in words instead:
-`generate` and `stream` run mindvl.generative_package's DecodeBatch, the loop the server and `export
+`generate` and `stream` run mindvl.engine.batch's DecodeBatch, the loop the server and `export
 verify` run, over the package's graphs on the device runtime (lite.model.GenerationGraphs); the image and
 the spoken question are preprocessed on their lanes as above, and one prompt is generated at a time (the
 lite2 graphs have batch 1).
@@ -29,8 +29,8 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Uni
 import numpy as np
 
 from mindvl import preprocess as P
-from mindvl.decoding import Delta, Generation, sampling_config
-from mindvl.lite.model import Context, GenerationGraphs, LiteError, LiteModel
+from mindvl.engine.sampling import Delta, Generation, sampling_config
+from mindvl.lite.lite_model import Context, GenerationGraphs, LiteError, LiteModel
 
 MODALITIES = ("image", "question", "audio")
 PathLike = Union[str, Path]
@@ -65,7 +65,7 @@ class DeviceAnswer:
 
 @dataclasses.dataclass
 class DeviceGeneration(Generation):
-    """A generated answer on the device (mindvl.decoding.Generation: text, tokens, finish, prompt_tokens,
+    """A generated answer on the device (mindvl.engine.sampling.Generation: text, tokens, finish, prompt_tokens,
     logprobs, mean_logprob) with timings in seconds: image, audio (each modality's own task), preprocess,
     first_token (from the call to the first token: preprocessing, attachments, prefill and the first
     sample), decode (the decode steps after it), total."""
@@ -80,7 +80,7 @@ def _timed(function, *args) -> Tuple[object, float, str]:
 
 def find_package(model_path: PathLike) -> Path:
     """The model package a LiteModel was built from: the nearest folder above its file holding a manifest."""
-    from mindvl.model_package import MANIFEST
+    from mindvl.package_reader import MANIFEST
 
     for folder in Path(model_path).resolve().parents:
         if (folder / MANIFEST).is_file():
@@ -103,7 +103,7 @@ class DevicePipeline:
 
     def __init__(self, package: PathLike, backend: str = "auto", threads: int = 1,
                  context: Optional[Context] = None, model: Optional[LiteModel] = None) -> None:
-        from mindvl.model_package import check_files, read_manifest
+        from mindvl.package_reader import check_files, read_manifest
 
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise LiteError(f"threads={threads!r}: expected 1 or more workers per modality")
@@ -134,13 +134,11 @@ class DevicePipeline:
         self.backend = self.model.backend_name
 
     def _init_generation(self, backend: str, context: Optional[Context]) -> None:
-        from mindvl.generative_package import package_chat
-        from mindvl.prompting import PromptLayout
+        from mindvl.engine.package_graphs import package_layout
 
         self.graphs = GenerationGraphs(self.package, backend, context)
         self.spec, self.backend = self.graphs.spec, self.graphs.backend_name
-        self.layout = PromptLayout(package_chat(self.package, self.spec), self.pre, self.spec.buckets,
-                                   self.spec.cache_len, self.spec.pad_id)
+        self.layout = package_layout(self.package, self.manifest)
         # the image and audio stages (RequestInputs.pixels / speech); the vqa tokenizer is never asked for
         self.inputs = P.RequestInputs(self.pre, lambda: P.TextTokenizer(self.layout.chat.tokenizer))
 
@@ -261,7 +259,7 @@ class DevicePipeline:
     def _prompt(self, image: Optional[bytes], question: Optional[str], audio: Optional[bytes]):
         """The request as a MultimodalPrompt, its image and audio preprocessed on their lanes at once
         -> (prompt, timings of the image and audio tasks). None or empty: no image, no typed or spoken question."""
-        from mindvl.prompting import MultimodalPrompt
+        from mindvl.engine.prompts import MultimodalPrompt
 
         question = "" if question is None else P.expect(question, str, "question")
         audio = b"" if audio is None else P.expect(audio, bytes, "audio")
@@ -293,21 +291,18 @@ class DevicePipeline:
 
     def _generate(self, image, question, audio, settings: dict, record: DeviceGeneration) -> Iterator[Delta]:
         """The deltas of one answer; `record` gets its prompt length and timings."""
-        from mindvl.config import ConfigError
-        from mindvl.generative_package import DecodeBatch
-        from mindvl.model_package import as_array
+        from mindvl.engine.batch import DecodeBatch
+        from mindvl.engine.package_graphs import PackageGraphs
 
         self._require(True, "generate()")
         start = time.perf_counter()
         config = sampling_config(**settings)
-        if config.max_new_tokens > self.spec.max_new_tokens:
-            raise ConfigError(f"max_new_tokens: {config.max_new_tokens} asked, this package generates at most "
-                              f"{self.spec.max_new_tokens} tokens per answer")
+        self.layout.limits.check_new_tokens(config.max_new_tokens)  # before the image and the clip are decoded
         prompt, modality_seconds = self._prompt(image, question, audio)
         timings = record.timings
         timings.update(modality_seconds, preprocess=time.perf_counter() - start)
         with self._model_lock:  # one generation at a time on the graphs
-            batch = DecodeBatch(self.spec, self.layout, self.graphs, as_array)
+            batch = DecodeBatch(self.layout, PackageGraphs(self.spec, self.graphs))
             (row,) = batch.prefill([prompt], [config])
             record.prompt_tokens = row.prompt_tokens
             first = None

@@ -14,7 +14,7 @@ and combines their predictions by one rule:
   mean     the argmax of the views' averaged probabilities
 Confidences are softmax(logits / temperature) (temperature from `mindvl lite calibrate`, default 1).
 
-`mindvl.export.resolution.resolution_report` measures the effect on a data set's test split.
+`mindvl.deploy.resolution_search.resolution_report` measures the effect on a data set's test split.
 """
 import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -24,7 +24,7 @@ import numpy as np
 from mindvl import preprocess as P
 from mindvl.lite.calibration import example_item
 from mindvl.lite.device import DevicePipeline, softmax
-from mindvl.lite.model import LiteError
+from mindvl.lite.lite_model import LiteError
 
 DEFAULT_VIEWS = ("full", "crop:0.5", "crop:0.25", "pad:0.5")
 RULES = ("vote", "max", "mean")

@@ -1,4 +1,4 @@
-"""The process that holds a Lite 2.0 model: `python -m mindvl.lite.worker BRIDGE` (see lite/runtime2.py).
+"""The process that holds a Lite 2.0 model: `python -m mindvl.lite.worker BRIDGE` (see lite/lite2_runtime.py).
 
 It loads the compiled bridge with ctypes and answers requests from its parent over a pipe: build,
 resize, predict, close. It never imports mindspore (the wheel's libraries would clash with MindSpore

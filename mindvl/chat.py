@@ -22,7 +22,7 @@ from typing import Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 
-from mindvl.preprocess import InputError
+from mindvl.errors import InputError
 
 IMAGE = "<image>"
 AUDIO = "<audio>"

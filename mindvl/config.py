@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
+from mindvl.choices import (CONVERSATION_KINDS, DECODER_ACTIVATIONS, DTYPES, ENCODER_ACTIVATIONS, IMAGE_HASHES, KERNELS,
+                            LAYER_TYPES, LOSS_SCALE_MODES, LOSS_WEIGHTINGS, NORMS, POOLINGS, UNKNOWN_CHARS)
+from mindvl.errors import ConfigError
 
 RECIPE_DIR = Path(__file__).parent / "configs"
 
 
-class ConfigError(ValueError):
-    """A configuration value a user must fix; the message names the dotted key."""
 
 
 @dataclass
@@ -65,7 +66,7 @@ class EncoderConfig:
     head_dim: int = 0
     mlp_ratio: float = 4.0  # FFN hidden width = round(width * mlp_ratio)
     pre_norm: bool = True
-    activation: str = "gelu"
+    activation: str = ENCODER_ACTIVATIONS.default
     layer_scale: float = 0.0  # 0 disables LayerScale
     norm_eps: float = 1e-6
     lora_rank: int = 0  # > 0: LoRA adapters of this rank on every attention's query and value projections
@@ -80,7 +81,7 @@ class EncoderConfig:
         if not self.head_dim and self.width % self.heads:
             raise ConfigError(f"{path}.width: {self.width} is not divisible by {path}.heads={self.heads}; "
                               f"make it divisible or set {path}.head_dim")
-        _choice(f"{path}.activation", self.activation, ("gelu", "gelu_tanh", "relu"))
+        ENCODER_ACTIVATIONS.check(f"{path}.activation", self.activation)
 
 
 @dataclass
@@ -90,10 +91,10 @@ class DecoderConfig(EncoderConfig):
     converted folder's config.json); nothing about a family is hard-coded in the cells."""
 
     layers: int = 0  # 0: no decoder (a recipe's partial model.decoder keeps it absent until layers are set)
-    activation: str = "silu"
+    activation: str = DECODER_ACTIVATIONS.default
     vocab_size: int = 0
     kv_heads: int = 0  # 0: heads (multi-head attention); fewer: grouped-query attention (heads % kv_heads == 0)
-    norm: str = "rms"  # rms (weight only, applied as stored) or layer
+    norm: str = NORMS.default  # rms (weight only, applied as stored) or layer
     qk_norm: bool = False  # RMSNorm over head_dim on queries and keys before the rotation (Gemma 3)
     gated_mlp: bool = True  # down(act(gate(x)) * up(x)) instead of fc2(act(fc1(x)))
     sandwich_norm: bool = False  # norms also after attention and after the MLP, before the residual add
@@ -119,12 +120,12 @@ class DecoderConfig(EncoderConfig):
         kv_heads = self.kv_heads or self.heads
         if kv_heads < 0 or self.heads % kv_heads:
             raise ConfigError(f"{path}.kv_heads: {self.kv_heads} does not divide heads={self.heads}")
-        _choice(f"{path}.activation", self.activation, ("gelu", "gelu_tanh", "relu", "silu"))
-        _choice(f"{path}.norm", self.norm, ("rms", "layer"))
+        DECODER_ACTIVATIONS.check(f"{path}.activation", self.activation)
+        NORMS.check(f"{path}.norm", self.norm)
         if self.layer_types and len(self.layer_types) != self.layers:
             raise ConfigError(f"{path}.layer_types: {len(self.layer_types)} entries for {self.layers} layers")
         for index, kind in enumerate(self.layer_types):
-            _choice(f"{path}.layer_types[{index}]", kind, ("global", "local"))
+            LAYER_TYPES.check(f"{path}.layer_types[{index}]", kind)
         if "local" in self.layer_types and self.sliding_window <= 0:
             raise ConfigError(f"{path}.sliding_window: local layers need a window > 0, got {self.sliding_window}")
 
@@ -141,11 +142,11 @@ class VisionConfig(EncoderConfig):
 class TextConfig(EncoderConfig):
     vocab_size: int = 0  # 0: taken from the data set's tokenizer
     max_positions: int = 64
-    pooling: str = "cls"  # cls: the [CLS] output (BERT); mean: mean of the valid tokens (sentence-transformers)
+    pooling: str = POOLINGS.default  # cls: the [CLS] output (BERT); mean: mean of the valid tokens (sentence-transformers)
 
     def validate(self, path: str) -> None:
         super().validate(path)
-        _choice(f"{path}.pooling", self.pooling, ("cls", "mean"))
+        POOLINGS.check(f"{path}.pooling", self.pooling)
 
 
 @dataclass
@@ -251,7 +252,7 @@ class ModelConfig:
 
 @dataclass
 class CleaningConfig:
-    """Thresholds of `mindvl data build`'s cleaning passes (data.cleaning); see mindvl/data/cleaning.py.
+    """Thresholds of `mindvl data build`'s cleaning passes (data.cleaning); see mindvl/data/build/cleaning.py.
 
     The defaults are calibrated on the full easy-VQA set (flat shapes on pale backgrounds), where they drop
     only true near-copies; photo data sets want a higher `min_sharpness` (~100). Every check is off at 0
@@ -260,7 +261,7 @@ class CleaningConfig:
 
     # images
     exact_duplicates: bool = True  # merge images whose decoded RGB pixels are identical (sha256)
-    hash: str = "phash"  # 64-bit perceptual hash for near-duplicates: "phash" (DCT) or "dhash" (gradient)
+    hash: str = IMAGE_HASHES.default  # 64-bit perceptual hash for near-duplicates: "phash" (DCT) or "dhash" (gradient)
     max_hash_distance: int = 4  # near-duplicate candidates: Hamming distance <= this; -1 turns near-dups off
     max_pixel_difference: float = 32.0  # ...confirmed when no 16x16 RGB thumbnail pixel differs by more (0..255)
     cross_split_duplicates: bool = True  # drop train images that (near-)duplicate a test image
@@ -275,7 +276,7 @@ class CleaningConfig:
     # the characters a text may hold after NFKC and lower-casing (whitespace is always fine)
     alphabet: str = ("abcdefghijklmnopqrstuvwxyz0123456789" "àáâãäåæçèéêëìíîïñòóôõöøùúûüýÿœß"
                      ".,;:!?'\"()[]-/&%+#@$*=<>_")
-    unknown_chars: str = "unk"  # characters outside `alphabet`: "unk" maps their words to [UNK], "drop" drops
+    unknown_chars: str = UNKNOWN_CHARS.default  # characters outside `alphabet`: "unk" maps their words to [UNK], "drop" drops
     max_unknown_fraction: float = 0.1  # ...and with "unk", a text with a larger fraction of them is dropped
     # image <-> caption alignment, scored by a trained mindvl run
     align_checkpoint: str = ""  # run folder, checkpoint folder or model.safetensors; "" turns it off
@@ -283,7 +284,7 @@ class CleaningConfig:
 
     def validate(self) -> None:
         path = "data.cleaning"
-        _choice(f"{path}.hash", self.hash, ("phash", "dhash"))
+        IMAGE_HASHES.check(f"{path}.hash", self.hash)
         if not -1 <= self.max_hash_distance <= 64:
             raise ConfigError(f"{path}.max_hash_distance: expected a Hamming distance in [0, 64] or -1 (off), "
                               f"got {self.max_hash_distance}")
@@ -308,7 +309,7 @@ class CleaningConfig:
         if self.alphabet != self.alphabet.lower():
             raise ConfigError(f"{path}.alphabet: texts are lower-cased before the check, so upper-case "
                               f"characters never match; give them in lower case")
-        _choice(f"{path}.unknown_chars", self.unknown_chars, ("unk", "drop"))
+        UNKNOWN_CHARS.check(f"{path}.unknown_chars", self.unknown_chars)
         if not -1.0 <= self.align_min_similarity <= 1.0:
             raise ConfigError(f"{path}.align_min_similarity: expected a cosine similarity in [-1, 1], "
                               f"got {self.align_min_similarity}")
@@ -360,7 +361,7 @@ class AugmentConfig:
 class PackingConfig:
     """Online packing of a batch's Transformer inputs into rows with segment ids (data.packing).
 
-    Three streams are packed (mindvl/data/packing.py): the fusion sequences into `length`-token rows,
+    Three streams are packed (mindvl/data/reading/packing.py): the fusion sequences into `length`-token rows,
     the questions' and captions' tokens into `text_length`-token rows, the clips' mel frames into
     `audio_frames`-frame rows. A stream's number of rows is the smallest entry of its bucket list
     (`rows`, `text_rows`, `audio_rows`; empty: derived from batch_size) that holds the batch, else its
@@ -388,13 +389,10 @@ class PackingConfig:
                 raise ConfigError(f"data.packing.{name}: expected increasing positive row counts, got {rows}")
 
 
-CONVERSATION_KINDS = ("vqa", "spoken", "caption", "multi", "user")  # where a conversation came from
-
-
 @dataclass
 class DataConfig:
     root: str = "mindvl_data"  # where `mindvl data build` writes and training reads
-    source: str = "easy-vqa"  # "easy-vqa", or a folder in the layout of mindvl/data/userdata.py
+    source: str = "easy-vqa"  # "easy-vqa", or a folder in the layout of mindvl/data/build/userdata.py
     # "": a word tokenizer built over the data's texts; else a published tokenizer.json (or a converted
     # text encoder's folder) that every text is tokenised with, e.g. for a pretrained text encoder
     tokenizer: str = ""
@@ -410,7 +408,7 @@ class DataConfig:
     # share of the train split's images held out (with all their questions) as the validation split
     # that training evaluates on (train.eval_every); 0: none
     validation_fraction: float = 0.0
-    # the generative model trains on these kinds of conversation (mindvl.data.conversation_source): vqa,
+    # the generative model trains on these kinds of conversation (mindvl.data.conversation_samples): vqa,
     # spoken, caption, multi, user (a folder's own lines); empty: all. Stage 1 aligns on [caption].
     conversation_kinds: List[str] = field(default_factory=list)
     seed: int = 0
@@ -427,7 +425,7 @@ class DataConfig:
         if self.limit < 0:
             raise ConfigError(f"data.limit: expected >= 0 (0 means all), got {self.limit}")
         for kind in self.conversation_kinds:
-            _choice("data.conversation_kinds[]", kind, CONVERSATION_KINDS)
+            CONVERSATION_KINDS.check("data.conversation_kinds[]", kind)
         if not self.train_voices or not self.test_voices:
             raise ConfigError("data.train_voices / data.test_voices: expected at least one voice each")
         if set(self.train_voices) & set(self.test_voices):
@@ -451,9 +449,6 @@ class LossWeights:
     lm: float = 0.5
 
 
-DTYPES = ("float32", "float16", "bfloat16")
-
-
 @dataclass
 class PrecisionConfig:
     """train.precision: the compute dtype per cell kind, applied once by mindvl.train.precision.
@@ -464,14 +459,14 @@ class PrecisionConfig:
     float16 on the CPU is correct but slower than float32; bfloat16 compute needs an Ascend chip.
     """
 
-    compute: str = "float32"
-    norm: str = "float32"  # LayerNorm
-    softmax: str = "float32"  # attention probabilities
-    loss: str = "float32"  # the objectives, computed on the network's outputs
+    compute: str = DTYPES.default
+    norm: str = DTYPES.default  # LayerNorm
+    softmax: str = DTYPES.default  # attention probabilities
+    loss: str = DTYPES.default  # the objectives, computed on the network's outputs
 
     def validate(self) -> None:
         for name in ("compute", "norm", "softmax", "loss"):
-            _choice(f"train.precision.{name}", getattr(self, name), DTYPES)
+            DTYPES.check(f"train.precision.{name}", getattr(self, name))
         low = {getattr(self, n) for n in ("compute", "norm", "softmax", "loss")} - {"float32"}
         if len(low) > 1:
             raise ConfigError(f"train.precision: one low-precision dtype per policy, got {sorted(low)}")
@@ -496,13 +491,13 @@ class LossScaleConfig:
     after `window` finite steps it is multiplied by `factor`.
     """
 
-    mode: str = "auto"
+    mode: str = LOSS_SCALE_MODES.default
     init: float = 65536.0
     factor: int = 2
     window: int = 1000
 
     def validate(self) -> None:
-        _choice("train.loss_scale.mode", self.mode, ("auto", "dynamic", "off"))
+        LOSS_SCALE_MODES.check("train.loss_scale.mode", self.mode)
         _positive(self, "train.loss_scale", ["init", "window"])
         if self.factor <= 1:
             raise ConfigError(f"train.loss_scale.factor: expected > 1, got {self.factor}")
@@ -601,7 +596,7 @@ class TrainConfig:
     loss_weights: LossWeights = field(default_factory=LossWeights)
     # "fixed": loss_weights; "uncertainty": learned weights exp(-s_i) L_i + s_i (Kendall et al., 2018),
     # s_i starting at -log(loss_weights.<name>); an objective weighted 0 stays off
-    loss_weighting: str = "fixed"
+    loss_weighting: str = LOSS_WEIGHTINGS.default
     grad_accumulation: int = 1  # micro-batches per optimizer step (data.batch_size is split among them)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
@@ -624,12 +619,12 @@ class TrainConfig:
     # backend (cells/kernels): on the CPU mindvl's C++ kernels (LayerNorm, a Linear's product and bias, GELU,
     # bias + GELU, attention core, scaled masked softmax), on Ascend flash attention; "standard": MindSpore's
     # operators everywhere. Exported graphs always hold the standard ones.
-    kernels: str = "auto"
+    kernels: str = KERNELS.default
 
     def validate(self) -> None:
         _positive(self, "train", ["epochs", "lr", "checkpoint_every", "log_every", "grad_accumulation"])
-        _choice("train.loss_weighting", self.loss_weighting, ("fixed", "uncertainty"))
-        _choice("train.kernels", self.kernels, ("auto", "standard", "fused"))
+        LOSS_WEIGHTINGS.check("train.loss_weighting", self.loss_weighting)
+        KERNELS.check("train.kernels", self.kernels)
         for name in ("keep_checkpoints", "eval_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: expected >= 0, got {getattr(self, name)}")
@@ -677,10 +672,6 @@ def _positive(obj: Any, path: str, names: Sequence[str]) -> None:
         if value <= 0:
             raise ConfigError(f"{path}.{name}: expected a value > 0, got {value!r}")
 
-
-def _choice(path: str, value: str, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{path}: expected one of {list(allowed)}, got {value!r}")
 
 
 # ----------------------------------------------------------------------------- building from mappings

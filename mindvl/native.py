@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from mindvl.files import atomic_write
+from mindvl.errors import BuildError
 
 
-class BuildError(RuntimeError):
-    """The library cannot be built here; the message says why."""
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Iterator, 
 import numpy as np
 
 from mindvl.config import PreprocessConfig
+from mindvl.errors import InputError
 
 if TYPE_CHECKING:  # PIL is imported lazily: the text-only paths never need it
     from PIL import Image
@@ -41,8 +42,6 @@ SILENCE_PEAK = 1e-4  # a clip whose peak |amplitude| is below this is treated as
 WHISPER_SAMPLE_RATE, WHISPER_N_FFT, WHISPER_HOP_LENGTH, WHISPER_WINDOW_SECONDS = 16000, 400, 160, 30
 
 
-class InputError(ValueError):
-    """An input the pipeline cannot use; the message names the item and the fix."""
 
 
 # ----------------------------------------------------------------------------- images

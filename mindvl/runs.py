@@ -18,6 +18,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
+from mindvl.errors import CheckpointError
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -32,8 +33,6 @@ EXTRA_PREFIX = "extra/"
 STEP_NAME = re.compile(r"step_(\d+)")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used; the message names the file and what to do."""
 
 
 AMP_WRAPPER = "_backbone"  # the attribute under which mindspore.amp wraps float32 islands (and the network)
@@ -184,7 +183,7 @@ def load_model_weights(model: nn.Cell, path: Path) -> Dict[str, Any]:
     Returns the train state saved next to the weights ({} when there is none). Any checkpoint format
     loads: weights are plain safetensors (resuming needs `verify_checkpoint` too). A checkpoint whose
     state records frozen base weights ("base": converted folders and their sha256) leaves those parts as
-    `model` holds them: load the folders into it first (mindvl.models.load_model and the Trainer do).
+    `model` holds them: load the folders into it first (mindvl.model_factory.load_model and the Trainer do).
     """
     path = resolve_checkpoint(path)
     state = read_state(path.parent) if (path.parent / STATE_FILE).is_file() else {}

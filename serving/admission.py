@@ -16,7 +16,7 @@ from typing import Callable, Iterator, List, Optional, Set
 
 from aiohttp import web
 
-from mindvl.config import ConfigError
+from mindvl.errors import ConfigError
 from mindvl.serving.protocol import encode_error
 
 LOG = logging.getLogger("mindvl.serving")

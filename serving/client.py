@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import grpc
 import numpy as np
 
+from mindvl.errors import MindvlError
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.protocol import MAX_VERSION, TENSOR_TYPES, InstanceError, ProtocolError, is_safe_name
 from mindvl.serving.register import GENERATE
@@ -40,7 +41,7 @@ WIRE_NAMES = {np.dtype(code).newbyteorder("="): name for name, code in TENSOR_TY
 ADDRESS_FORMS = "http://host:port (REST), grpc://host:port or host:port (gRPC)"
 
 
-class ServingError(RuntimeError):
+class ServingError(MindvlError, RuntimeError):
     """The request failed as a whole (the server's error_msg), could not reach the server, or could not be
     encoded; the message says which and what to do."""
 

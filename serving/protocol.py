@@ -22,6 +22,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from mindvl.errors import MindvlError
+
 Value = Union[np.ndarray, str, bytes]
 
 MAX_VERSION = 2 ** 32 - 2  # MindSpore Serving rejects version >= UINT32_MAX
@@ -45,7 +47,7 @@ OBJECT_KEYS = ("b64", "type", "shape")
 INT32 = np.iinfo(np.int32)
 
 
-class ProtocolError(ValueError):
+class ProtocolError(MindvlError, ValueError):
     """A request the REST protocol rejects; the message is what the client reads in `error_msg`."""
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
+from mindvl.errors import MindvlError
 from mindvl.serving.device_options import (AclOptions, AscendDeviceInfo, Context, CPUDeviceInfo,  # noqa: F401 (API)
                                            GPUDeviceInfo, GpuOptions)
 
@@ -38,7 +39,7 @@ DATASET_ALIASES = {"mindspore.dataset.vision.c_transforms": "mindspore.dataset.v
                    "mindspore.dataset.transforms.py_transforms": "mindspore.dataset.transforms"}
 
 
-class ServableError(RuntimeError):
+class ServableError(MindvlError, RuntimeError):
     """A servable that cannot be registered, found or deployed; the message names the file or folder."""
 
 
@@ -199,7 +200,7 @@ GENERATION_OUTPUTS = ("text", "tokens", "finish_reason", "prompt_tokens", "compl
 def declare_generation():
     """mindvl's own declaration (MindSpore Serving has no generation loop): the servable's versions are generative
     model packages, and method `generate` (an image, the question typed as `text` or spoken as `audio`, the
-    generation settings -> the answer) runs their generation engine (serving/generation.py)."""
+    generation settings -> the answer) runs their generation engine (serving/continuous_batching.py)."""
     registry = _registry("declare_generation")
     if registry.generation or registry.models or registry.methods:
         raise ServableError(f"{registry.config}: declare_generation() declares the whole servable; call it once, "

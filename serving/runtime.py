@@ -26,13 +26,13 @@ from google.protobuf.message import DecodeError
 
 from mindvl.mindir import mindir_io
 from mindvl import preprocess as P
-from mindvl.config import ConfigError
-from mindvl.decoding import sampling_config
-from mindvl.generative_package import SECTION
-from mindvl.model_package import (MANIFEST, TOLERANCE, as_array, as_tuple, check_files, load_graph, load_samples,
+from mindvl.errors import ConfigError
+from mindvl.engine.sampling import sampling_config
+from mindvl.engine.package_graphs import SECTION
+from mindvl.package_reader import (MANIFEST, TOLERANCE, as_array, as_tuple, check_files, load_graph, load_samples,
                                   read_manifest)
 from mindvl.serving.batching import Batcher, BatchPolicy
-from mindvl.serving.generation import GenerationEngine, GenerationRequest, generation_settings
+from mindvl.serving.continuous_batching import ContinuousBatcher, GenerationRequest, generation_settings
 from mindvl.serving.protocol import InstanceError, ProtocolError
 from mindvl.serving.register import (GENERATION_INPUTS, Method, Model, Placeholder, ServableDefinition,
                                      ServableError, Stage, load_servable_config)
@@ -244,7 +244,7 @@ class LoadedVersion:
     levels: Dict[str, List[List[Stage]]] = field(default_factory=dict)
     batchers: Dict[int, Batcher] = field(default_factory=dict)  # id(GraphRunner) -> its batcher, made at first use
     loaded_at: float = field(default_factory=time.time)
-    engine: Optional[GenerationEngine] = None  # a generative package's (declare_generation)
+    batcher: Optional[ContinuousBatcher] = None  # a generative package's (declare_generation)
 
     def __post_init__(self) -> None:
         self.levels = {name: _levels(method) for name, method in self.definition.methods.items()}
@@ -264,7 +264,7 @@ class LoadedVersion:
         """One result per instance: {output name: value} or the InstanceError that failed it. With `batching`, the
         instances of concurrent runs meet in batches at each model stage."""
         method = self.method(method_name)
-        if self.engine is not None:
+        if self.batcher is not None:
             return await asyncio.gather(*(self._generate(instance, pool) for instance in instances),
                                         return_exceptions=True)
         values: List[Dict[Placeholder, Any]] = []
@@ -300,9 +300,9 @@ class LoadedVersion:
                     P.expect(instance[name], kind, name)
             settings = sampling_config(**generation_settings(instance))
             loop = asyncio.get_running_loop()
-            prompt = await loop.run_in_executor(pool, self.engine.prompt, text, instance.get("image"),
+            prompt = await loop.run_in_executor(pool, self.batcher.prompt, text, instance.get("image"),
                                                 instance.get("audio"))
-            return self.engine.submit(prompt, settings, loop)
+            return self.batcher.submit(prompt, settings, loop)
         except (ConfigError, P.InputError, TypeError, ValueError) as error:
             raise InstanceError(str(error)) from None
 
@@ -374,8 +374,8 @@ class LoadedVersion:
             await batcher.close()
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
+        if self.batcher is not None:
+            self.batcher.close()
         for model in self.models.values():
             for graph in model.graphs:
                 graph.close()
@@ -424,7 +424,7 @@ def load_version(servable_dir: Path, name: str, version: int, key: Optional[byte
     manifest = read_manifest(folder) if (folder / MANIFEST).is_file() else None
     if definition.generation:
         return LoadedVersion(name, int(folder.name), folder, manifest, definition, {},
-                             engine=_generation_engine(folder, manifest, definition, key, max_batch))
+                             batcher=_continuous_batcher(folder, manifest, definition, key, max_batch))
     models: Dict[int, ModelRunner] = {}
     try:
         for model in definition.models:
@@ -447,22 +447,22 @@ def load_version(servable_dir: Path, name: str, version: int, key: Optional[byte
     return LoadedVersion(name, int(folder.name), folder, manifest, definition, models)
 
 
-def _generation_engine(folder: Path, manifest: Optional[dict], definition: ServableDefinition, key: Optional[bytes],
-                       max_streams: int) -> GenerationEngine:
-    """A generative package's engine, every graph checked against its stored samples first."""
+def _continuous_batcher(folder: Path, manifest: Optional[dict], definition: ServableDefinition, key: Optional[bytes],
+                       max_streams: int) -> ContinuousBatcher:
+    """A generative package's continuous batcher, every graph checked against its stored samples first."""
     if manifest is None or SECTION not in manifest:
         raise ServableError(f"{definition.config}: declare_generation() serves generative model packages; {folder} "
                             f"holds {'no manifest.json' if manifest is None else 'a package that does not generate'}")
     check_files(folder, manifest)
     check_config(definition, manifest, folder)
-    engine = GenerationEngine(folder, manifest, key, GRAPH_LOCK, max_streams)
+    batcher = ContinuousBatcher(folder, manifest, key, GRAPH_LOCK, max_streams)
     try:
-        for graph in engine.graphs:
-            _check_samples(folder, manifest, graph, _SampleRunner(engine.run, graph))
+        for graph in batcher.graphs:
+            _check_samples(folder, manifest, graph, _SampleRunner(batcher.run, graph))
     except BaseException:
-        engine.close()
+        batcher.close()
         raise
-    return engine
+    return batcher
 
 
 @dataclass

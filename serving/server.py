@@ -38,8 +38,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from mindvl.config import ConfigError, build_dataclass
-from mindvl.model_package import MANIFEST, PackageError, read_key
+from mindvl.errors import ConfigError
+from mindvl.config import build_dataclass
+from mindvl.errors import PackageError
+from mindvl.package_reader import MANIFEST, read_key
 from mindvl.preprocess import limit_decodes
 from mindvl.serving import demo as D
 from mindvl.serving import grpc_protocol as G
@@ -434,7 +436,7 @@ class Server:
 
     def _generative(self, servable: str, version: int) -> LoadedVersion:
         loaded = self.catalog.get(servable, version)
-        if loaded.engine is None:
+        if loaded.batcher is None:
             raise Failure(f"servable {servable} does not generate (it has {', '.join(sorted(loaded.methods))}); "
                           f"deploy a generative model package to stream answers", 400, "protocol")
         return loaded
@@ -467,7 +469,7 @@ class Server:
                 async for delta in generation.stream():
                     await response.write(event(delta))
                 await response.write(last() + done)
-            except (ConfigError, RuntimeError, ValueError) as error:  # the engine failed it: said in the stream
+            except (ConfigError, RuntimeError, ValueError) as error:  # generation failed it: said in the stream
                 await response.write(O.Completion.event({"error": {"message": str(error), "type": "server_error"}}))
             await response.write_eof()
         except (ConnectionResetError, ConnectionError):
@@ -493,7 +495,7 @@ class Server:
             if request.method != "GET":
                 raise O.OpenAIError("use GET for /v1/models", 405, code="method_not_allowed")
             names = sorted(name for name, versions in self.catalog.loaded.items()
-                           if versions and versions[max(versions)].engine is not None)
+                           if versions and versions[max(versions)].batcher is not None)
             return web.Response(body=O.models_list(names), content_type="application/json")
         if request.method != "POST":
             raise O.OpenAIError("use POST for /v1/chat/completions", 405, code="method_not_allowed")
@@ -631,11 +633,11 @@ class Server:
         return G.reply_from_results(answered, results)
 
     async def _grpc_predict_stream(self, request, context):
-        """MSService/PredictStream: one `generate` instance's deltas, a PredictReply each as the engine makes them.
+        """MSService/PredictStream: one `generate` instance's deltas, a PredictReply each as they are generated.
         A refused request ends with a status and no reply (NOT_FOUND: no such servable or version; INVALID_ARGUMENT:
         a bad request or instance, another method, a servable that does not generate); the initial metadata goes
         out once the generation is queued. A client that cancels or goes away cancels the generation at the
-        engine's next step (counted `disconnected`); an engine failure mid-stream ends it ABORTED (the version was
+        next decode step (counted `disconnected`); a generation failure mid-stream ends it ABORTED (the version was
         unloaded while it ran: retry) or INTERNAL."""
         try:
             servable, method, version, instance = G.stream_request_to_instance(request)
@@ -660,7 +662,7 @@ class Server:
             except (asyncio.CancelledError, GeneratorExit):  # grpc cancels the handler, or closes it, for a gone client
                 self.metrics.errors.labels("disconnected").inc()
                 raise
-            except (ConfigError, RuntimeError, ValueError) as error:  # the engine failed it
+            except (ConfigError, RuntimeError, ValueError) as error:  # generation failed it
                 await context.abort(grpc.StatusCode.ABORTED if isinstance(error, ConfigError)
                                     else grpc.StatusCode.INTERNAL, str(error))
             finally:

@@ -64,7 +64,7 @@ def small_cfg(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def small_report(small_cfg):
-    from mindvl.data.build import build_dataset
+    from mindvl.data.build.builder import build_dataset
 
     return build_dataset(small_cfg, progress=False)
 
@@ -213,7 +213,7 @@ def pretrained_config(root, out, converted, *extra):
 @pytest.fixture(scope="session")
 def pretrained_data(converted, tmp_path_factory):
     """The small data set tokenised with MiniLM's tokenizer (what pretrained-s needs)."""
-    from mindvl.data.build import build_dataset
+    from mindvl.data.build.builder import build_dataset
 
     root = tmp_path_factory.mktemp("pretrained_data") / "root"
     build_dataset(pretrained_config(root, "unused", converted), progress=False)
@@ -251,8 +251,8 @@ def writable_copy():
 def vqa_package(trained_run, tmp_path_factory):
     """(config, package folder) of the small trained model: vqa, image_embed, text_embed, audio_embed, and
     their lite2/ versions at static batch 1 with the device assets (tests/lite uses the same package)."""
-    from mindvl.export.package import write_package
-    from mindvl.models import load_model
+    from mindvl.export.package_writer import write_package
+    from mindvl.model_factory import load_model
 
     _, result = trained_run
     cfg, model, record = load_model(result.output_dir)
@@ -266,8 +266,8 @@ def generative_package(generative_run, tmp_path_factory):
     prompts of 32 and 48 tokens and the decode graph over one weights file (a 112-token cache), their lite2/
     versions at batch 1 with the device assets, its sample questions' greedy tokens, verified (on Lite 2.0 too
     where the runtime is here)."""
-    from mindvl.export.pipeline import PackageOptions, package_and_check
-    from mindvl.models import load_model
+    from mindvl.deploy.export_pipeline import PackageOptions, package_and_check
+    from mindvl.model_factory import load_model
 
     _, result = generative_run
     cfg, model, record = load_model(result.output_dir)
@@ -319,24 +319,24 @@ def live_server(deployed):
 
 # ----------------------------------------------------------------------------- the MindSpore Lite 2.0 runtime
 @pytest.fixture(scope="session")
-def lite2_runtime():
+def lite2_ready():
     """Skips the test, with the reason, where the Lite 2.0 runtime cannot be fetched or prepared."""
-    from mindvl.lite import runtime2
+    from mindvl.lite import lite2_runtime
 
-    reason = runtime2.status()
+    reason = lite2_runtime.status()
     if reason:
         pytest.skip(f"the Lite 2.0 runtime cannot be prepared here: {reason}")
 
 
 @pytest.fixture(scope="session")
-def runner(lite2_runtime):
+def runner(lite2_ready):
     """The C++ on-device runner (lite/runner), built once; skips the test, with the reason, where it cannot be."""
-    from mindvl.lite import runtime2
-    from mindvl.lite.runner import build_runner
+    from mindvl.lite import lite2_runtime
+    from mindvl.lite.cpp_runner import build_runner
 
     try:
         return build_runner()
-    except runtime2.Lite2Unavailable as exc:
+    except lite2_runtime.Lite2Unavailable as exc:
         pytest.skip(f"the C++ runner cannot be built here: {exc}")
 
 

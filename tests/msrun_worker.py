@@ -18,7 +18,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindvl.config import load_config
-from mindvl.data.stream import TrainStream
+from mindvl.data.reading.stream import TrainStream
 from mindvl.train.distributed import GatherWithGrad, gradient_reducer, init_data_parallel
 
 BATCH, INPUT, EMBED = 8, 6, 4

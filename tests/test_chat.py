@@ -7,7 +7,7 @@ import pytest
 
 from mindvl.chat import (AUDIO_SLOT, IMAGE_SLOT, TEXT, ChatEncoder, chat_template, conversation_turns, parse_content,
                          question_turn)
-from mindvl.preprocess import InputError
+from mindvl.errors import InputError
 
 TOKENIZER = Path(__file__).parent / "references" / "tiny_gemma3_text" / "tokenizer.json"
 GEMMA_CONTROL = ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>"]

@@ -1,7 +1,8 @@
 """Config loading: recipes by name and path, include + overrides, and errors that name the key."""
 import pytest
 
-from mindvl.config import ConfigError, load_config, recipe_names
+from mindvl.errors import ConfigError
+from mindvl.config import load_config, recipe_names
 
 
 def test_tiny_recipe_loads_by_name_with_typed_sections():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-TRAINING_SIDE = ("mindvl.train", "mindvl.data", "mindvl.pretrained", "mindvl.models", "mindvl.eval", "mindvl.export",
+TRAINING_SIDE = ("mindvl.train", "mindvl.data", "mindvl.pretrained", "mindvl.model_factory", "mindvl.eval", "mindvl.export",
                  "mindvl.cells", "mindvl.runs")
 
 
@@ -90,5 +90,5 @@ def test_serving_and_lite_load_no_training_data_or_pretrained_code():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     loaded = json.loads(done.stdout)
-    assert "mindvl.serving.server" in loaded and "mindvl.model_package" in loaded
+    assert "mindvl.serving.server" in loaded and "mindvl.package_reader" in loaded
     assert [m for m in loaded if m.startswith(TRAINING_SIDE)] == []

@@ -12,7 +12,7 @@ per backend:
           (LayerNorm and GELU are single fused kernels there already);
 and keeps the standard operators elsewhere. A machine without a working C++ compiler keeps the standard
 operators after one warning. Exported graphs never hold these kernels: `standard_kernels(model)` puts the
-standard cells back for the length of an export (export/package.py), so MindIR files stay runnable by
+standard cells back for the length of an export (export/package_writer.py), so MindIR files stay runnable by
 Lite and Serving.
 """
 import os
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Tuple
 
 from mindspore import nn
+
+from mindvl.choices import KERNELS
 
 from .machine import cpu_identity
 
@@ -34,7 +36,6 @@ HEADERS = sorted(Path(__file__).resolve().parent.glob("*.h"))
 # reads the floating-point exception flags.
 FLAGS = ("-O3", "-fno-trapping-math", "-fopenmp-simd", "-pthread", "-shared", "-fPIC", "-std=c++17")
 ARCH_ENV = "MINDVL_KERNEL_ARCH"  # the build's -march: "native" (default), or e.g. x86-64-v3 (AVX2 + FMA, no AVX-512)
-KINDS = ("auto", "standard", "fused")
 _library: dict = {}  # arch -> {"path": the built library} or {"failed": why not} (asked once per process)
 
 
@@ -47,7 +48,7 @@ def _link_flags() -> Tuple[str, ...]:
     """The attention kernel calls oneDNN's sgemm from the libdnnl.so.3 MindSpore ships (and has loaded)."""
     import mindspore
 
-    from mindvl.native import BuildError
+    from mindvl.errors import BuildError
 
     folder = Path(mindspore.__file__).resolve().parent / "lib"
     if not (folder / "libdnnl.so.3").is_file():
@@ -59,7 +60,8 @@ def library(arch: Optional[str] = None) -> Optional[Path]:
     """The compiled kernels (built on first use, ~5 s), or None after one warning saying why not. `arch`:
     the -march target, default $MINDVL_KERNEL_ARCH or "native"; another one (x86-64-v3) builds the code an
     AVX2 machine runs, so it can be checked and timed on an AVX-512 host."""
-    from mindvl.native import BuildError, build_library
+    from mindvl.errors import BuildError
+    from mindvl.native import build_library
 
     arch = arch or os.environ.get(ARCH_ENV, "native")
     built = _library.setdefault(arch, {})
@@ -166,8 +168,7 @@ def use_kernels(model: nn.Cell, kind: str, device: Optional[str] = None, compute
     (the others keep the standard operators)."""
     import mindspore as ms
 
-    if kind not in KINDS:
-        raise ValueError(f"train.kernels: {kind!r}; choose one of {list(KINDS)}")
+    KERNELS.check("train.kernels", kind)
     device = device or ms.get_context("device_target")
     if kind == "standard" or device not in ("CPU", "Ascend"):
         return 0

@@ -1,4 +1,4 @@
-// The device assets a package's lite2/ folder holds (export/lite2.py writes them): preprocess.txt (`key
+// The device assets a package's lite2/ folder holds (export/lite2_folder.py writes them): preprocess.txt (`key
 // value...` lines), vocab.txt (token per line, line index = id), and labels.txt (a vqa package) or
 // generation.txt (a generative package: the generation spec and the chat template as token ids).
 #pragma once
@@ -26,7 +26,7 @@ struct Preprocess {
   std::map<std::string, std::string> graphs;  // graph name -> file, relative to the package
 };
 
-// generation.txt: mindvl.generative_package.GenerationSpec and the chat template's control strings, each
+// generation.txt: mindvl.engine.batch.GenerationSpec and the chat template's control strings, each
 // as the token ids the package's tokenizer gives them (empty when the template has none).
 struct Generation {
   int cache_len = 0, layers = 0, vocab_size = 0, width = 0, kv_width = 0;

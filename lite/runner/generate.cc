@@ -21,7 +21,7 @@ void append(std::vector<int32_t> &ids, const std::vector<int32_t> &more) {
   ids.insert(ids.end(), more.begin(), more.end());
 }
 
-// One graph input's bytes and its name in the package's graph spec (export/generative.py graph_specs).
+// One graph input's bytes and its name in the package's graph spec (export/prefill_decode.py graph_specs).
 struct Input {
   std::string name;
   const void *data;

@@ -1,5 +1,5 @@
 // A generative package's answer on the device: the chat prompt, attachments, prefill and a greedy decode
-// loop over the lite2 graphs, as mindvl.generative_package's DecodeBatch runs them for one sequence.
+// loop over the lite2 graphs, as mindvl.engine.batch's DecodeBatch runs them for one sequence.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,7 @@ struct GenerateResult {
   double build_ms = 0, first_token_ms = 0, decode_ms = 0;  // first token: attachments, prefill, the first choice
 };
 
-// The chat prompt's ids and the modality rows of each position (mindvl.chat / mindvl.prompting for one
+// The chat prompt's ids and the modality rows of each position (mindvl.chat / mindvl.engine.prompts for one
 // prompt): [bos] [user] (image slots) (audio slots) question [end] [assistant].
 struct Prompt {
   std::vector<int32_t> ids, slot_index;

@@ -8,7 +8,7 @@ from mindvl.config import load_config
 
 
 def _data_build(args) -> None:
-    from mindvl.data.build import build_dataset
+    from mindvl.data.build.builder import build_dataset
     cfg = load_config(args.config, args.overrides)
     # paths are set on the config, not through --set, so that YAML never reinterprets them
     for value, section, key in ((args.root, cfg.data, "root"), (args.from_folder, cfg.data, "source"),
@@ -32,7 +32,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_config_args(build)
     build.add_argument("--root", help="output folder (default: data.root of the config)")
     build.add_argument("--from-folder", metavar="DIR", help="build from your own data instead of easy-VQA: DIR holds "
-                       "train.jsonl, test.jsonl and the files they name (data.source; see mindvl/data/userdata.py)")
+                       "train.jsonl, test.jsonl and the files they name (data.source; see mindvl/data/build/userdata.py)")
     build.add_argument("--limit", type=int, help="at most N source images per split (0: all)")
     build.add_argument("--shards", type=int, help="MindRecord files per split (data.shards)")
     build.add_argument("--align-checkpoint", metavar="RUN", help="drop image-caption pairs a trained run scores "

@@ -3,13 +3,13 @@ generated answers and descriptions)."""
 import argparse
 import json
 
-from mindvl.config import ConfigError
+from mindvl.errors import ConfigError
 
 
 def _eval(args) -> None:
     from mindvl.eval import evaluate
-    from mindvl.eval.generative import evaluate_generative
-    from mindvl.models import load_model
+    from mindvl.eval.generated_answers import evaluate_generative
+    from mindvl.model_factory import load_model
     cfg, model, _ = load_model(args.run, data_root=args.data_root)
     if not cfg.model.generative:
         if args.limit:

@@ -5,11 +5,12 @@ import json
 from pathlib import Path
 
 from mindvl.cli.options import add_key_args, package_key
-from mindvl.config import ConfigError, load_config
+from mindvl.errors import ConfigError
+from mindvl.config import load_config
 
 
 def _package_options(args, evaluate: bool):
-    from mindvl.export.pipeline import PackageOptions
+    from mindvl.deploy.export_pipeline import PackageOptions
     return PackageOptions(args.static_batch, package_key(args), args.version, args.force, evaluate, args.data_root,
                           graphs=args.graph, lite2_batch=args.lite2_batch if args.target == "lite2" else None,
                           prompt_buckets=args.prompt_bucket, cache_len=args.cache_len, eval_limit=args.limit)
@@ -35,33 +36,33 @@ def _export(args) -> None:
     if args.export_command is None and not (args.checkpoint and args.out):
         raise ConfigError("mindvl export: pass --checkpoint CKPT --out PKG, or a subcommand (verify, evaluate, "
                           "compare, quantize, prune, distill, onnx)")
-    from mindvl.export.pipeline import package_and_check
-    from mindvl.models import load_model
+    from mindvl.deploy.export_pipeline import package_and_check
+    from mindvl.model_factory import load_model
     cfg, model, source = load_model(args.checkpoint, args.config, args.overrides, args.data_root)
     _print_export(package_and_check(cfg, model, source, args.out, _package_options(args, args.evaluate)), args.json)
 
 
 def _export_verify(args) -> int:
-    from mindvl.export.verify import verify_package
+    from mindvl.deploy.verify import verify_package
     report = verify_package(args.package, package_key(args))
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
     return 0 if report.ok else 1
 
 
 def _export_evaluate(args) -> None:
-    from mindvl.export.evaluate import evaluate_package
+    from mindvl.deploy.evaluate_package import evaluate_package
     print(json.dumps(evaluate_package(args.package, args.data_root, package_key(args), limit=args.limit), indent=2))
 
 
 def _export_compare(args) -> None:
-    from mindvl.export.evaluate import comparison_table
+    from mindvl.deploy.evaluate_package import comparison_table
     print(comparison_table(args.packages))
 
 
 def _export_quantize(args) -> None:
-    from mindvl.export.pipeline import package_and_check
+    from mindvl.deploy.export_pipeline import package_and_check
     from mindvl.export.quantize import quantize_int8
-    from mindvl.models import load_model
+    from mindvl.model_factory import load_model
     cfg, model, source = load_model(args.checkpoint, args.config, args.overrides, args.data_root)
     report = quantize_int8(model)
     result = package_and_check(cfg, model, source, args.out, _package_options(args, not args.no_eval),
@@ -70,8 +71,8 @@ def _export_quantize(args) -> None:
 
 
 def _export_prune(args) -> None:
-    from mindvl.export.pipeline import package_and_check
-    from mindvl.models import load_model
+    from mindvl.deploy.export_pipeline import package_and_check
+    from mindvl.model_factory import load_model
     from mindvl.train.prune import RECORD_FILE, prune_and_finetune
     run_dir = Path(args.run_dir or f"{args.out}.run")
     if (run_dir / RECORD_FILE).is_file():  # written once the fine-tune completed: package it again
@@ -88,8 +89,8 @@ def _export_prune(args) -> None:
 
 def _export_distill(args) -> None:
     from mindvl.cells import count_cell_parameters
-    from mindvl.export.pipeline import package_and_check
-    from mindvl.models import load_model
+    from mindvl.deploy.export_pipeline import package_and_check
+    from mindvl.model_factory import load_model
     from mindvl.train import train
     overrides = [*args.overrides, f"train.distill.teacher={args.teacher}"]
     if args.run_dir:
@@ -110,7 +111,7 @@ def _export_distill(args) -> None:
 
 def _export_onnx(args) -> int:
     from mindvl.export.onnx import export_onnx
-    from mindvl.models import load_model
+    from mindvl.model_factory import load_model
     cfg, model, _ = load_model(args.checkpoint, args.config, args.overrides, args.data_root)
     report = export_onnx(cfg, model, args.out, args.graph, args.batch)
     print(json.dumps(report, indent=2) if args.json else report["summary"])

@@ -2,25 +2,29 @@
 import argparse
 import sys
 
-from mindvl.config import ConfigError
-from mindvl.generation.model import GENERATION_KERNELS
+from mindvl.choices import KERNELS
+from mindvl.errors import ConfigError
 
 
 def _generate(args) -> None:
-    from mindvl.generation import from_pretrained
-    from mindvl.generation.model import is_llm_folder
-    from mindvl.generation.multimodal import from_run, prompt_from_files
+    from mindvl.generation.multimodal_generator import prompt_from_files
+    from mindvl.loading import GENERATIVE_RUN, LLM, describe, from_pretrained
 
-    if is_llm_folder(args.model):
+    found = describe(args.model)
+    if found.kind == LLM:
         if args.image or args.audio:
             raise ConfigError(f"--model {args.model}: a converted LLM reads text only; --image and --audio need "
                               f"a trained generative run (mindvl train --config vlm-tiny)")
         model = from_pretrained(args.model, cache_len=args.cache_len, kernels=args.kernels)
         prompt = args.prompt
         print(args.prompt, end="", flush=True)
-    else:  # a generative run: the question, with the image and the spoken question if given
-        model = from_run(args.model, cache_len=args.cache_len, kernels=args.kernels)
+    elif found.kind == GENERATIVE_RUN:  # the question, with the image and the spoken question if given
+        model = from_pretrained(args.model, cache_len=args.cache_len, kernels=args.kernels)
         prompt = prompt_from_files(args.prompt, model.pre, args.image, args.audio)
+    else:
+        raise ConfigError(f"--model {args.model}: {found.description}; `mindvl generate` answers with a converted "
+                          f"LLM or a generative run (train a generative recipe, e.g. vlm-tiny); a classifier answers "
+                          f"with `mindvl serve` or `mindvl eval`")
     finish = None
     for delta in model.stream(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
@@ -51,7 +55,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--stop", action="append", default=[], metavar="TEXT", help="a stop string (repeatable)")
     generate.add_argument("--seed", type=int, help="makes sampling reproducible")
     generate.add_argument("--cache-len", type=int, default=1024, help="prompt + new tokens at most")
-    generate.add_argument("--kernels", choices=GENERATION_KERNELS, default="fused",
-                          help="fused: RMSNorm and the rotation as mindvl's CPU kernels (default); standard: "
-                               "MindSpore's operators only")
+    generate.add_argument("--kernels", choices=KERNELS.values, default=KERNELS.default,
+                          help="auto (default) and fused: mindvl's CPU kernels (a converted LLM: RMSNorm, the "
+                               "rotation and the LM head); standard: MindSpore's operators only")
     generate.set_defaults(func=_generate)

@@ -6,7 +6,7 @@ from mindvl.cli.options import file_bytes
 
 
 def _info(args) -> None:
-    from mindvl.lite.model import backend_report
+    from mindvl.lite.lite_model import backend_report
 
     rows = backend_report()
     active = next((row["backend"] for row in rows if row["available"]), None)
@@ -37,12 +37,12 @@ def _ask(args) -> None:
 
     from mindvl.lite.cascade import Cascade
     from mindvl.lite.device import DevicePipeline
-    from mindvl.lite.model import Context
+    from mindvl.lite.lite_model import Context
 
     image = file_bytes(f"--image {args.image}", args.image)
     audio = file_bytes(f"--audio {args.audio}", args.audio) if args.audio else b""
     if args.repeat < 1:
-        from mindvl.lite.model import LiteError
+        from mindvl.lite.lite_model import LiteError
         raise LiteError(f"--repeat {args.repeat}: expected 1 or more")
     with DevicePipeline(args.package, args.backend, threads=1, context=Context(args.threads)) as pipeline:
         if args.cloud:
@@ -85,7 +85,7 @@ def _ask(args) -> None:
 def _calibrate(args) -> None:
     from pathlib import Path
 
-    from mindvl.export.calibrate import calibrate, format_report
+    from mindvl.deploy.calibrate import calibrate, format_report
     from mindvl.lite.calibration import CALIBRATION_FILE
 
     calibration = calibrate(args.package, args.data, split=args.split, modality=args.modality,
@@ -110,7 +110,7 @@ def _calibrate(args) -> None:
 
 
 def _resolution(args) -> None:
-    from mindvl.export.resolution import format_resolution, resolution_report
+    from mindvl.deploy.resolution_search import format_resolution, resolution_report
     from mindvl.lite.resolution import DEFAULT_VIEWS
 
     views = [v.strip() for v in args.views.split(",") if v.strip()] if args.views else DEFAULT_VIEWS

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings drown the progress bars
 
-from mindvl.config import ConfigError  # noqa: E402
+from mindvl.errors import MindvlError  # noqa: E402  (after GLOG_v: MindSpore reads it at import)
 
 # the modules of mindvl/cli that register commands, in the order `mindvl --help` lists them; each imports the
 # library only inside its handlers, so building the parser imports no MindSpore
@@ -23,28 +23,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _user_errors() -> tuple:
-    """The exceptions whose message tells the user what to fix; imported only once one is raised (some of
-    their modules import MindSpore, which `mindvl query` never needs)."""
-    from mindvl.data.root import DataRootError
-    from mindvl.lite.model import LiteError
-    from mindvl.model_package import PackageError
-    from mindvl.preprocess import InputError
-    from mindvl.pretrained import ConversionError
-    from mindvl.runs import CheckpointError
-    from mindvl.serving.client import ServingError
-    from mindvl.serving.register import ServableError
-    return ConfigError, InputError, CheckpointError, DataRootError, ConversionError, PackageError, ServingError, \
-        ServableError, LiteError
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except Exception as exc:
-        if not isinstance(exc, _user_errors()):
-            raise
+    except MindvlError as exc:  # a message that names the fix; anything else is a bug and keeps its traceback
         print(f"mindvl: error: {exc}", file=sys.stderr)
         return 2
 

@@ -4,7 +4,7 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
-from mindvl.config import ConfigError
+from mindvl.errors import ConfigError
 
 
 def add_config_args(parser: argparse.ArgumentParser, example: str = "train.lr=3e-4") -> None:
@@ -24,7 +24,7 @@ def add_key_args(parser: argparse.ArgumentParser, title: str = "encryption (AES-
 
 def package_key(args) -> Optional[bytes]:
     """The key --key-file or --key-env names, or None."""
-    from mindvl.model_package import read_key
+    from mindvl.package_reader import read_key
     return read_key(args.key_file, args.key_env)
 
 

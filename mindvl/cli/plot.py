@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Callable, List
 
 from mindvl.cli.options import add_config_args
-from mindvl.config import ConfigError, load_config
+from mindvl.errors import ConfigError
+from mindvl.config import load_config
 
 
 def _plot_run(path: Path, out: Path, args) -> List[Path]:
@@ -17,7 +18,7 @@ def _plot_run(path: Path, out: Path, args) -> List[Path]:
 
 
 def _plot_data(path: Path, out: Path, args) -> List[Path]:
-    from mindvl.data.lengths import data_lengths
+    from mindvl.data.reading.lengths import data_lengths
     from mindvl.plots.data import QUARANTINE_FILE, REPORT_FILE, plot_data
 
     cfg = load_config(args.config, args.overrides)

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from mindvl.cli.options import add_key_args, file_bytes
-from mindvl.config import ConfigError
+from mindvl.errors import ConfigError
 
 SERVE_FLAGS = ("servable_dir", "host", "port", "grpc_port", "batching", "max_batch_size", "max_wait_ms", "workers",
                "max_request_mb", "max_instances", "timeout_s", "header_timeout_s", "keepalive_s", "max_connections",
@@ -58,7 +58,7 @@ def _cascade_maker(args, config):
                                   f"the device)")
         return None
     from mindvl.lite.calibration import CALIBRATION_FILE
-    from mindvl.model_package import MANIFEST
+    from mindvl.package_reader import MANIFEST
     from mindvl.serving.servable import list_servables
 
     edge = Path(args.cascade_edge)

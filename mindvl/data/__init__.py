@@ -8,7 +8,7 @@ __all__ = ["create_dataset", "build_dataset", "load_meta", "load_tokenizer", "CO
 
 def __getattr__(name):
     if name in ("create_dataset", "COLUMNS"):
-        from mindvl.data import loader
+        from mindvl.data.reading import loader
 
         return getattr(loader, name)
     if name in ("load_meta", "load_tokenizer"):
@@ -16,7 +16,7 @@ def __getattr__(name):
 
         return getattr(root, name)
     if name == "build_dataset":
-        from mindvl.data.build import build_dataset
+        from mindvl.data.build.builder import build_dataset
 
         return build_dataset
     raise AttributeError(f"module 'mindvl.data' has no attribute {name!r}")

@@ -21,6 +21,9 @@ import json
 from pathlib import Path
 from typing import Dict, Iterable, List, Union
 
+import numpy as np
+
+SPLITS = ("train", "test")  # the example tables a data root holds (a source hands over these)
 PAGE_SIZE = 1 << 21
 HEADER_SIZE = 1 << 20
 
@@ -149,3 +152,13 @@ def read_split(root: Union[str, Path], split: str, columns: List[str] = None) ->
     for path in table_files(root, split):
         rows.extend(read_table(path, columns))
     return rows
+
+
+def to_pcm16(audio: np.ndarray) -> bytes:
+    """float32 in [-1, 1] -> little-endian int16 bytes (how clips are stored in speech.mindrecord)."""
+    return np.clip(np.round(audio * 32768.0), -32768, 32767).astype("<i2").tobytes()
+
+
+def from_pcm16(data: bytes) -> np.ndarray:
+    """Inverse of `to_pcm16`: int16 bytes -> float32 (int16 / 32768, the usual convention)."""
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0

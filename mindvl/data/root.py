@@ -5,18 +5,14 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Dict, Optional, Union
+from typing import Dict, Union
 
 from mindvl import preprocess as P
-from mindvl.config import ConfigError
-from mindvl.data.records import conversation_table
-from mindvl.data.report import BuildReport
-from mindvl.data.source import SPLITS
+from mindvl.errors import ConfigError, DataRootError
+from mindvl.data.records import SPLITS, conversation_table
 from mindvl.files import pid_alive
 
 
-class DataRootError(FileNotFoundError):
-    """The data root is missing or incomplete; the message says how to build it."""
 
 
 def require_file(root: Path, name: str) -> Path:
@@ -56,14 +52,6 @@ def is_complete(root: Union[str, Path]) -> bool:
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return all((root / name).is_file() and (root / f"{name}.db").is_file() for name in names)
-
-
-def read_report(root: Union[str, Path]) -> Optional[BuildReport]:
-    path = Path(root) / "report.json"
-    try:
-        return BuildReport.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
 
 
 def check_replaceable(root: Path) -> None:

@@ -9,14 +9,14 @@ import numpy as np
 
 from mindvl import preprocess as P
 from mindvl.cells import ImageEmbedNet, TextEmbedNet
-from mindvl.config import ConfigError
-from mindvl.models import load_model
+from mindvl.errors import ConfigError
+from mindvl.model_factory import load_model
 
 
 class AlignmentScorer:
     """Cosine similarity of (image, caption) pairs under a trained mindvl run's contrastive heads.
 
-    `checkpoint`: a run folder, a checkpoint folder or a model.safetensors (`mindvl.models.load_model`).
+    `checkpoint`: a run folder, a checkpoint folder or a model.safetensors (`mindvl.model_factory.load_model`).
     Images are decoded with the run's preprocess settings and captions tokenised with the tokenizer the
     run trained with (its data root's tokenizer.json), so the scores are the ones the run would give.
     """

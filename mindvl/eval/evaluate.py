@@ -1,4 +1,4 @@
-"""`mindvl eval`: VQA accuracy and retrieval Recall@K of a model (from `mindvl.models.load_model`) on the
+"""`mindvl eval`: VQA accuracy and retrieval Recall@K of a model (from `mindvl.model_factory.load_model`) on the
 test split."""
 import time
 from typing import Any, Dict
@@ -7,7 +7,7 @@ from tqdm import tqdm
 
 from mindvl.cells import AudioEmbedNet, ImageEmbedNet, TextEmbedNet
 from mindvl.config import Config
-from mindvl.data.loader import split_inputs
+from mindvl.data.reading.loader import split_inputs
 from mindvl.eval.retrieval import audio_to_text, image_to_caption
 from mindvl.eval.vqa import majority_baseline, vqa_accuracy
 from mindvl.pretrained.tokens import token_cache

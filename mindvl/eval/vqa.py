@@ -10,7 +10,7 @@ from tqdm import tqdm
 from mindvl.config import Config
 from mindvl.data import create_dataset, load_meta, load_tokenizer
 from mindvl.data.records import read_split
-from mindvl.data.splits import split_rows
+from mindvl.data.reading.splits import split_rows
 
 ANSWER_KINDS = {"yes": "yes/no", "no": "yes/no", "circle": "shape", "rectangle": "shape", "triangle": "shape"}
 
@@ -98,7 +98,7 @@ def score_vqa(cfg: Config, predict: Callable, modality: str, progress: bool = Tr
               split: str = "test") -> Dict[str, float]:
     """Accuracy of `predict(batch) -> (answer ids (B,), generated token ids (B, L))` over `split` with
     questions as `modality`, overall, for the generated text, and per answer kind. Any predictor: the
-    model's graphs (vqa_accuracy) or a package's exported VQA graph (mindvl.export.evaluate)."""
+    model's graphs (vqa_accuracy) or a package's exported VQA graph (mindvl.deploy.evaluate_package)."""
     answers = load_meta(cfg.data.root)["answers"]
     tokenizer = load_tokenizer(cfg.data.root)
     # the whole split on every rank, also under msrun (evaluation during data-parallel training)

@@ -1,7 +1,8 @@
-"""Text generation with a converted pretrained decoder (mindvl convert llm): prefill and decode graphs
-over a key/value cache, sampling on the host, streaming."""
-from mindvl.decoding import Delta, Generation, SamplingConfig, next_tokens
+"""Generation with the framework's cells: a converted decoder (LanguageModel) or a trained multimodal model
+(MultimodalGenerator), driven by the engine's one decode loop (mindvl.engine). Open either with
+`mindvl.from_pretrained(folder)`."""
+from mindvl.engine.sampling import Delta, Generation, SamplingConfig
+from mindvl.generation.language_model import LanguageModel
+from mindvl.generation.multimodal_generator import MultimodalGenerator, MultimodalPrompt
 
-from .model import LanguageModel, from_pretrained
-
-__all__ = ["Delta", "Generation", "LanguageModel", "SamplingConfig", "from_pretrained", "next_tokens"]
+__all__ = ["Delta", "Generation", "LanguageModel", "MultimodalGenerator", "MultimodalPrompt", "SamplingConfig"]

@@ -20,7 +20,8 @@ from mindspore import nn, ops
 
 from mindvl.cells import MultimodalLM
 from mindvl.cells.multimodal_lm import MultimodalLMLoss
-from mindvl.config import MODULES, STACKS, Config, ConfigError
+from mindvl.errors import ConfigError
+from mindvl.config import MODULES, STACKS, Config
 from mindvl.parallel.strategy import ParallelStrategy, kv_split_problem, pipeline_blocks, validate_strategy
 
 
@@ -313,12 +314,12 @@ def dump_strategy(cfg: Config, strategy: ParallelStrategy) -> Dict[str, object]:
     """Build the model of `cfg` (shapes only) on this machine, apply `strategy` -> {"context": set_auto_parallel_context
     arguments, "stages": {block: stage}, "primitives": {cell path.attribute: in_strategy}} (what the
     Ascend compiler would receive)."""
-    from mindvl.models import build_model
+    from mindvl.cells import build_cells
     from mindvl.parallel.planner import planning_config
 
     cfg = planning_config(cfg)  # every shape known (vocabulary, converted encoders, decoder) without data or weights
     validate_strategy(strategy, cfg)
-    model = build_model(cfg)  # random weights: a strategy needs shapes, not values
+    model = build_cells(cfg.model, cfg.preprocess)  # random weights: a strategy needs shapes, not values
     stages = apply_strategy(model, cfg, strategy)
     primitives = {name: [list(part) for part in split] for name, split in primitive_strategies(model).items()}
     return {"strategy": strategy.name, "devices": strategy.devices, "context": context_settings(strategy),

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from mindvl.config import ConfigError
+from mindvl.errors import ConfigError
 from mindvl.parallel.strategy import ParallelStrategy
 
 SIM_LEVEL = 1  # compile + the operators' memory statistics (level 0 compiles only)

@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from mindvl.config import (MODULES, STACKS, AudioConfig, Config, ConfigError, DecoderConfig, TextConfig, VisionConfig,
-                           build_dataclass)
+from mindvl.errors import ConfigError
+from mindvl.config import MODULES, STACKS, AudioConfig, Config, DecoderConfig, TextConfig, VisionConfig, build_dataclass
 
 from .hardware import Hardware
 from .strategy import ParallelStrategy, RecomputeConfig, pipeline_blocks, validate_strategy
@@ -130,7 +130,7 @@ def _planned_decoder(folder: Path, current: DecoderConfig) -> DecoderConfig:
 def _data_vocab(cfg: Config) -> int:
     """The built data set's vocabulary size, or 0 when it is not built."""
     from mindvl.data import load_tokenizer
-    from mindvl.data.root import DataRootError
+    from mindvl.errors import DataRootError
 
     try:
         return int(load_tokenizer(cfg.data.root).vocab_size)
@@ -369,10 +369,10 @@ def conversation_sizes(cfg: Config) -> Tuple[int, int]:
     data set or the decoder's tokenizer is not on this machine. Measured once per data set and recipe."""
     from mindvl.cells.multimodal_lm import modality_tokens
     from mindvl.chat import recipe_chat
-    from mindvl.data.conversation_loader import conversation_rows
-    from mindvl.data.conversation_loader import conversation_sizes as rendered_sizes
-    from mindvl.data.root import DataRootError
-    from mindvl.preprocess import InputError
+    from mindvl.data.reading.conversation_loader import conversation_rows
+    from mindvl.data.reading.conversation_loader import conversation_sizes as rendered_sizes
+    from mindvl.errors import DataRootError
+    from mindvl.errors import InputError
 
     length = int(cfg.data.packing.length)
     _, _, image_tokens, _, audio_tokens = modality_tokens(cfg.model, cfg.preprocess)

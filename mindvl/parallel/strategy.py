@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Union
 
-from mindvl.config import MODULES, Config, ConfigError, build_dataclass, read_yaml
+from mindvl.errors import ConfigError
+from mindvl.config import MODULES, Config, build_dataclass, read_yaml
 
 STRATEGY_DIR = Path(__file__).resolve().parent.parent.parent / "parallel_configs"  # a source checkout
 PACKAGED_DIR = Path(__file__).resolve().parent.parent / "parallel_configs"  # an installed mindvl (setup.py)
@@ -106,7 +107,7 @@ def create_strategy(name_or_path: Union[str, Path], cfg: Optional[Config] = None
                     devices: Optional[int] = None) -> ParallelStrategy:
     """A strategy from its YAML (a shipped name or a path; unknown keys refused with the valid ones), checked
     for its own consistency and, given `cfg` (and `devices`), against that model and device count: the
-    factory beside mindvl.models.create_model and mindvl.data.create_dataset."""
+    factory beside mindvl.model_factory.create_model and mindvl.data.create_dataset."""
     path = strategy_path(name_or_path)
     strategy = build_dataclass(ParallelStrategy, read_yaml(path))
     strategy.name = strategy.name or path.stem

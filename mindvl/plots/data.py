@@ -3,7 +3,7 @@ and mel frames per example, or tokens per conversation for a generative recipe, 
 takes) and the fill the recipe's packer reaches per bucket.
 
 Inputs are plain data: the build's report (`<data>/report.json` as a dict: `skips_by_split`, split -> reason ->
-count, in each reason's unit) and mindvl.data.lengths.data_lengths (lengths, limits, and Packer.bucket_fill or
+count, in each reason's unit) and mindvl.data.reading.lengths.data_lengths (lengths, limits, and Packer.bucket_fill or
 ConversationPacker.bucket_fill).
 """
 from pathlib import Path
@@ -105,7 +105,7 @@ def packing_figure(packing: Dict[str, List[Dict]], batch_size: int = 0) -> Figur
 
 def data_figures(report: Dict, view: Optional[Dict] = None, quarantine: Sequence[Dict] = ()) -> Dict[str, Figure]:
     """File stem -> figure: data_quarantine (when anything was dropped), and with `view`
-    (mindvl.data.lengths.data_lengths) data_lengths and data_packing."""
+    (mindvl.data.reading.lengths.data_lengths) data_lengths and data_packing."""
     figures = {}
     dropped = quarantine_figure(quarantine_counts(report, quarantine))
     if dropped is not None:

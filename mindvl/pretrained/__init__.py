@@ -8,7 +8,9 @@ from importlib import import_module
 from pathlib import Path
 from typing import Optional, Union
 
-from .store import ConversionError, Converted, from_pretrained
+from mindvl.errors import ConversionError
+
+from .store import Converted
 
 # source name -> (module under mindvl.pretrained, what it is)
 SOURCES = {
@@ -27,4 +29,4 @@ def convert(source: str, out: Union[str, Path], file: Optional[Union[str, Path]]
     return module.convert(Path(file) if file else None).write(out)
 
 
-__all__ = ["SOURCES", "convert", "from_pretrained", "ConversionError", "Converted"]
+__all__ = ["SOURCES", "convert", "ConversionError", "Converted"]

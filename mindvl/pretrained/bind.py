@@ -15,10 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Dict, Optional, Set, Tuple
 
-from mindvl.config import AudioConfig, Config, ConfigError, TextConfig, VisionConfig
+from mindvl.errors import ConfigError, ConversionError
+from mindvl.config import AudioConfig, Config, TextConfig, VisionConfig
 
 from .llm import load_llm_weights, read_llm_config
-from .store import ConversionError, read_config
+from .store import read_config
 
 KINDS = {"vision": VisionConfig, "text": TextConfig, "audio": AudioConfig}
 SOURCE_OF = {"vision": "dinov2", "text": "minilm", "audio": "whisper-base"}
@@ -121,12 +122,12 @@ def load_pretrained(model, cfg: Config) -> int:
 
     from mindvl.cells.linear import is_adapter
 
-    from .store import from_pretrained
+    from .store import load_converted
 
     loaded = 0
     for kind, folder in _folders(cfg).items():
         image_size = cfg.preprocess.image_size if kind == "vision" else None
-        source = dict(from_pretrained(folder, image_size=image_size).parameters_and_names())
+        source = dict(load_converted(folder, image_size=image_size).parameters_and_names())
         target = dict(getattr(model, kind).parameters_and_names())
         adapters = {name for name in target if is_adapter(name)}
         if set(target) - adapters != set(source):

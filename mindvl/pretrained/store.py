@@ -1,4 +1,4 @@
-"""Converted pretrained encoders on disk, and loading them back (`from_pretrained`).
+"""Converted pretrained encoders on disk, and loading them back (`load_converted`).
 
 A converted encoder is a folder:
   model.safetensors   float32 tensors under mindvl's parameter names (the encoder cell's own keys)
@@ -24,6 +24,7 @@ import numpy as np
 
 from mindvl.files import sha256_file, swap_folder, work_folder
 from mindvl.version import __version__
+from mindvl.errors import ConversionError
 
 FORMAT = "mindvl-pretrained/1"
 CONFIG_FILE = "config.json"
@@ -31,9 +32,6 @@ WEIGHTS_FILE = "model.safetensors"
 KINDS = ("text", "vision", "audio")
 
 
-class ConversionError(ValueError):
-    """A source file that cannot be converted or a converted folder that cannot be loaded; the message
-    names the file, the tensor and the expected and found shapes where they apply."""
 
 
 def package_file(distribution: str, relative: str, module: Optional[str] = None) -> Path:
@@ -167,8 +165,9 @@ def build_encoder(kind: str, encoder: Dict, inputs: Dict):
     return builders[kind]()
 
 
-def from_pretrained(path: Union[str, Path], image_size: Optional[int] = None):
-    """A converted encoder (folder written by `mindvl convert`) as a ready cell with its weights.
+def load_converted(path: Union[str, Path], image_size: Optional[int] = None):
+    """A converted encoder (folder written by `mindvl convert`) as a ready cell with its weights (what
+    `mindvl.from_pretrained` opens such a folder with).
 
     image_size: vision encoders only, build for another resolution; the position embeddings are
     resized (bicubic, as DINOv2 does) from the converted grid.

@@ -10,7 +10,7 @@ read a stale entry); the loader then reads them per batch (`image`, `text`, `cli
 
 The classifier has three encoders; the generative model (cells.multimodal_lm) two, vision and audio (its
 text goes through the decoder, which trains or carries LoRA): `encoder_kinds`. Its inputs are the
-conversation tables' images and clips (mindvl.data.conversation_loader.conversation_inputs).
+conversation tables' images and clips (mindvl.data.reading.conversation_loader.conversation_inputs).
 
 What the cache cannot hold, it refuses (`token_cache`): an encoder that trains (not pretrained, not
 frozen, or with LoRA adapters) and augmentation of the encoders' inputs (their outputs would differ
@@ -25,7 +25,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mindvl import preprocess as P
-from mindvl.config import Config, ConfigError, PreprocessConfig
+from mindvl.errors import ConfigError, MindvlError
+from mindvl.config import Config, PreprocessConfig
 
 from .cache import CacheStats, FeatureCache
 from .features import pad_batch
@@ -64,7 +65,7 @@ def token_cache(cfg: Config, model) -> Optional["EncoderTokens"]:
     return EncoderTokens(Path(pretrained.cache), model, cfg.preprocess, kinds=kinds)
 
 
-class MissingTokens(RuntimeError):
+class MissingTokens(MindvlError, RuntimeError):
     """An input whose encoder states are not in the cache although `fill` ran (the folder was cleaned)."""
 
 
@@ -153,7 +154,7 @@ class EncoderTokens:
             return [states[n, :len(i)] for n, i in enumerate(ids)]
 
         def audio(chunk: List[bytes]):
-            from mindvl.data.speech import from_pcm16
+            from mindvl.data.records import from_pcm16
 
             mels, masks = zip(*(P.pad_mel(P.log_mel(from_pcm16(data), pre, name="clip"), pre, name="clip")
                                 for data in chunk))

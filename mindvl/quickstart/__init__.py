@@ -6,8 +6,8 @@ from typing import Any, Dict, Optional, Sequence
 
 from mindvl.config import load_config
 
-from .classifier import run_classifier_quickstart
-from .generative import run_generative_quickstart
+from mindvl.quickstart.classifier import run_classifier_quickstart
+from mindvl.quickstart.vlm import run_generative_quickstart
 
 
 def run_quickstart(workdir: str = "mindvl_quickstart", config: str = "tiny", overrides: Sequence[str] = (),

@@ -12,8 +12,8 @@ from typing import Any, Dict, List, Sequence
 
 from mindvl.config import Config
 
-from .plots import plots_row, write_plots
-from .report import nonzero, pct, stage, table
+from mindvl.quickstart.plots import plots_row, write_plots
+from mindvl.quickstart.report import nonzero, pct, stage, table
 
 QUESTIONS = 8  # asked of the server, the device and the cascade: half typed, half spoken
 CALIBRATION_QUESTIONS = 300  # the cascade's calibration: the test questions after the asked ones
@@ -21,12 +21,12 @@ CALIBRATION_QUESTIONS = 300  # the cascade's calibration: the test questions aft
 
 def run_classifier_quickstart(work: Path, cfg: Config, progress: bool = True) -> Dict[str, Any]:
     """The whole path of a classifier recipe in `work` (cfg's data.root and train.output_dir lie inside it)."""
-    from mindvl.data.build import build_dataset
-    from mindvl.data.examples import query_examples
+    from mindvl.data.build.builder import build_dataset
+    from mindvl.data.reading.examples import query_examples
     from mindvl.eval import evaluate
-    from mindvl.export.pipeline import PackageOptions, package_and_check
+    from mindvl.deploy.export_pipeline import PackageOptions, package_and_check
     from mindvl.lite.calibration import load_calibration
-    from mindvl.models import load_model
+    from mindvl.model_factory import load_model
     from mindvl.train import train
 
     start = time.perf_counter()
@@ -97,7 +97,7 @@ def run_on_device(package: Path, data_root: str, cloud: str, instances: Sequence
     """The same questions on the device: the Python device pipeline on the first available runtime (Lite
     2.0 where it can be prepared), the C++ runner on the typed ones, and the cascade with the server as
     its cloud, calibrated on the test questions after the asked ones."""
-    from mindvl.export.calibrate import calibrate
+    from mindvl.deploy.calibrate import calibrate
     from mindvl.lite.calibration import CALIBRATION_FILE
     from mindvl.lite.cascade import Cascade
     from mindvl.lite.device import DevicePipeline
@@ -133,8 +133,8 @@ def _runner_answers(package: Path, instances: Sequence[dict], device_answers: Se
     """The C++ runner on the typed questions, or why it could not run."""
     import tempfile
 
-    from mindvl.lite import runtime2
-    from mindvl.lite.runner import RunnerFailed, run_runner
+    from mindvl.lite import lite2_runtime
+    from mindvl.lite.cpp_runner import RunnerFailed, run_runner
 
     typed = [(i, instance) for i, instance in enumerate(instances) if instance["question"]]
     results = []
@@ -144,7 +144,7 @@ def _runner_answers(package: Path, instances: Sequence[dict], device_answers: Se
                 image = Path(scratch) / f"question{i}.png"
                 image.write_bytes(instance["image"])
                 results.append(run_runner(package, image, instance["question"]))
-    except (runtime2.Lite2Unavailable, RunnerFailed) as exc:
+    except (lite2_runtime.Lite2Unavailable, RunnerFailed) as exc:
         return {"ran": False, "reason": str(exc)}
     return {"ran": True, "questions": len(typed),
             "same_as_device": sum(r["answer"] == device_answers[i] for r, (i, _) in zip(results, typed)),

@@ -14,10 +14,10 @@ PLOTS = "plots"
 def write_plots(work: Path, data_cfg: Config, report: Dict, runs: Sequence[Tuple[str, str]],
                 calibration: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """`runs`: (file stem, run folder) of each training stage; `data_cfg`: the recipe whose lengths and packing
-    are drawn (mindvl.data.lengths.data_lengths: a generative recipe's conversation packing, the classifier's
+    are drawn (mindvl.data.reading.lengths.data_lengths: a generative recipe's conversation packing, the classifier's
     streams otherwise); `calibration`: the cascade's (`cascade.png`). -> {"folder", "files": the PNGs,
     "seconds"} for the summary (the SVGs lie beside them)."""
-    from mindvl.data.lengths import data_lengths
+    from mindvl.data.reading.lengths import data_lengths
     from mindvl.plots.data import plot_data
     from mindvl.plots.training import plot_training
 

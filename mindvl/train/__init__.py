@@ -1,5 +1,5 @@
 """Training: objectives, optimizer, precision, compiled step, checkpoints and the Trainer."""
-from mindvl.models import create_model
+from mindvl.model_factory import create_model
 from mindvl.train.arguments import TrainingArguments
 from mindvl.train.result import TrainResult
 from mindvl.train.trainer import Trainer, train

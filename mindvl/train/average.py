@@ -8,7 +8,7 @@ train) from the first ingredient and is evaluated with them. The one shape that 
 vision position table (one row per patch of preprocess.image_size), is resized to the first
 ingredient's patch grid, so runs trained at other resolutions join the soup at the first one's.
 
-Output: a run-like folder that `mindvl eval --run`, `mindvl export --checkpoint` and `mindvl.models.load_model` accept:
+Output: a run-like folder that `mindvl eval --run`, `mindvl export --checkpoint` and `mindvl.model_factory.load_model` accept:
 `config.json`, `model.safetensors` and `average.json` (ingredients with the sha256 of their weights,
 normalised weights, and the evaluation once `evaluate_soup` ran).
 """
@@ -21,11 +21,12 @@ import numpy as np
 from safetensors.numpy import save_file
 from tqdm import tqdm
 
-from mindvl.config import ConfigError, config_from_dict
+from mindvl.errors import ConfigError
+from mindvl.config import config_from_dict
 from mindvl.files import atomic_write, sha256_file
-from mindvl.models import load_model
-from mindvl.runs import (CONFIG_FILE, MODEL_FILE, CheckpointError, load_model_weights, read_run_config, read_weights,
-                         resolve_checkpoint)
+from mindvl.model_factory import load_model
+from mindvl.errors import CheckpointError
+from mindvl.runs import CONFIG_FILE, MODEL_FILE, load_model_weights, read_run_config, read_weights, resolve_checkpoint
 
 SOUP_FILE = "average.json"
 # model.pretrained.cache names a folder of cached encoder states, not part of the architecture: runs of
@@ -162,7 +163,7 @@ def _write_record(out: Path, record: Dict[str, Any]) -> None:
 def _vqa(cfg, model, progress: bool) -> Dict[str, Dict[str, float]]:
     """VQA accuracy with text and with spoken questions, the way `mindvl eval` measures it (a run trained
     from cached encoder states answers from that cache, filled for the test inputs first)."""
-    from mindvl.data.loader import split_inputs
+    from mindvl.data.reading.loader import split_inputs
     from mindvl.eval.vqa import vqa_accuracy
     from mindvl.pretrained.tokens import token_cache
 

@@ -17,11 +17,13 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindvl.cells.linear import dense
-from mindvl.config import Config, ConfigError, DistillConfig, config_from_dict
+from mindvl.errors import ConfigError
+from mindvl.config import Config, DistillConfig, config_from_dict
 from mindvl.data import load_meta, load_tokenizer
-from mindvl.data.loader import MODEL_COLUMNS
-from mindvl.models import load_model
-from mindvl.runs import CheckpointError, read_run_config, resolve_checkpoint
+from mindvl.data.reading.loader import MODEL_COLUMNS
+from mindvl.model_factory import load_model
+from mindvl.errors import CheckpointError
+from mindvl.runs import read_run_config, resolve_checkpoint
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss
 
 DISTILL_NAMES = ("kd_answer", "kd_lm", "kd_feature")

@@ -2,7 +2,7 @@
 
 `msrun --worker_num=R ... train.py` starts R workers (and a scheduler process running the same script);
 each must call `init_data_parallel()` before building the network. Every rank reads its own micro-batches
-(mindvl.data.stream.TrainStream), computes its gradients, and `gradient_reducer` averages them over the
+(mindvl.data.reading.stream.TrainStream), computes its gradients, and `gradient_reducer` averages them over the
 ranks before the optimizer; ranks must seed identically before building the net (parameters are not
 broadcast). Without msrun everything here is a no-op, so one code path serves both.
 

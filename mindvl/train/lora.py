@@ -1,7 +1,7 @@
 """`mindvl lora merge`: a trained run with its LoRA adapters folded into their weights, written as a folder
 that every loader reads (`load_model`, `mindvl eval`, `mindvl generate`, export): config.json (lora_rank 0,
 no converted folders: all weights travel in the model), model.safetensors and merge.json (where it came
-from). The merged model computes what the adapted one does (mindvl.models.merge_lora) with plain
+from). The merged model computes what the adapted one does (mindvl.model_factory.merge_lora) with plain
 projections: no adapter matmuls at inference, and a single weight file to deploy."""
 import json
 from pathlib import Path
@@ -9,9 +9,10 @@ from typing import Dict
 
 from safetensors.numpy import save_file
 
-from mindvl.config import STACKS, ConfigError
+from mindvl.errors import ConfigError
+from mindvl.config import STACKS
 from mindvl.files import atomic_write
-from mindvl.models import load_model, merge_lora
+from mindvl.model_factory import load_model, merge_lora
 from mindvl.runs import CONFIG_FILE, MODEL_FILE, parameter_paths
 
 MERGE_FILE = "merge.json"

@@ -17,7 +17,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindvl.cells.multimodal_lm import MultimodalLMLoss
-from mindvl.data.loader import LABEL_COLUMNS, TRAIN_COLUMNS  # MultimodalLoss.construct takes these, in order
+from mindvl.data.reading.loader import LABEL_COLUMNS, TRAIN_COLUMNS  # MultimodalLoss.construct takes these, in order
 
 LOSS_NAMES = ("contrastive", "answer", "lm")
 
@@ -104,8 +104,8 @@ class MultimodalLoss(nn.Cell):
 
     construct takes the labels (LABEL_COLUMNS), then the network's inputs: the model's (MODEL_COLUMNS,
     so TRAIN_COLUMNS in all) or, for a TokenInputModel over cached encoder outputs, TOKEN_COLUMNS.
-    The network is called as network(answer_in, *inputs). Shapes: mindvl.data.loader and
-    mindvl.data.packing. `gather` (data parallel): a cell handing every rank the whole batch of
+    The network is called as network(answer_in, *inputs). Shapes: mindvl.data.reading.loader and
+    mindvl.data.reading.packing. `gather` (data parallel): a cell handing every rank the whole batch of
     embeddings and group ids for the contrastive loss, in rank order.
     """
 
@@ -151,7 +151,7 @@ class GenerativeLoss(nn.Cell):
     (`rank_mean`) each rank divides by the ranks' mean label count, so the reduced gradient is the global
     batch's token mean exactly. Gradient accumulation averages the micro-batches' means: the global token
     mean when they hold equal label counts, close to it otherwise. construct takes
-    mindvl.data.conversation_loader.CONVERSATION_TRAIN_COLUMNS, in order."""
+    mindvl.data.reading.conversation_loader.CONVERSATION_TRAIN_COLUMNS, in order."""
 
     part_names = ("lm",)
     weighting = None  # one objective: nothing to weight

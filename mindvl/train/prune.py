@@ -22,10 +22,11 @@ import numpy as np
 from mindspore import ParameterTuple, nn, ops
 
 from mindvl.cells import build_cells, count_cell_parameters
-from mindvl.config import STACKS, Config, ConfigError, EncoderConfig
+from mindvl.errors import ConfigError
+from mindvl.config import STACKS, Config, EncoderConfig
 from mindvl.data.root import load_tokenizer
-from mindvl.data.stream import TrainStream
-from mindvl.models import load_model, merge_lora
+from mindvl.data.reading.stream import TrainStream
+from mindvl.model_factory import load_model, merge_lora
 from mindvl.runs import CHECKPOINTS, assign_state
 from mindvl.train.arguments import TrainingArguments
 from mindvl.train.losses import MultimodalLoss
@@ -163,11 +164,11 @@ def prune_model(cfg: Config, model: nn.Cell, scores: Dict[str, StackImportance],
     hidden) FFN channels per layer, the most important of each layer (`scores` from `importance`); every
     other weight is copied. pruned_cfg has heads = k, head_dim = the original head size, mlp_ratio =
     m / width, and no model.pretrained folders or cache: the pruned encoders no longer match the converted
-    ones and their weights travel in the model. LoRA must be merged first (mindvl.models.merge_lora)."""
+    ones and their weights travel in the model. LoRA must be merged first (mindvl.model_factory.merge_lora)."""
     with_lora = [f"model.{stack}" for stack in STACKS if getattr(cfg.model, stack).lora_rank]
     if with_lora:
         raise ConfigError(f"{', '.join(with_lora)}: LoRA adapters (lora_rank > 0) cannot be sliced with their "
-                         f"projections; fold them in first with mindvl.models.merge_lora(cfg, model)")
+                         f"projections; fold them in first with mindvl.model_factory.merge_lora(cfg, model)")
     plans = plan_pruning(cfg.model, scores, keep_heads, keep_mlp)
     pruned_cfg = copy.deepcopy(cfg)
     state = {name: param.asnumpy() for name, param in model.parameters_and_names()}
@@ -199,7 +200,7 @@ def prune_and_finetune(run_or_checkpoint: str, out_dir: str, keep_heads: float, 
                        log: Callable[[str], None] = print) -> Dict[str, object]:
     """Load a trained run, score its heads and channels, prune them, fine-tune the pruned model `steps` steps
     with the real trainer (lr = lr_scale x the run's, warmup steps // 10) into `out_dir`, a normal run folder
-    that `mindvl.models.load_model(out_dir)` reads. Returns the record also written to out_dir/prune.json: settings,
+    that `mindvl.model_factory.load_model(out_dir)` reads. Returns the record also written to out_dir/prune.json: settings,
     parameters before (LoRA merged, adapters not counted) and after, per stack the kept heads and channels
     per layer, the fine-tune's result. `log` gets one line per phase; `progress`: the trainer's bar."""
     if steps < 1:

@@ -20,17 +20,18 @@ from tqdm import tqdm
 
 from mindvl.cells import TokenInputModel
 from mindvl.cells.kernels import use_kernels
-from mindvl.config import Config, ConfigError, recipes_writing
+from mindvl.errors import ConfigError
+from mindvl.config import Config, recipes_writing
 from mindvl.data import load_tokenizer
-from mindvl.data.conversation_loader import ConversationStream, conversation_inputs
-from mindvl.data.loader import MODEL_COLUMNS, split_inputs
-from mindvl.data.packing import PACKED_STREAMS, PackingLog
-from mindvl.data.stream import ResumableStream, TrainStream
-from mindvl.models import bind_config, create_model
+from mindvl.data.reading.conversation_loader import ConversationStream, conversation_inputs
+from mindvl.data.reading.loader import MODEL_COLUMNS, split_inputs
+from mindvl.data.reading.packing import PACKED_STREAMS, PackingLog
+from mindvl.data.reading.stream import ResumableStream, TrainStream
+from mindvl.model_factory import bind_config, create_model
 from mindvl.pretrained.bind import base_weights, check_base
 from mindvl.pretrained.tokens import token_cache
-from mindvl.runs import (CHECKPOINTS, CONFIG_FILE, STATE_FILE, CheckpointError, load_model_weights, parameter_paths,
-                         read_state, read_weights, resolve_checkpoint)
+from mindvl.errors import CheckpointError
+from mindvl.runs import (CHECKPOINTS, CONFIG_FILE, STATE_FILE, load_model_weights, parameter_paths, read_state, read_weights, resolve_checkpoint)
 from mindvl.train.arguments import TrainingArguments
 from mindvl.train.checkpoint import (check_same_model, find_resumable, load_optimizer_state, mark_best, save_checkpoint,
                                      verify_checkpoint)
@@ -360,7 +361,7 @@ class Trainer:
         self.model.set_train(False)
         metrics: Dict[str, object] = {"step": step, "split": "validation"}
         if self.generative:  # the answers it writes, typed and spoken (the evaluator's graphs compile once)
-            from mindvl.eval.generative import GenerativeEvaluator
+            from mindvl.eval.generated_answers import GenerativeEvaluator
 
             self.evaluator = self.evaluator or GenerativeEvaluator(self.cfg, self.model)
             report = self.evaluator.evaluate("validation", captions=False, progress=False)

@@ -7,7 +7,8 @@ import pytest
 from mindspore import Tensor
 
 from mindvl.cells import MASK_VALUE, MultiHeadAttention, TransformerStack
-from mindvl.config import ConfigError, EncoderConfig
+from mindvl.errors import ConfigError
+from mindvl.config import EncoderConfig
 
 ms.set_context(mode=ms.GRAPH_MODE)
 RNG = np.random.default_rng(0)

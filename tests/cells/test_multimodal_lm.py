@@ -9,7 +9,7 @@ import pytest
 from mindvl.chat import ChatEncoder, chat_template, conversation_turns
 from mindvl.config import (AudioConfig, DecoderConfig, ModelConfig, PreprocessConfig, ProjectorConfig,
                            VisionConfig)
-from mindvl.data.conversations import ConversationPacker
+from mindvl.data.reading.conversation_packing import ConversationPacker
 
 TOKENIZER = Path(__file__).parents[1] / "references" / "tiny_gemma3_text" / "tokenizer.json"
 PRE = PreprocessConfig(image_size=32, n_mels=16, max_audio_frames=32)
@@ -127,7 +127,7 @@ def test_cached_encoder_states_and_fused_kernels_give_the_models_logits():
     from mindspore import Tensor
 
     from mindvl.cells.kernels import library, use_kernels
-    from mindvl.cells.model import TokenInputModel
+    from mindvl.cells.multimodal_model import TokenInputModel
     model, chat = _eval_model(seed=3)
     spoken = chat.render(conversation_turns([{"from": "human", "value": "<image>\n<audio>"},
                                              {"from": "gpt", "value": "red"}]), images=1, audios=1)
@@ -157,7 +157,7 @@ def test_training_lowers_the_loss_and_the_model_generates_the_trained_answers():
     from mindspore import Tensor, nn
 
     from mindvl.cells.multimodal_lm import MultimodalLM, MultimodalLMLoss
-    from mindvl.generation.multimodal import MultimodalGenerator, MultimodalPrompt
+    from mindvl.generation.multimodal_generator import MultimodalGenerator, MultimodalPrompt
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(2)

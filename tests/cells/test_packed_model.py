@@ -18,8 +18,8 @@ from mindvl.cells import (AnswerNet, AudioEmbedNet, EncodeNet, GenerateNet, Imag
                           StateGenerateNet, TextEmbedNet, TokenInputModel, build_cells)
 from mindvl.cells.masks import MASK_VALUE, packed_prefix_lm_mask, prefix_lm_mask
 from mindvl.config import load_config
-from mindvl.data.loader import TOKEN_COLUMNS
-from mindvl.data.packing import (AUDIO_COLUMNS, PACK_COLUMNS, PACK_INPUTS, TEXT_COLUMNS, AudioPacker, FusionLayout,
+from mindvl.data.reading.loader import TOKEN_COLUMNS
+from mindvl.data.reading.packing import (AUDIO_COLUMNS, PACK_COLUMNS, PACK_INPUTS, TEXT_COLUMNS, AudioPacker, FusionLayout,
                                  FusionPacker, Packer, TextPacker)
 from mindvl.train.losses import TRAIN_COLUMNS, MultimodalLoss
 

@@ -8,7 +8,7 @@ import pytest
 from mindvl.data.records import read_table
 from mindvl.eval import evaluate
 from mindvl.eval.retrieval import recall_at_k
-from mindvl.models import load_model
+from mindvl.model_factory import load_model
 
 
 def test_recall_at_k_counts_ranks():

@@ -14,7 +14,7 @@ from mindspore.train import mind_ir_pb2
 from mindvl.cells import AnswerNet, Int8Linear
 from mindvl.cells.linear import Linear
 from mindvl.data import create_dataset
-from mindvl.models import load_model
+from mindvl.model_factory import load_model
 from mindvl.export.graphs import export_graph, question_inputs
 from mindvl.export.quantize import quantize_int8
 
@@ -146,7 +146,7 @@ def test_quantized_mindir_keeps_int8_weights_and_answers_as_the_framework(models
 
 def test_mindvl_export_quantize_writes_a_verified_int8_package(trained_run, tmp_path):
     from mindvl.cli import main
-    from mindvl.model_package import read_manifest
+    from mindvl.package_reader import read_manifest
 
     _, result = trained_run
     out = tmp_path / "int8"

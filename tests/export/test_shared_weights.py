@@ -7,7 +7,7 @@ from mindspore import Tensor, nn
 
 from mindvl.export.graphs import TensorSpec, export_graph
 from mindvl.export.shared_weights import share_weights
-from mindvl.model_package import PackageError
+from mindvl.errors import PackageError
 
 
 class Net(nn.Cell):

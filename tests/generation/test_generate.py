@@ -3,8 +3,8 @@ different lengths gives each prompt's own tokens, sampling is reproducible, stop
 import pytest
 
 from mindvl.cli import main
-from mindvl.config import ConfigError
-from mindvl.generation import from_pretrained
+from mindvl.errors import ConfigError
+from mindvl import from_pretrained
 
 PROMPTS = ["the cat", "a red circle and a blue square are drawn on a white page", "is there a green triangle"]
 
@@ -112,5 +112,23 @@ def test_the_fused_kernels_give_the_standard_tokens(model, tiny_llms):
         want = standard.generate(prompt, max_new_tokens=12)
         got = model.generate(prompt, max_new_tokens=12)
         assert got.tokens == want.tokens
-    with pytest.raises(ConfigError, match=r"kernels: expected one of \['fused', 'standard'\], got 'auto'"):
-        from_pretrained(tiny_llms["llama"], cache_len=64, kernels="auto")
+    auto = from_pretrained(tiny_llms["gemma3_text"], cache_len=64, kernels="auto")  # the default: fused here
+    assert {type(c).__name__ for _, c in auto.lm.cells_and_names() if isinstance(c, fused_cells())} == set(fused)
+    with pytest.raises(ConfigError, match=r"kernels: expected one of \['auto', 'standard', 'fused'\], got 'fast'"):
+        from_pretrained(tiny_llms["llama"], cache_len=64, kernels="fast")
+
+
+def test_token_ids_generate_as_their_text_does(model):
+    """As transformers users pass them: one list (or 1-D array) of ids is one prompt, a list of them a batch."""
+    import numpy as np
+
+    text = model.generate(PROMPTS[0], max_new_tokens=6)
+    ids = model.encode(PROMPTS[0])
+    assert model.generate(ids, max_new_tokens=6).tokens == text.tokens
+    assert model.generate(np.asarray(ids), max_new_tokens=6).tokens == text.tokens
+    both = model.generate([ids, model.encode(PROMPTS[2])], max_new_tokens=6)
+    assert [g.tokens for g in both] == [g.tokens for g in model.generate([PROMPTS[0], PROMPTS[2]], max_new_tokens=6)]
+    with pytest.raises(ConfigError, match=r"token ids must lie in \[0, "):
+        model.generate([5, 10 ** 9])
+    with pytest.raises(ConfigError, match="a prompt is text or a sequence of token ids"):
+        model.generate([[1.5, 2.0]])

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from mindvl.cli import main
-from mindvl.data.examples import query_examples
+from mindvl.data.reading.examples import query_examples
 from mindvl.lite.calibration import Calibration, CalibrationError, example_item, package_identity
 from mindvl.lite.cascade import Cascade
 from mindvl.lite.device import DevicePipeline, softmax
-from mindvl.lite.model import LiteError
-from mindvl.preprocess import InputError
+from mindvl.lite.lite_model import LiteError
+from mindvl.errors import InputError
 from mindvl.serving import Client
 
 
@@ -127,7 +127,7 @@ def test_a_question_the_device_refuses_is_named_in_its_place_and_never_sent(pipe
 
 
 def test_an_edge_lite_model_or_package_folder_works_like_a_pipeline(package, pipeline, live_server, items):
-    from mindvl.lite.model import LiteModel
+    from mindvl.lite.lite_model import LiteModel
 
     expected = pipeline.answer(**items[0]).answer
     with Cascade(LiteModel.from_package(package, "vqa", backend=pipeline.backend), live_server.rest_url,

@@ -4,11 +4,11 @@ Events (the same greedy tokens: the same graphs), and a cloud that cannot be rea
 import numpy as np
 import pytest
 
-from mindvl.data.examples import query_examples
+from mindvl.data.reading.examples import query_examples
 from mindvl.lite.calibration import Calibration, CalibrationError
 from mindvl.lite.cascade import Cascade
 from mindvl.lite.device import DevicePipeline
-from mindvl.lite.model import LiteError
+from mindvl.lite.lite_model import LiteError
 
 SETTINGS = {"max_new_tokens": 8, "ignore_eos": True}
 
@@ -83,7 +83,7 @@ def test_calibrate_fits_the_threshold_of_generated_answers_on_their_confidence(g
     """`mindvl lite calibrate` of a generative package: each answer's confidence is exp(mean token log-probability),
     right or wrong after the evaluation's normalisation; the cloud (a live generate) measured on the same
     questions; the calibrated cascade loads for the package and routes by that threshold."""
-    from mindvl.export.calibrate import calibrate
+    from mindvl.deploy.calibrate import calibrate
 
     cfg, package = generative_package
     calibration = calibrate(package, cfg.data.root, split="test", limit=6, target_cloud_rate=0.5, pipeline=edge,

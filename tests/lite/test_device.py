@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from mindvl.cli import main
-from mindvl.data.examples import query_examples, wav_bytes
-from mindvl.model_package import TOLERANCE, load_graph, read_manifest
+from mindvl.data.reading.examples import query_examples, wav_bytes
+from mindvl.package_reader import TOLERANCE, load_graph, read_manifest
 from mindvl.lite.calibration import example_item
 from mindvl.lite.device import MODALITIES, DevicePipeline
-from mindvl.preprocess import InputError
+from mindvl.errors import InputError
 from mindvl.serving import Client
 
 MODES = ("typed", "spoken", "both")
@@ -110,7 +110,7 @@ def test_a_single_bad_input_raises_input_error_naming_it(pipeline, examples):
 
 
 def test_from_model_finds_the_package_of_a_lite_model(package, examples, pipeline):
-    from mindvl.lite.model import LiteModel
+    from mindvl.lite.lite_model import LiteModel
 
     with DevicePipeline.from_model(LiteModel.from_package(package, "vqa", backend=pipeline.backend)) as device:
         assert device.package == package.resolve()

@@ -10,12 +10,12 @@ import subprocess
 import numpy as np
 import pytest
 
-from mindvl.data.examples import query_examples
-from mindvl.export.verify import stored_prompts
+from mindvl.data.reading.examples import query_examples
+from mindvl.deploy.verify import stored_prompts
 from mindvl.lite.device import DevicePipeline
-from mindvl.lite.model import Context, GenerationGraphs, LiteError
-from mindvl.model_package import read_manifest
-from mindvl.preprocess import InputError
+from mindvl.lite.lite_model import Context, GenerationGraphs, LiteError
+from mindvl.package_reader import read_manifest
+from mindvl.errors import InputError
 
 # Measured on this package: each token's log-probability on Lite 2.0 (Python and C++ alike) is within 2e-6 of
 # GraphCell's; the runner's equal the bridge's to float32 printing.
@@ -45,30 +45,27 @@ def generated(result: subprocess.CompletedProcess) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_lite2_generates_the_stored_questions_with_the_frameworks_tokens(lite2_package, lite2_runtime):
-    from mindvl.decoding import sampling_config
-    from mindvl.generative_package import generate, package_chat
-    from mindvl.model_package import as_array
-    from mindvl.preprocess import preprocess_config
-    from mindvl.prompting import PromptLayout
+def test_lite2_generates_the_stored_questions_with_the_frameworks_tokens(lite2_package, lite2_ready):
+    from mindvl.engine.batch import generate
+    from mindvl.engine.package_graphs import PackageGraphs, package_layout
+    from mindvl.engine.sampling import sampling_config
 
     manifest = read_manifest(lite2_package)
     samples = manifest["generation_samples"]
-    with GenerationGraphs(lite2_package, "lite2", Context(2)) as graphs:
-        spec = graphs.spec
-        layout = PromptLayout(package_chat(lite2_package, spec), preprocess_config(manifest["preprocess"]),
-                              spec.buckets, spec.cache_len, spec.pad_id)
+    with GenerationGraphs(lite2_package, "lite2", Context(2)) as runner:
+        graphs = PackageGraphs(runner.spec, runner)
+        layout = package_layout(lite2_package, manifest)
         settings = sampling_config(max_new_tokens=samples["max_new_tokens"])
         for stored, prompt in zip(samples["prompts"], stored_prompts(lite2_package, manifest)):
-            (answer,) = generate(spec, layout, graphs, as_array, [prompt], settings)
+            (answer,) = generate(layout, graphs, [prompt], settings)
             assert answer.tokens == stored["tokens"] and answer.text == stored["text"]
-        assert set(graphs.models) <= {"attachments", "prefill_32", "prefill_48", "decode"}
+        assert set(runner.models) <= {"attachments", "prefill_32", "prefill_48", "decode"}
         with pytest.raises(LiteError, match="prefill_48: 2 prompts for a graph of batch 1.*one prompt at a time"):
-            generate(spec, layout, graphs, as_array, stored_prompts(lite2_package, manifest)[:2], settings)
+            generate(layout, graphs, stored_prompts(lite2_package, manifest)[:2], settings)
 
 
 @pytest.mark.parametrize("mode", ["typed", "spoken", "both"])
-def test_device_pipeline_on_lite2_generates_what_graphcell_generates(lite2_package, lite2_runtime, examples, mode):
+def test_device_pipeline_on_lite2_generates_what_graphcell_generates(lite2_package, lite2_ready, examples, mode):
     example = examples[0]
     request = {"image": example.image, "question": "" if mode == "spoken" else example.question,
                "audio": b"" if mode == "typed" else example.audio}
@@ -105,9 +102,8 @@ def test_the_runner_generates_the_stored_questions_with_the_frameworks_tokens(ru
 def test_the_runner_generates_what_the_device_pipeline_generates(runner, lite2_package, examples, tmp_path):
     """The same PNG and typed question: the runner's own image decoding, chat prompt and decode loop against
     DevicePipeline's on Lite 2.0, token for token, and on 2 threads too."""
-    from mindvl.generative_package import GenerationSpec, package_chat
-    from mindvl.preprocess import preprocess_config
-    from mindvl.prompting import MultimodalPrompt, PromptLayout
+    from mindvl.engine.package_graphs import package_layout
+    from mindvl.engine.prompts import MultimodalPrompt
 
     image = tmp_path / "question.png"
     image.write_bytes(examples[1].image)
@@ -121,11 +117,9 @@ def test_the_runner_generates_what_the_device_pipeline_generates(runner, lite2_p
         np.testing.assert_allclose(answer["logprobs"], expected.logprobs, atol=LOGPROB_ATOL, rtol=0)
         assert answer["finish"] == "length" and answer["decode_tokens_per_s"] > 0
     manifest = read_manifest(lite2_package)
-    spec = GenerationSpec.from_manifest(manifest)
-    layout = PromptLayout(package_chat(lite2_package, spec), preprocess_config(manifest["preprocess"]), spec.buckets,
-                          spec.cache_len, spec.pad_id)
+    layout = package_layout(lite2_package, manifest)
     pixels = np.zeros((3, 1, 1), np.float32)  # only its presence shapes the prompt
-    bucket, rendered = layout.bucket_of([MultimodalPrompt(examples[1].question, pixels)], TOKENS)
+    bucket, rendered = layout.admit([MultimodalPrompt(examples[1].question, pixels)], TOKENS)
     assert answer["prompt_tokens"] == expected.prompt_tokens == len(rendered[0]) and answer["bucket"] == bucket
 
 
@@ -176,7 +170,7 @@ def test_a_bad_generation_input_is_named(lite2_package):
             device.generate(image=b"", question=" ")
         with pytest.raises(InputError, match="image"):
             device.generate(image=b"not an image", question="what?")
-        from mindvl.config import ConfigError
+        from mindvl.errors import ConfigError
 
-        with pytest.raises(ConfigError, match="max_new_tokens: 65 asked, this package generates at most 64"):
+        with pytest.raises(ConfigError, match="max_new_tokens: 65 asked, this model generates at most 64"):
             device.generate(question="what?", max_new_tokens=65)

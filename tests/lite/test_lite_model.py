@@ -10,14 +10,14 @@ import pytest
 from mindspore import nn
 
 from mindvl.cli import main
-from mindvl.export.lite2_convert import convert_mindir
-from mindvl.model_package import load_samples, read_manifest
-from mindvl.lite import runtime2
-from mindvl.lite.model import BACKENDS, Context, LiteError, LiteModel, backend_report
+from mindvl.export.lite2_mindir import convert_mindir
+from mindvl.package_reader import load_samples, read_manifest
+from mindvl.lite import lite2_runtime
+from mindvl.lite.lite_model import BACKENDS, Context, LiteError, LiteModel, backend_report
 
 
 @pytest.fixture(scope="module")
-def dense_v1(tmp_path_factory, lite2_runtime):
+def dense_v1(tmp_path_factory, lite2_ready):
     """A static (2, 8) -> (2, 4) Dense + ReLU graph for Lite 2.0, and the framework's function."""
     ms.set_seed(0)
     net = nn.SequentialCell(nn.Dense(8, 4), nn.ReLU())
@@ -62,7 +62,7 @@ def test_the_mindspore_lite_api_shape_on_lite2_with_resize(dense_v1):
         model.close()
 
 
-def test_lite2_and_graphcell_agree_on_the_package_and_batches_run_in_chunks(vqa_package, lite2_runtime):
+def test_lite2_and_graphcell_agree_on_the_package_and_batches_run_in_chunks(vqa_package, lite2_ready):
     _, package = vqa_package
     manifest = read_manifest(package)
     inputs, expected = load_samples(package, manifest, "vqa")  # 3 rows; the lite2 graph has static batch 1
@@ -112,11 +112,11 @@ def test_a_dead_worker_is_reported_not_hung(dense_v1):
 def test_a_runtime_that_cannot_be_prepared_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("MINDVL_LITE2_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MINDVL_LITE2_WHEEL", str(tmp_path / "nowhere.whl"))
-    assert "MINDVL_LITE2_WHEEL" in runtime2.status() and "no such file" in runtime2.status()
+    assert "MINDVL_LITE2_WHEEL" in lite2_runtime.status() and "no such file" in lite2_runtime.status()
     broken = tmp_path / "mindspore_lite-2.0.0-cp37-cp37m-manylinux1_x86_64.whl"
     broken.write_bytes(b"PK\x03\x04 truncated")
     monkeypatch.setenv("MINDVL_LITE2_WHEEL", str(broken))
-    assert "not a readable wheel" in runtime2.status()
+    assert "not a readable wheel" in lite2_runtime.status()
     assert not (tmp_path / "home" / "mindspore_lite").exists()  # nothing half unpacked
     row = next(r for r in backend_report() if r["backend"] == "lite2")
     assert not row["available"] and "not a readable wheel" in row["detail"]

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from mindvl.config import ConfigError, load_config
+from mindvl.errors import ConfigError
+from mindvl.config import load_config
 from mindvl.parallel.planner import (ADAM_STATES, PARAM_BYTES, PUBLISHED_ENCODERS, bubble_fraction,
                                      count_config_parameters, count_config_trainable_parameters, plan, search)
 from mindvl.parallel.strategy import (ModuleStrategies, ModuleStrategy, ParallelStrategy, RecomputeConfig,
@@ -268,14 +269,15 @@ def vlm_tiny(*extra):
 @pytest.mark.parametrize("extra", [[], ["model.decoder.lora_rank=4", "train.modules.fusion.frozen=true",
                                         "train.modules.audio.frozen=true"]], ids=["recipe", "frozen-decoder-lora"])
 def test_a_generative_recipe_plans_the_parameters_and_gradients_of_the_built_model(extra):
-    """Encoders, projectors and decoder as build_model makes them, frozen as the trainer freezes them (the
+    """Encoders, projectors and decoder as build_cells makes them, frozen as the trainer freezes them (the
     recipe freezes vision; the projectors train with train.modules.heads)."""
-    from mindvl.models import build_model
+    from mindvl.cells import build_cells
     from mindvl.parallel.planner import planning_config
     from mindvl.train.optim import freeze_modules
 
     cfg = vlm_tiny(*extra)
-    model = build_model(planning_config(cfg))
+    planned = planning_config(cfg)
+    model = build_cells(planned.model, planned.preprocess)
     freeze_modules(model, cfg.train)
     assert count_config_parameters(cfg) == sum(p.size for p in model.get_parameters())
     assert count_config_trainable_parameters(cfg) == sum(p.size for p in model.trainable_params())

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from mindvl.config import ConfigError, load_config
+from mindvl.errors import ConfigError
+from mindvl.config import load_config
 from mindvl.parallel.apply import apply_strategy, dump_strategy, prepare_training, stage_of_blocks
 from mindvl.parallel.strategy import (ParallelStrategy, create_strategy, pipeline_blocks, strategy_names,
                                       validate_strategy)
@@ -220,11 +221,11 @@ def test_the_shipped_strategies_apply_to_the_generative_model():
     assert primitives["audio_proj.fc2.matmul"] == [[2, 2], [1, 2]]
     assert primitives["vision.encoder.blocks.0.attn.core.qk_matmul"] == [[2, 2, 1, 1], [2, 2, 1, 1]]
 
-    from mindvl.models import build_model
+    from mindvl.cells import build_cells
     from mindvl.parallel.planner import planning_config
 
     planned = planning_config(vlm)
-    model = build_model(planned)
+    model = build_cells(planned.model, planned.preprocess)
     stages = apply_strategy(model, planned, create_strategy("dp2-mp2-pp2"))
     assert model.image_proj.pipeline_stage == model.audio_proj.pipeline_stage == stages["fusion.0"]
     assert model.decoder.blocks[1].pipeline_stage == 1

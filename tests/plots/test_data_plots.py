@@ -1,4 +1,4 @@
-"""The data build's pictures (mindvl/plots/data.py over mindvl/data/lengths.py) from the session's small built
+"""The data build's pictures (mindvl/plots/data.py over mindvl/data/reading/lengths.py) from the session's small built
 data set: the quarantine bars are the report's counts, the histograms hold every example, the packing bars
 are Packer.bucket_fill's; for a generative recipe (vlm-tiny over the same root's conversation tables) the
 histogram holds every trainable conversation and the packing bars are what its training stream packs."""
@@ -19,8 +19,8 @@ def _bars(axes):
 
 def test_the_data_figures_show_the_reports_quarantine_every_example_and_the_packing_fill(small_cfg, small_report,
                                                                                          tmp_path):
-    from mindvl.data.lengths import FILL_BATCHES, data_lengths
-    from mindvl.data.splits import split_rows
+    from mindvl.data.reading.lengths import FILL_BATCHES, data_lengths
+    from mindvl.data.reading.splits import split_rows
     from mindvl.plots.data import plot_data, quarantine_counts
 
     report = json.loads((Path(small_cfg.data.root) / "report.json").read_text())
@@ -62,8 +62,8 @@ def test_quarantine_counts_come_from_the_lines_when_the_report_has_none():
 def test_a_generative_recipes_packing_picture_is_what_its_training_stream_packs(small_cfg, small_report, tmp_path):
     """The bars of the conversation rows and of the labels equal, bucket for bucket, the packed micro-batches the
     training stream itself hands the model (ConversationStream: same conversations, order and packer)."""
-    from mindvl.data.conversation_loader import ConversationStream
-    from mindvl.data.lengths import data_lengths
+    from mindvl.data.reading.conversation_loader import ConversationStream
+    from mindvl.data.reading.lengths import data_lengths
     from mindvl.plots.data import plot_data
 
     cfg = small_generative_config(small_cfg.data.root)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from mindvl.pretrained import from_pretrained
+from mindvl import from_pretrained
 from mindvl.pretrained.cache import FeatureCache
 
 SENTENCES = [b"What color is the shape?", b"Is there a circle?", b"What color is the shape?", b"Is it red?"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from mindvl.pretrained import from_pretrained
+from mindvl import from_pretrained
 from mindvl.pretrained.dinov2 import IMAGE_MEAN, IMAGE_STD
 
 ATOL_518 = 1e-4

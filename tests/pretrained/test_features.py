@@ -6,7 +6,7 @@ from mindspore import Tensor
 from mindvl import preprocess as P
 from mindvl.config import PreprocessConfig
 from mindvl.data.records import read_split
-from mindvl.pretrained import from_pretrained
+from mindvl import from_pretrained
 from mindvl.pretrained.features import FrozenEncoders
 
 

@@ -22,7 +22,7 @@ def references():
 
 @pytest.fixture(scope="module")
 def gemma(gemma3_folder):
-    from mindvl.generation import from_pretrained
+    from mindvl import from_pretrained
 
     return from_pretrained(gemma3_folder, cache_len=1024)
 

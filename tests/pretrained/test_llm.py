@@ -8,7 +8,7 @@ import pytest
 
 from mindvl.cli import main
 from mindvl.config import DecoderConfig
-from mindvl.pretrained import ConversionError
+from mindvl.errors import ConversionError
 from mindvl.pretrained.llm import convert_gguf, convert_hf, expected_shapes, read_llm_config
 
 from conftest import REFERENCES, TINY_LLM_FAMILIES  # tests/conftest.py
@@ -21,7 +21,7 @@ def tiny_references():
 
 @pytest.fixture(scope="module")
 def tiny_models(tiny_llms):
-    from mindvl.generation import from_pretrained
+    from mindvl import from_pretrained
 
     return {family: from_pretrained(folder, cache_len=64) for family, folder in tiny_llms.items()}
 

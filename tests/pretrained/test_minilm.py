@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from mindvl.data.packing import TextPacker
-from mindvl.pretrained import from_pretrained
+from mindvl.data.reading.packing import TextPacker
+from mindvl import from_pretrained
 
 ATOL = 1e-4
 

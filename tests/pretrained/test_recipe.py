@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from mindvl.config import ConfigError, load_config
+from mindvl.errors import ConfigError
+from mindvl.config import load_config
 from mindvl.pretrained.bind import bind_pretrained
 
 from conftest import pretrained_config  # noqa: E402  (tests/conftest.py)
@@ -44,7 +45,7 @@ def test_frozen_encoders_keep_their_converted_weights_while_the_rest_trains(conv
     assert saved["text.word_embeddings.weight"].shape == (30524, 384)
     np.testing.assert_array_equal(saved["text.word_embeddings.weight"][:30522], words)
     assert saved["vision.pos_embed"].shape == (1, 1 + 8 * 8, 384)  # resized from 37 x 37 to 112 / 14
-    from mindvl.models import load_model
+    from mindvl.model_factory import load_model
 
     cfg, model, _ = load_model(result.output_dir)  # the run's config holds the shapes: no folder needed
     assert (cfg.model.vision.width, cfg.model.text.width, cfg.model.audio.width) == (384, 384, 512)

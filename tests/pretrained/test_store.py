@@ -8,7 +8,9 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from mindvl.cli import main
-from mindvl.pretrained import ConversionError, convert, from_pretrained
+from mindvl.errors import ConversionError
+from mindvl import from_pretrained
+from mindvl.pretrained import convert
 from mindvl.pretrained.store import package_file
 
 

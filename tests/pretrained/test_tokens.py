@@ -4,7 +4,8 @@ model gives, and a damaged or vanished entry is recomputed or named, never read 
 import numpy as np
 import pytest
 
-from mindvl.config import ConfigError, load_config
+from mindvl.errors import ConfigError
+from mindvl.config import load_config
 from mindvl.pretrained.tokens import EncoderTokens, MissingTokens, token_cache
 
 
@@ -15,7 +16,7 @@ def trainer(pretrained_trainer):
 
 
 def _inputs(trainer):
-    from mindvl.data.loader import split_inputs
+    from mindvl.data.reading.loader import split_inputs
 
     return split_inputs(trainer.cfg, "train")
 
@@ -59,7 +60,7 @@ def test_cached_states_are_the_encoders_outputs(trainer):
     want = model.text(Tensor(ids[None]), Tensor(mask[None]))[0].asnumpy()[0] * mask[:, None]
     got = tokens.text(ids, mask)
     assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max() and not got[mask == 0].any()
-    from mindvl.data.speech import from_pcm16
+    from mindvl.data.records import from_pcm16
 
     mel, frames = P.pad_mel(P.log_mel(from_pcm16(clips[0]), pre), pre)
     states, token_mask, _ = model.audio(Tensor(mel[None]), Tensor(frames[None]))
@@ -71,7 +72,7 @@ def test_cached_states_are_the_encoders_outputs(trainer):
 
 def test_a_batch_of_cached_states_gives_the_full_models_loss(trainer):
     """The first training batch through TokenInputModel and through the full model (encoders run)."""
-    from mindvl.data.stream import TrainStream
+    from mindvl.data.reading.stream import TrainStream
     from mindvl.train.losses import MultimodalLoss
 
     cached_ids, cached = next(iter(trainer.stream))
@@ -119,7 +120,7 @@ def test_the_generative_model_trains_from_the_cached_states_of_its_two_encoders(
     """A generative recipe with converted DINOv2 and Whisper frozen (a small decoder over the data's tokenizer):
     the cache holds the two encoders' states over the conversation tables' images and clips, a cached batch
     gives the loss the full model gives on the same conversations, and training steps run from it."""
-    from mindvl.data.conversation_loader import ConversationStream, conversation_inputs
+    from mindvl.data.reading.conversation_loader import ConversationStream, conversation_inputs
     from mindvl.train import Trainer, TrainingArguments, create_model
     from mindvl.train.losses import GenerativeLoss
 

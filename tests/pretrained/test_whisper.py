@@ -23,8 +23,11 @@ import pytest
 from mindspore import Tensor
 
 from mindvl.cells.embedding import sinusoids
-from mindvl.preprocess import InputError, whisper_log_mel
-from mindvl.pretrained import ConversionError, ct2, from_pretrained
+from mindvl.errors import InputError
+from mindvl.preprocess import whisper_log_mel
+from mindvl.errors import ConversionError
+from mindvl import from_pretrained
+from mindvl.pretrained import ct2
 from mindvl.pretrained.store import read_config
 from mindvl.pretrained.whisper import convert as convert_whisper
 

@@ -31,7 +31,8 @@ def _package_dir(module: str) -> Path:
 def _clips():
     import soundfile
 
-    from mindvl.data.speech import synthesize_fresh, to_pcm16
+    from mindvl.data.build.speech import synthesize_fresh
+    from mindvl.data.records import to_pcm16
 
     if not LIBRIVOX.is_file():
         raise SystemExit(f"{LIBRIVOX}: missing; `apt-get install pocketsphinx-testdata` (Debian) first")

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from mindvl.cli import serving
-from mindvl.config import ConfigError
+from mindvl.errors import ConfigError
 from mindvl.serving.admission import BodyBudget, authorized, read_admin_token
 
 

@@ -21,7 +21,7 @@ import yaml
 from mindvl.cli import serving
 from mindvl.cli.main import build_parser, main
 from mindvl.data import load_meta
-from mindvl.data.examples import query_examples
+from mindvl.data.reading.examples import query_examples
 from mindvl.serving import Client
 from mindvl.serving.server import ServeConfig
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mindvl.data import load_meta
-from mindvl.data.examples import query_examples
+from mindvl.data.reading.examples import query_examples
 from mindvl.serving import Client, ServingError
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.client import _grpc_output, _rest_output, rest_value

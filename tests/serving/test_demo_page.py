@@ -21,7 +21,7 @@ import pytest
 from live import b64, call, config
 from PIL import Image
 
-from mindvl.data.examples import query_examples
+from mindvl.data.reading.examples import query_examples
 from mindvl.lite.cascade import Cascade
 from mindvl.lite.device import DevicePipeline
 from mindvl.serving.server import BackgroundServer

@@ -13,7 +13,7 @@ import pytest
 import yarl
 
 from live import b64, call, config, metrics, predict, total
-from mindvl.data.examples import query_examples
+from mindvl.data.reading.examples import query_examples
 from mindvl.serving.server import BackgroundServer
 
 SEED = 20240607

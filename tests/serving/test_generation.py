@@ -12,7 +12,7 @@ import openai
 import pytest
 from live import b64, call, config
 
-from mindvl.data.examples import query_examples
+from mindvl.data.reading.examples import query_examples
 from mindvl.serving.runtime import GRAPH_LOCK
 from mindvl.serving.server import BackgroundServer
 from mindvl.serving.servable import deploy
@@ -39,7 +39,7 @@ def client(server):
 
 
 def engine(server):
-    return server.catalog.get("vlm", 0).engine
+    return server.catalog.get("vlm", 0).batcher
 
 
 def generate(server, instance):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from live import call, config, grpc_predict, metrics, total
 
-from mindvl.data.examples import query_examples
+from mindvl.data.reading.examples import query_examples
 from mindvl.serving import Client, ServingError
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.protocol import ProtocolError
@@ -57,7 +57,7 @@ def unary(server, instance):
 
 
 def engine(server):
-    return server.catalog.get("vlm", 0).engine
+    return server.catalog.get("vlm", 0).batcher
 
 
 def wait_until(condition) -> bool:

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 
 from mindvl.data import create_dataset, load_meta, load_tokenizer
-from mindvl.data.examples import wav_bytes
+from mindvl.data.reading.examples import wav_bytes
 from mindvl.data.records import read_split, read_table
 from mindvl.export.graphs import graph_specs
-from mindvl.export.package import write_package
+from mindvl.export.package_writer import write_package
 from mindvl.files import sha256_file
-from mindvl.model_package import PackageError, check_files, read_manifest
-from mindvl.models import load_model
+from mindvl.errors import PackageError
+from mindvl.package_reader import check_files, read_manifest
+from mindvl.model_factory import load_model
 from mindvl.serving import servable
 from mindvl.serving.register import Placeholder, ServableError, declare_model, load_servable_config
 from mindvl.serving.servable import (CONFIG_FILE, config_text, deploy, list_servables, list_versions, resolve,

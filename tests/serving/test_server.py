@@ -17,9 +17,9 @@ from PIL import Image
 from live import (QUESTION_MODES, b64, call, config, grpc_predict, grpc_raw, metrics, predict, rest_inputs,
                   total, vqa_inputs)
 from mindvl.cli.main import main
-from mindvl.config import ConfigError
+from mindvl.errors import ConfigError
 from mindvl.data import load_meta, load_tokenizer
-from mindvl.data.examples import query_examples
+from mindvl.data.reading.examples import query_examples
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.servable import CONFIG_FILE, deploy
 from mindvl.serving.server import BackgroundServer, ServeConfig

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from live import ADMIN_ENV, admin, b64, call, config, grpc_predict, predict, rest_inputs, vqa_inputs
-from mindvl.data.examples import query_examples
-from mindvl.export.package import write_package
-from mindvl.model_package import read_manifest
-from mindvl.models import load_model
+from mindvl.data.reading.examples import query_examples
+from mindvl.export.package_writer import write_package
+from mindvl.package_reader import read_manifest
+from mindvl.model_factory import load_model
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.catalog import Catalog
 from mindvl.serving.servable import CONFIG_FILE, config_text, deploy

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from mindvl.config import ConfigError
+from mindvl.errors import ConfigError
 from mindvl.train.average import average_checkpoints, normalise_weights
 from mindvl.files import sha256_file
-from mindvl.runs import CheckpointError
+from mindvl.errors import CheckpointError
 
 
 def _checkpoint(result, step: int) -> Path:
@@ -31,7 +31,7 @@ def _variant(base: Path, folder: Path, config_edit=None, weights_edit=None) -> P
 
 
 def test_weighted_average_is_the_numpy_weighted_mean_and_loads(trained_run, tmp_path):
-    from mindvl.models import load_model
+    from mindvl.model_factory import load_model
 
     cfg, result = trained_run
     first, second = _checkpoint(result, 10), _checkpoint(result, 30) / "model.safetensors"

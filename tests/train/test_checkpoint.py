@@ -12,8 +12,8 @@ import pytest
 from mindspore import Parameter, Tensor, nn
 
 from mindvl.files import sha256_file
-from mindvl.runs import (best_checkpoint, CHECKPOINT_FORMAT, CheckpointError, latest_checkpoint, load_model_weights,
-                         read_best)
+from mindvl.errors import CheckpointError
+from mindvl.runs import best_checkpoint, CHECKPOINT_FORMAT, latest_checkpoint, load_model_weights, read_best
 from mindvl.train.checkpoint import (check_same_model, find_resumable, load_optimizer_state, mark_best,
                                      save_checkpoint, verify_checkpoint)
 

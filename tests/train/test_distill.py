@@ -13,9 +13,10 @@ from mindspore import Tensor, nn
 from safetensors.numpy import load_file
 
 from mindvl.cli import main
-from mindvl.config import ConfigError, EncoderConfig, load_config
-from mindvl.export.package import count_cell_parameters
-from mindvl.model_package import read_manifest
+from mindvl.errors import ConfigError
+from mindvl.config import EncoderConfig, load_config
+from mindvl.export.package_writer import count_cell_parameters
+from mindvl.package_reader import read_manifest
 from mindvl.train.distill import FeatureLoss, FrozenTeacher, SoftTargetKL, teacher_config
 
 # A student smaller than the session teacher (widths 32, one block per stack): widths 16.
@@ -65,7 +66,7 @@ def test_distillation_trains_the_student_and_logs_every_part_by_name(distilled):
 
 def test_the_checkpoint_holds_the_student_alone_and_loads_for_evaluation(distilled):
     from mindvl.cells import build_cells
-    from mindvl.models import load_model
+    from mindvl.model_factory import load_model
     from mindvl.runs import parameter_paths
 
     cfg, result = distilled
@@ -95,7 +96,7 @@ def test_mindvl_export_distill_packages_the_completed_student(distilled, trained
     manifest = read_manifest(tmp_path / "pkg")
     compression = manifest["compression"]
     assert compression["method"] == "distilled" and compression["teacher"]["checkpoint"].startswith(str(teacher))
-    from mindvl.models import load_model
+    from mindvl.model_factory import load_model
 
     _, teacher_model, _ = load_model(str(teacher))
     assert compression["teacher_parameters"] == count_cell_parameters(teacher_model) > manifest["parameters"]
@@ -214,7 +215,7 @@ def test_feature_loss_averages_valid_slots_only():
 # ----------------------------------------------------------------------------- refusals
 
 def _bound(cfg):
-    from mindvl.models import bind_config
+    from mindvl.model_factory import bind_config
 
     return bind_config(cfg)
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from mindvl.cells import MultimodalModel
-from mindvl.data.loader import LABEL_COLUMNS, MODEL_COLUMNS, TOKEN_COLUMNS
-from mindvl.data.packing import PACK_COLUMNS
+from mindvl.data.reading.loader import LABEL_COLUMNS, MODEL_COLUMNS, TOKEN_COLUMNS
+from mindvl.data.reading.packing import PACK_COLUMNS
 from mindvl.config import LossWeights
 from mindvl.train.losses import TRAIN_COLUMNS, GroupContrastiveLoss, LMLoss, LossWeighting, MultimodalLoss
 from mindvl.train.schedule import warmup_cosine

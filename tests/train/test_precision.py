@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from mindvl.cells import build_cells
-from mindvl.config import ConfigError, PrecisionConfig, load_config
+from mindvl.errors import ConfigError
+from mindvl.config import PrecisionConfig, load_config
 from mindvl.runs import parameter_paths
 from mindvl.train.precision import NoLossScaling, apply_precision, set_objective_precision
 from mindvl.train.losses import AnswerLoss

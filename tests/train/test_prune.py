@@ -11,11 +11,11 @@ from mindvl.cells import AnswerNet, build_cells
 from mindvl.cli import main
 from mindvl.config import STACKS, PreprocessConfig
 from mindvl.data import create_dataset
-from mindvl.models import load_model
+from mindvl.model_factory import load_model
 from mindvl.export.graphs import question_inputs
-from mindvl.export.package import count_cell_parameters
-from mindvl.model_package import read_manifest
-from mindvl.models import merge_lora
+from mindvl.export.package_writer import count_cell_parameters
+from mindvl.package_reader import read_manifest
+from mindvl.model_factory import merge_lora
 from mindvl.train.prune import (RECORD_FILE, head_dim, importance, mlp_hidden,
                                  plan_pruning, prune_and_finetune, prune_model)
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from mindvl.cells import build_cells
-from mindvl.runs import CheckpointError, latest_checkpoint, load_model_weights
+from mindvl.errors import CheckpointError
+from mindvl.runs import latest_checkpoint, load_model_weights
 
 
 def test_short_training_on_real_data_lowers_the_loss(trained_run):
@@ -81,8 +82,8 @@ def test_packing_statistics_are_reported(trained_run):
 
 
 def test_model_sizes_follow_the_data_or_fail_clearly(make_config, tmp_path):
-    from mindvl.config import ConfigError
-    from mindvl.models import bind_data
+    from mindvl.errors import ConfigError
+    from mindvl.model_factory import bind_data
 
     cfg = make_config(tmp_path, model__num_answers=0)
     bind_data(cfg, vocab=50, answers=40)
@@ -188,7 +189,7 @@ def test_resume_from_another_model_or_format_is_refused(trained_run, tmp_path):
 
 
 def test_a_batch_that_does_not_split_into_micro_batches_is_refused(trained_run, tmp_path):
-    from mindvl.config import ConfigError
+    from mindvl.errors import ConfigError
 
     cfg, _ = trained_run
     with pytest.raises(ConfigError, match="data.batch_size: 8 .* train.grad_accumulation=3"):

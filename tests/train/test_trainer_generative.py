@@ -18,9 +18,9 @@ def test_a_generative_run_lowers_the_loss_and_loads_back_as_a_model_that_answers
     from mindvl import preprocess as P
     from mindvl.cells import MultimodalLM
     from mindvl.chat import recipe_chat
-    from mindvl.data.conversation_source import read_conversation_table
-    from mindvl.generation.multimodal import MultimodalGenerator, MultimodalPrompt
-    from mindvl.models import load_model
+    from mindvl.data.conversation_samples import read_conversation_table
+    from mindvl.generation.multimodal_generator import MultimodalGenerator, MultimodalPrompt
+    from mindvl.model_factory import load_model
 
     cfg, result = generative_run
     assert result.final_losses["lm"] < 0.8 * result.first_losses["lm"], (result.first_losses, result.final_losses)
@@ -45,7 +45,7 @@ def test_a_generative_run_lowers_the_loss_and_loads_back_as_a_model_that_answers
 
 
 def test_what_the_generative_recipe_does_not_train_with_yet_is_refused_by_name(small_cfg, small_report, tmp_path):
-    from mindvl.config import ConfigError
+    from mindvl.errors import ConfigError
     from mindvl.train import train
 
     cfg = small_generative_config(small_cfg.data.root, f"train.output_dir={tmp_path}", "train.distill.teacher=x")
@@ -58,7 +58,7 @@ def test_mindvl_generate_answers_typed_and_spoken_questions_about_an_image(gener
 
     from mindvl.cli import main
     from mindvl.data import records
-    from mindvl.data.conversation_source import read_conversation_table
+    from mindvl.data.conversation_samples import read_conversation_table
 
     cfg, result = generative_run
     sample = next(s for s in read_conversation_table(cfg.data.root, "test") if s.kind == "spoken")
@@ -101,9 +101,9 @@ def test_frozen_base_weights_are_named_not_stored_and_come_back_on_load_resume_a
     the uninterrupted run's weights, a changed base is refused by name, and `mindvl lora merge` writes
     weights whose outputs equal the adapted model's."""
     from mindvl.cli import main
-    from mindvl.config import ConfigError
-    from mindvl.data.conversation_loader import ConversationStream
-    from mindvl.models import create_model, load_model
+    from mindvl.errors import ConfigError
+    from mindvl.data.reading.conversation_loader import ConversationStream
+    from mindvl.model_factory import create_model, load_model
     from mindvl.runs import parameter_paths
     from mindvl.train import Trainer, TrainingArguments
 
@@ -162,10 +162,11 @@ def test_a_stage_starts_from_another_runs_weights_on_the_conversation_kinds_it_n
     """train.init_from copies a run's weights in (stage 2 from stage 1's projectors) and
     data.conversation_kinds limits the stream (stage 1 aligns on descriptions); bad values are refused, and a
     missing stage 1 of a shipped recipe is named with the command that trains it."""
-    from mindvl.config import ConfigError
+    from mindvl.errors import ConfigError
     from mindvl.data.records import read_split
-    from mindvl.models import create_model
-    from mindvl.runs import CheckpointError, parameter_paths
+    from mindvl.model_factory import create_model
+    from mindvl.errors import CheckpointError
+    from mindvl.runs import parameter_paths
     from mindvl.train import Trainer, TrainingArguments
 
     cfg, reference = generative_run

@@ -1,0 +1,195 @@
+"""Writing a generative model (a MultimodalLM) as a model package: attachments, prefill per bucket, decode.
+
+  attachments.mindir      image + log-mel -> projected image and audio tokens (the encoders and projectors)
+  prefill_<L>.mindir      a prompt of L tokens (left-padded) -> last logits and the key/value caches
+  decode.mindir           one token per running sequence, each at its own cache slot -> logits and caches
+  weights.bin             every graph's parameters, once (export/shared_weights.py): the decoder is in each
+                          prefill graph and in decode, and would otherwise be stored 1 + buckets times
+  samples/<graph>.safetensors   each graph's sample inputs and the framework's outputs (as any package)
+  samples/generation.safetensors + manifest "generation_samples": real test questions (typed and spoken,
+                          about their image) and the tokens the framework generated for them, greedy
+
+  lite2/                  (--target lite2) the same graphs at batch 1 for the MindSpore Lite 2.0 runtime, their
+                          parameters in ../weights.bin, and the device assets (export/lite2_folder.py)
+
+The manifest's "generation" section (mindvl.engine.batch.GenerationSpec) holds the cache length, the
+buckets, the chat template, the stop tokens and the request limit; the tokenizer is tokenizer.json.
+"""
+import json
+import shutil
+from pathlib import Path
+from typing import List, Mapping, Optional, Sequence
+
+import numpy as np
+from safetensors.numpy import save_file
+from tqdm import tqdm
+
+from mindvl.cells import AttachmentNet, DecodeNet, PrefillNet
+from mindvl.config import Config
+from mindvl.engine.sampling import sampling_config
+from mindvl.export.graphs import GraphSpec, TensorSpec
+from mindvl.export.lite2_folder import GENERATIVE_BATCH, write_generative_lite2
+from mindvl.export.package_writer import file_entries, manifest_head, write_graph
+from mindvl.export.shared_weights import share_weights
+from mindvl.files import swap_folder, work_folder
+from mindvl.engine.batch import DecodeBatch
+from mindvl.engine.package_graphs import ATTACHMENTS, DECODE, SECTION, GenerationSpec, PackageGraphs, prefill_name
+from mindvl.errors import PackageError
+from mindvl.package_reader import MANIFEST, TOLERANCE, as_array, graph_caller
+from mindvl.preprocess import preprocess_dict
+from mindvl.engine.prompts import MultimodalPrompt, PromptLayout, prompt_buckets
+
+SAMPLE_QUESTIONS = 4  # stored test questions, alternately typed and spoken
+SAMPLE_TOKENS = 16  # tokens generated for each at export (greedy) and again by `export verify`
+MAX_NEW_TOKENS = 64  # the most tokens one request may ask for (the cache holds the longest bucket + these)
+
+
+def generation_spec(cfg: Config, model, chat, cache_len: int, max_new_tokens: int,
+                    buckets: Sequence[int] = ()) -> GenerationSpec:
+    """buckets: the prompt lengths to export a prefill graph for (default: every prompt_buckets size that leaves
+    room for max_new_tokens). Each prefill graph holds the decoder: a server or device keeps one copy of its
+    weights in memory per graph, so a large decoder wants few buckets."""
+    lm = model.decoder
+    fitting = [b for b in prompt_buckets(cache_len) if b + max_new_tokens <= cache_len]
+    if not fitting:
+        raise PackageError(f"a cache of {cache_len} tokens leaves no prompt bucket with room for {max_new_tokens} "
+                           f"new tokens; raise --cache-len")
+    wrong = [b for b in buckets if b < 1 or b + max_new_tokens > cache_len]
+    if wrong:
+        raise PackageError(f"--prompt-bucket {wrong[0]}: expected 1..{cache_len - max_new_tokens} (the cache of "
+                           f"{cache_len} tokens holds the prompt and {max_new_tokens} new tokens)")
+    buckets = sorted(set(buckets)) or fitting
+    return GenerationSpec(cache_len=cache_len, buckets=buckets, layers=lm.layers, vocab_size=lm.cfg.vocab_size,
+                          width=lm.width, kv_width=lm.kv_width, image_tokens=model.image_tokens,
+                          audio_tokens=model.audio_tokens, pad_id=chat.pad_id, stop_ids=[chat.stop_id],
+                          chat_template=chat.template.name, max_new_tokens=max_new_tokens)
+
+
+def graph_specs(spec: GenerationSpec, pre) -> List[GraphSpec]:
+    caches = [TensorSpec(f"cache_{kind}_{i}", "float32", (-1, spec.cache_len, spec.kv_width))
+              for kind in ("k", "v") for i in range(spec.layers)]
+    logits = TensorSpec("logits", "float32", (-1, spec.vocab_size))
+    tokens = [TensorSpec("image_tokens", "float32", (-1, spec.image_tokens, spec.width)),
+              TensorSpec("audio_tokens", "float32", (-1, spec.audio_tokens, spec.width))]
+    specs = [GraphSpec(ATTACHMENTS, "image + log-mel -> the decoder-width image and audio tokens", AttachmentNet,
+                       [TensorSpec("image", "float32", (-1, 3, pre.image_size, pre.image_size)),
+                        TensorSpec("audio_mel", "float32", (-1, pre.n_mels, pre.max_audio_frames)),
+                        TensorSpec("audio_mask", "float32", (-1, pre.max_audio_frames))], tokens)]
+    for bucket in spec.buckets:
+        row = [TensorSpec(name, "int32", (-1, bucket)) for name in ("ids", "valid", "slot_index")]
+        specs.append(GraphSpec(prefill_name(bucket), f"a left-padded prompt of {bucket} tokens -> its last logits "
+                               f"and the caches", PrefillNet, row + tokens, [logits, *caches]))
+    step = [TensorSpec(name, "int32", (-1, 1)) for name in ("token", "position", "slot")]
+    specs.append(GraphSpec(DECODE, "one token per sequence, each at its own cache slot -> logits and caches",
+                           DecodeNet, step + [TensorSpec("slot_valid", "int32", (-1, spec.cache_len))] + caches,
+                           [logits, *caches]))
+    return specs
+
+
+def _fitting(prompts: Sequence[MultimodalPrompt], layout: PromptLayout, bucket: int) -> List[MultimodalPrompt]:
+    """The sample prompts a bucket can hold; the typed questions without their image when none fits."""
+    fits = [p for p in prompts if len(layout.render(p)) <= bucket]
+    if not fits:
+        fits = [MultimodalPrompt(p.question) for p in prompts if p.question]
+        fits = [p for p in fits if len(layout.render(p)) <= bucket]
+    if not fits:
+        raise PackageError(f"no sample question fits the prompt bucket of {bucket} tokens")
+    return fits
+
+
+def write_generative_package(cfg: Config, model, chat, prompts: Sequence[MultimodalPrompt], out: Path,
+                             source: Mapping[str, object], cache_len: int = 0, max_new_tokens: int = MAX_NEW_TOKENS,
+                             version: int = 1, force: bool = False, progress: bool = True,
+                             compression: Optional[Mapping[str, object]] = None,
+                             buckets: Sequence[int] = (), lite2_batch: Optional[int] = None) -> Path:
+    """Export `model` (a MultimodalLM in eval mode, `chat` its recipe's ChatEncoder) into the package `out`;
+    `prompts`: real test questions stored with the framework's greedy tokens (those no bucket holds are left
+    out). cache_len 0: the decoder's max_positions, at most 512; buckets: generation_spec's. lite2_batch: also
+    write lite2/, the generation graphs for the MindSpore Lite 2.0 runtime (export/lite2_folder.py
+    write_generative_lite2); batch 1 only."""
+    out = Path(out)
+    if out.exists() and not force:
+        raise PackageError(f"{out}: already exists; pass --force to replace it or choose another --out")
+    if lite2_batch not in (None, GENERATIVE_BATCH):
+        raise PackageError(f"--lite2-batch {lite2_batch}: a generative package's lite2 graphs have batch "
+                           f"{GENERATIVE_BATCH} (the device generates one sequence at a time; the rows of a batch run "
+                           f"in turn); leave --lite2-batch out")
+    lm = model.decoder
+    cache_len = int(cache_len or min(lm.cfg.max_positions, 512))
+    spec = generation_spec(cfg, model, chat, cache_len, max_new_tokens, buckets)
+    lm.cache_len = cache_len  # a constant of the generation graphs
+    model.set_train(False)
+    nets = {s.name: s.build(model) for s in graph_specs(spec, cfg.preprocess)}
+    layout = PromptLayout(chat, cfg.preprocess, spec.limits, spec.pad_id, spec.stop_ids)
+    prompts = [p for p in prompts if len(layout.render(p)) <= spec.buckets[-1]]
+    if not prompts:
+        raise PackageError(f"no sample question fits the largest prompt bucket ({spec.buckets[-1]} tokens); add a "
+                           f"larger --prompt-bucket")
+    batch = DecodeBatch(layout, PackageGraphs(spec, graph_caller(nets)))
+    work = work_folder(out)
+    (work / "samples").mkdir()
+    try:
+        entries = {}
+        for graph in tqdm(graph_specs(spec, cfg.preprocess), desc="export graphs", disable=not progress, leave=False):
+            inputs = _sample_inputs(graph.name, batch, layout, prompts)
+            entries[graph.name] = write_graph(graph, nets[graph.name], dict(zip((t.name for t in graph.inputs),
+                                                                                 inputs)), work, None)
+        sizes = share_weights(work, [entry["file"] for entry in entries.values()])
+        greedy = sampling_config(max_new_tokens=SAMPLE_TOKENS)
+        generated = DecodeBatch(layout, batch.graphs).generate(prompts, greedy)
+        save_file({**{f"{i}.{name}": np.ascontiguousarray(value) for i, p in enumerate(prompts)
+                      for name, value in (("image", p.image), ("mel", p.mel), ("frame_mask", p.frame_mask))
+                      if value is not None}},
+                  str(work / "samples" / "generation.safetensors"))
+        chat.tokenizer.save(str(work / spec.tokenizer))
+        lite2 = None if lite2_batch is None else write_generative_lite2(
+            work, model, [(g, _sample_inputs(g.name, batch, layout, prompts, GENERATIVE_BATCH))
+                          for g in graph_specs(spec, cfg.preprocess)], spec, chat, cfg.preprocess)
+        (work / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        manifest = {
+            **manifest_head(cfg, model, source, version, compression, None),
+            "kind": "generative",
+            "preprocess": {**preprocess_dict(cfg.preprocess), "tokenizer": spec.tokenizer},
+            "labels": [],
+            "graphs": entries,
+            SECTION: spec.to_dict(),
+            "generation_samples": {
+                "file": "samples/generation.safetensors", "max_new_tokens": SAMPLE_TOKENS,
+                "prompts": [{"question": p.question, "image": p.image is not None, "audio": p.mel is not None,
+                             "tokens": g.tokens, "text": g.text} for p, g in zip(prompts, generated)]},
+            "weights": {"file": "weights.bin", **sizes},
+            **({"lite2": lite2} if lite2 else {}),
+            "tolerance": TOLERANCE,
+            "files": file_entries(work),
+        }
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        swap_folder(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return out
+
+
+def _sample_inputs(name: str, batch: DecodeBatch, layout: PromptLayout, prompts: Sequence[MultimodalPrompt],
+                   rows: int = 0) -> List[np.ndarray]:
+    """Graph `name`'s sample inputs from the stored prompts (the decode graph's: one step after a prefill), at
+    most `rows` of them (0: all; the lite2 graphs' batch-1 samples)."""
+    if name == ATTACHMENTS:
+        laid = layout.batch(list(prompts[:rows or None]), 1)
+        return [laid.image, laid.mel, laid.frame_mask]
+    if name == DECODE:
+        step = DecodeBatch(layout, batch.graphs)
+        step.prefill(prompts, [sampling_config(max_new_tokens=2)] * len(prompts))
+        step.sample()
+        running = step.rows[:rows or None]
+        if not running:
+            raise PackageError("every sample question stopped at its first token; no decode step to store")
+        for row in running:
+            row.slot_valid[row.slot] = True
+        return [np.array([[r.sequence.tokens[-1]] for r in running], np.int32),
+                np.array([[r.position] for r in running], np.int32), np.array([[r.slot] for r in running], np.int32),
+                np.stack([r.slot_valid for r in running]).astype(np.int32),
+                *(as_array(c)[:len(running)] for c in step.caches)]
+    bucket = int(name.rsplit("_", 1)[1])
+    only = layout.with_buckets([bucket])  # this bucket's layout
+    return batch.graphs.prefill_inputs(only.batch(_fitting(prompts, layout, bucket)[:rows or None], 1))

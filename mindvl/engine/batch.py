@@ -1,0 +1,188 @@
+"""The decode loop, once, for every runtime: `DecodeBatch` holds the sequences generating together.
+
+Prefill, join, step, sample, stop, leave: every generation of mindvl runs here, over whatever runs its
+graphs (the `graphs` object):
+
+    graphs.prefill(batch: PromptBatch) -> (last logits (rows, vocab) array, caches)
+    graphs.decode(token, position, slot, slot_valid, caches) -> (logits (rows, vocab) array, caches)
+    graphs.to_numpy(output) -> array
+
+mindvl.generation's CellGraphs are the framework's cells (LanguageModel, MultimodalGenerator);
+engine.package_graphs.PackageGraphs are a model package's graphs called by name (the server's continuous
+batching, `export verify` and evaluate, the device pipeline). Prompts are laid out by the layout
+(engine.prompts: TextLayout or PromptLayout), whose GenerationLimits refuse what the graphs cannot hold.
+
+Each sequence writes its next token at its own cache slot, so sequences join (a prefill, then their caches
+appended as rows) and leave (their rows dropped) between decode steps: the server's continuous batching is
+this batch fed with requests as they come; `generate` and `stream` feed it once. Each sequence samples with
+its own settings and its own seeded generator, so what a request gets never depends on who it shares the
+batch with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from mindvl.errors import ConfigError
+from mindvl.engine.sampling import Delta, Generation, SamplingConfig, TextSequence, next_tokens, token_logprobs
+
+
+@dataclass
+class Running:
+    """One sequence while it generates: its text state, settings, sampler and where it is in the cache."""
+
+    sequence: TextSequence
+    settings: SamplingConfig
+    rng: np.random.Generator
+    seen: np.ndarray  # (vocab,) bool: the repetition penalty's tokens
+    slot_valid: np.ndarray  # (cache_len,) bool
+    slot: int  # the cache slot its next token is written to
+    position: int  # that token's position (valid tokens before it)
+    prompt_tokens: int
+    logits: Optional[np.ndarray] = None  # (vocab,) the next token's, once prefill or a decode step gave them
+    owner: Any = None  # whoever waits for its deltas (the server's request, a prompt's index)
+    cancelled: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.cancelled or self.sequence.finish is not None
+
+
+class DecodeBatch:
+    """The sequences generating together over one set of graphs (see the module docstring)."""
+
+    def __init__(self, layout, graphs, sizes: Sequence[int] = ()):
+        """layout: the prompts' (engine.prompts), with the limits and the ids that stop an answer; graphs: see
+        the module docstring. sizes: the batch sizes the graphs run at, rows padded up to the smallest that
+        holds them (the padding rows compute, unread). A dynamic-batch graph compiles anew for every batch size
+        it meets and keeps each compilation's working memory (vlm-s's decode graph: +0.2 GB at batch 2 ... +1.2
+        GB at 16; all 16 sizes of decode and prefill exhausted 24 GB), so a server runs a few; a framework
+        graph compiled for one batch keeps that one; empty: the exact row count."""
+        self.layout = layout
+        self.graphs = graphs
+        self.sizes = tuple(sorted(sizes))
+        self.rows: List[Running] = []
+        self.caches: Optional[List[Any]] = None  # 2 x layers, each (padded rows, cache_len, kv_width)
+
+    def padded(self, count: int) -> int:
+        """The batch size `count` rows run at."""
+        return next((size for size in self.sizes if size >= count), count)
+
+    def _pad_rows(self, arrays: Sequence[np.ndarray], count: int) -> List[np.ndarray]:
+        """Each array's first `count` rows, padded to padded(count) rows with repeats of its last row."""
+        extra = self.padded(count) - count
+        return [np.concatenate([a[:count], np.repeat(a[count - 1:count], extra, axis=0)]) if extra else a[:count]
+                for a in arrays]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    # ---- joining ------------------------------------------------------------------------------------
+
+    def admit(self, prompts: Sequence, settings: Sequence[SamplingConfig], field: str = "max_new_tokens") -> List[int]:
+        """Each prompt's token count, or ConfigError when the graphs cannot generate it (the layout's limits:
+        largest bucket, cache room, the new-token ceiling; `field` names the setting in the message)."""
+        if not prompts:
+            raise ConfigError("generate: no prompt given")
+        _, encoded = self.layout.admit(prompts, max(s.max_new_tokens for s in settings), field)
+        return [len(e) for e in encoded]
+
+    def prefill(self, prompts: Sequence, settings: Sequence[SamplingConfig],
+                owners: Optional[Sequence[Any]] = None) -> List[Running]:
+        """Prefill `prompts` together (one bucket, the longest's) and add them to the batch; -> their rows. The
+        layout refuses what the graphs cannot generate (ConfigError) before any graph runs."""
+        if not prompts:
+            raise ConfigError("generate: no prompt given")
+        prompts = list(prompts)
+        batch = self.layout.batch(prompts + prompts[-1:] * (self.padded(len(prompts)) - len(prompts)),
+                                  max(s.max_new_tokens for s in settings))
+        logits, caches = self.graphs.prefill(batch)
+        cache_len, bucket = self.layout.limits.cache_len, batch.ids.shape[1]
+        rows = []
+        for index, (config, encoded) in enumerate(zip(settings, batch.encoded)):
+            valid = np.zeros(cache_len, bool)
+            valid[:bucket] = batch.valid[index]
+            seen = np.zeros(logits.shape[-1], bool)
+            seen[np.asarray(encoded, np.int64)] = True
+            stop_ids = set(self.layout.stop_ids) | set(config.stop_tokens)
+            length = int(batch.valid[index].sum())
+            rows.append(Running(TextSequence(index, self.layout.tokenizer, config, stop_ids), config,
+                                np.random.default_rng(config.seed), seen, valid, bucket, length, length,
+                                logits[index], owners[index] if owners is not None else index))
+        self._append(rows, [self.graphs.to_numpy(c)[:len(rows)] for c in caches])
+        return rows
+
+    def _append(self, rows: List[Running], caches: List[np.ndarray]) -> None:
+        if self.rows:
+            caches = [np.concatenate([self.graphs.to_numpy(old)[:len(self.rows)], new])
+                      for old, new in zip(self.caches, caches)]
+        self.rows += rows
+        self.caches = self._pad_rows(caches, len(self.rows))
+
+    # ---- stepping -----------------------------------------------------------------------------------
+
+    def sample(self) -> List[Tuple[Running, Delta]]:
+        """Choose every running sequence's next token from its logits -> [(row, Delta)]; rows that finished or
+        were cancelled leave the batch (their cache rows freed)."""
+        emitted = []
+        for row in self.rows:
+            if row.done:
+                continue
+            logits = row.logits[None]
+            token = next_tokens(logits, row.settings, row.rng, row.seen[None])
+            logprob = float(token_logprobs(logits, token)[0])
+            token = int(token[0])
+            row.seen[token] = True
+            last = len(row.sequence.tokens) + 1 >= row.settings.max_new_tokens
+            emitted.append((row, row.sequence.add(token, last, logprob)))
+        self.drop_done()
+        return emitted
+
+    def drop_done(self) -> None:
+        keep = [i for i, row in enumerate(self.rows) if not row.done]
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        self.caches = None if not keep else self._pad_rows([self.graphs.to_numpy(c)[keep] for c in self.caches],
+                                                           len(keep))
+
+    def decode(self) -> None:
+        """One decode step of every row: its last token in, its next logits out."""
+        if not self.rows:
+            return
+        token = np.array([[row.sequence.tokens[-1]] for row in self.rows], np.int32)
+        position = np.array([[row.position] for row in self.rows], np.int32)
+        slot = np.array([[row.slot] for row in self.rows], np.int32)
+        for row in self.rows:
+            row.slot_valid[row.slot] = True
+        slot_valid = np.stack([row.slot_valid for row in self.rows])
+        token, position, slot, slot_valid = self._pad_rows([token, position, slot, slot_valid], len(self.rows))
+        logits, self.caches = self.graphs.decode(token, position, slot, slot_valid, self.caches)
+        for index, row in enumerate(self.rows):
+            row.logits = logits[index]
+            row.slot += 1
+            row.position += 1
+
+    # ---- a whole generation -------------------------------------------------------------------------
+
+    def stream(self, prompts: Sequence, settings: SamplingConfig) -> Iterator[Tuple[Running, Delta]]:
+        """Generate `prompts` together until every one has finished: (row, Delta) as each token is chosen,
+        row.owner the prompt's index."""
+        self.prefill(prompts, [settings] * len(prompts), owners=list(range(len(prompts))))
+        while self.rows:
+            yield from self.sample()
+            self.decode()
+
+    def generate(self, prompts: Sequence, settings: SamplingConfig) -> List[Generation]:
+        """Every prompt's finished generation, the prompts prefilled and decoded together."""
+        results = {}
+        for row, delta in self.stream(prompts, settings):
+            results.setdefault(row.owner, Generation("", prompt_tokens=row.prompt_tokens)).add(delta)
+        return [results[index] for index in range(len(prompts))]
+
+
+def generate(layout, graphs, prompts: Sequence, settings: SamplingConfig, sizes: Sequence[int] = ()) -> List[Generation]:
+    """Every prompt's generation on a fresh batch (verification, evaluation, the device)."""
+    return DecodeBatch(layout, graphs, sizes).generate(prompts, settings)

@@ -1,0 +1,118 @@
+"""A model package's generation graphs as the engine's graphs: `attachments` (image and audio -> projected
+tokens), a prefill per prompt-length bucket (`prefill_<L>`) and ONE decode graph.
+
+The manifest's "generation" section says how they fit (GenerationSpec). The graphs are called through a
+`run(name, inputs) -> outputs` function, so the same engine drives GraphCells (the server, `export verify`),
+Lite models (the device) or anything else that runs a graph by name, and `to_numpy` turns an output into
+an array (caches stay as the runtime returned them between steps: no copy per step).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from mindvl.chat import ChatEncoder, chat_template
+from mindvl.engine.prompts import GenerationLimits, PromptBatch, PromptLayout
+from mindvl.errors import ConfigError
+from mindvl.package_reader import as_array
+
+SECTION = "generation"  # the manifest's key
+ATTACHMENTS = "attachments"
+DECODE = "decode"
+
+Run = Callable[[str, Sequence[Any]], Sequence[Any]]
+
+
+def prefill_name(bucket: int) -> str:
+    return f"prefill_{bucket}"
+
+
+@dataclass
+class GenerationSpec:
+    """What a generative package's graphs need to generate: the cache, the buckets, the decoder's shape, the
+    chat template and the tokens that stop an answer; `max_new_tokens` bounds a request."""
+
+    cache_len: int
+    buckets: List[int]
+    layers: int
+    vocab_size: int
+    width: int
+    kv_width: int
+    image_tokens: int
+    audio_tokens: int
+    pad_id: int
+    stop_ids: List[int]
+    chat_template: str
+    max_new_tokens: int
+    tokenizer: str = "tokenizer.json"
+    defaults: Dict[str, Any] = field(default_factory=dict)  # SamplingConfig fields a request leaves out
+
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> "GenerationSpec":
+        section = manifest.get(SECTION)
+        if not isinstance(section, dict):
+            raise ConfigError(f"package {manifest.get('name')}: no {SECTION!r} section; not a generative package "
+                              f"(export a generative run, e.g. vlm-tiny)")
+        return cls(**section)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def graph_names(self) -> List[str]:
+        return [ATTACHMENTS, *(prefill_name(b) for b in self.buckets), DECODE]
+
+    @property
+    def limits(self) -> GenerationLimits:
+        return GenerationLimits(self.cache_len, tuple(self.buckets), self.max_new_tokens)
+
+
+def package_chat(folder: Path, spec: GenerationSpec) -> ChatEncoder:
+    """The package's chat template over its tokenizer."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(folder) / spec.tokenizer))
+    return ChatEncoder(tokenizer, chat_template(spec.chat_template), spec.image_tokens, spec.audio_tokens,
+                       spec.pad_id)
+
+
+def package_layout(folder: Path, manifest: dict) -> PromptLayout:
+    """The prompt layout of a generative package: its chat template, preprocessing and limits."""
+    from mindvl.preprocess import preprocess_config
+
+    spec = GenerationSpec.from_manifest(manifest)
+    return PromptLayout(package_chat(folder, spec), preprocess_config(manifest["preprocess"]), spec.limits,
+                        spec.pad_id, spec.stop_ids)
+
+
+class PackageGraphs:
+    """A package's graphs run by name (`run`), as the engine calls them: `prefill(batch)` (the attachments
+    graph first, only when a prompt has an image or a clip) and `decode(...)`."""
+
+    def __init__(self, spec: GenerationSpec, run: Run, to_numpy: Callable[[Any], np.ndarray] = as_array):
+        self.spec = spec
+        self.run = run
+        self.to_numpy = to_numpy
+
+    def prefill_inputs(self, batch: PromptBatch) -> List[np.ndarray]:
+        """A PromptBatch as its prefill graph's inputs."""
+        count = len(batch.ids)
+        if batch.image.any() or batch.frame_mask.any():
+            image_tokens, audio_tokens = (self.to_numpy(o) for o in self.run(ATTACHMENTS, [
+                batch.image, batch.mel, batch.frame_mask]))
+        else:
+            image_tokens = np.zeros((count, self.spec.image_tokens, self.spec.width), np.float32)
+            audio_tokens = np.zeros((count, self.spec.audio_tokens, self.spec.width), np.float32)
+        return [batch.ids, batch.valid.astype(np.int32), batch.slot_index, image_tokens, audio_tokens]
+
+    def prefill(self, batch: PromptBatch) -> Tuple[np.ndarray, List[Any]]:
+        """-> (the last logits (rows, vocab), the caches: every layer's keys, then values)."""
+        outputs = self.run(prefill_name(batch.ids.shape[1]), self.prefill_inputs(batch))
+        return self.to_numpy(outputs[0]), list(outputs[1:])
+
+    def decode(self, token: np.ndarray, position: np.ndarray, slot: np.ndarray, slot_valid: np.ndarray,
+               caches: Sequence[Any]) -> Tuple[np.ndarray, List[Any]]:
+        outputs = self.run(DECODE, [token, position, slot, slot_valid.astype(np.int32), *caches])
+        return self.to_numpy(outputs[0]), list(outputs[1:])

@@ -1,0 +1,41 @@
+"""The framework's generation cells as the engine's graphs (mindvl.engine.batch): a prefill cell (a text
+prompt's Prefill, or a multimodal prompt's MultimodalPrefill) and the decoder's Decode cell, in graph mode."""
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+from mindspore import Tensor
+
+from mindvl.engine.prompts import PromptBatch
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    return value.asnumpy() if isinstance(value, Tensor) else np.asarray(value)
+
+
+def _tensor(value: Any) -> Tensor:
+    return value if isinstance(value, Tensor) else Tensor(value)
+
+
+class CellGraphs:
+    """prefill: cells.decoder.Prefill (ids, valid) or cells.multimodal_lm.MultimodalPrefill (ids, valid,
+    slot_index, image, mel, frame_mask); decode: cells.decoder.Decode. The caches stay MindSpore tensors
+    between steps; rows the engine joined or dropped come back as arrays and go in as tensors."""
+
+    to_numpy = staticmethod(to_numpy)
+
+    def __init__(self, prefill_cell, decode_cell):
+        self.prefill_cell = prefill_cell
+        self.decode_cell = decode_cell
+
+    def prefill(self, batch: PromptBatch) -> Tuple[np.ndarray, List[Any]]:
+        inputs = [batch.ids, batch.valid]
+        if batch.multimodal:
+            inputs += [batch.slot_index, batch.image, batch.mel, batch.frame_mask]
+        logits, keys, values = self.prefill_cell(*(Tensor(a) for a in inputs))
+        return logits.asnumpy(), [*keys, *values]
+
+    def decode(self, token: np.ndarray, position: np.ndarray, slot: np.ndarray, slot_valid: np.ndarray,
+               caches: Sequence[Any]) -> Tuple[np.ndarray, List[Any]]:
+        logits, keys, values = self.decode_cell(Tensor(token), Tensor(position), Tensor(slot),
+                                                Tensor(slot_valid.astype(bool)), *(_tensor(c) for c in caches))
+        return logits.asnumpy(), [*keys, *values]

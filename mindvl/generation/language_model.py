@@ -1,0 +1,124 @@
+"""A converted LLM folder as a model that generates: `LanguageModel.generate` and `.stream`.
+
+Generation runs two kinds of graph over one set of weights (cells.decoder): a prefill per prompt-length
+bucket (16, 24, 32, 48, 64, ... tokens; a batch is left-padded to the smallest bucket that holds its longest
+prompt) and ONE decode graph for every step of every call of a given batch size, its cache slot and
+positions tensors rather than constants. The loop over them is the engine's (mindvl.engine.batch), the one
+the server and the device run: each sequence of a batch is masked, positioned, sampled and stopped on its
+own, so a prompt gives the same tokens in a batch as alone.
+
+Open a folder with `mindvl.from_pretrained(folder)`; `LanguageModel(folder)` is what it builds.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator, List, Sequence, Union
+
+import numpy as np
+
+from mindvl.choices import KERNELS
+from mindvl.engine.batch import DecodeBatch
+from mindvl.engine.prompts import GenerationLimits, TextLayout
+from mindvl.engine.sampling import Delta, Generation, sampling_config
+from mindvl.generation.cell_graphs import CellGraphs
+from mindvl.pretrained.llm import FORMAT, TOKENIZER_FILE, load_llm_weights, read_llm_config
+
+Prompt = Union[str, Sequence[int]]  # text, or its token ids
+
+
+def decoder_kernels(lm, kernels: str) -> None:
+    """Swap the generation kernels `kernels` names into a decoder `lm`: "auto" and "fused" run RMSNorm and the
+    rotary rotation as mindvl's CPU kernels (one pass each instead of five or six MindSpore kernels: 2x faster
+    alone at every prefill and decode shape timed) and the LM head as one sgemm per worker over its share of
+    the vocabulary: decode ~25% faster on Gemma 3 270M, the same tokens (docs/llm.md). "standard" keeps
+    MindSpore's operators. The blocks' products stay MindSpore's: at one token a step they are no faster as
+    the kernels' sgemm."""
+    from mindvl.cells.kernels import use_kernels
+    from mindvl.cells.kernels.cpu import FusedHeadMatMul, FusedRMSNorm, FusedRotateHalf
+
+    KERNELS.check("kernels", kernels)
+    use_kernels(lm, "standard" if kernels == "standard" else "fused",
+                only=(FusedRMSNorm, FusedRotateHalf, FusedHeadMatMul))
+
+
+class LanguageModel:
+    """A converted decoder (mindvl convert llm) with its tokenizer, ready to generate.
+
+    cache_len: the key/value cache's length, the most prompt + new tokens one call holds (a bigger cache
+    costs memory and a little time per step: layers * batch * cache_len * kv_width * 8 bytes).
+    kernels: mindvl.choices.KERNELS; see `decoder_kernels`."""
+
+    def __init__(self, folder: Union[str, Path], cache_len: int = 1024, kernels: str = KERNELS.default):
+        import mindspore as ms
+        from mindspore.nn.utils import no_init_parameters
+        from tokenizers import Tokenizer
+
+        from mindvl.cells.decoder import CausalLM, Decode, Prefill
+
+        self.folder = Path(folder)
+        self.config, self.cfg = read_llm_config(self.folder)
+        KERNELS.check("kernels", kernels)  # before the weights load
+        limits = GenerationLimits.for_cache(min(cache_len, self.cfg.max_positions))
+        self.cache_len = limits.cache_len
+        self.tokens = self.config["tokens"]
+        self.stop_ids = {int(t) for t in self.tokens.get("stop") or [] if t is not None}
+        self.pad_id = int(self.tokens.get("pad") if self.tokens.get("pad") is not None else 0)
+        self.tokenizer = Tokenizer.from_file(str(self.folder / TOKENIZER_FILE))
+        ms.set_context(mode=ms.GRAPH_MODE)
+        with no_init_parameters():  # no random weights drawn only to be replaced (1 GB at Gemma 3 270M)
+            lm = CausalLM(self.cfg, self.cache_len)
+        load_llm_weights(self.folder, lm)
+        self.lm = lm
+        lm.set_train(False)
+        decoder_kernels(lm, kernels)
+        self.prefill_graph = Prefill(lm)
+        self.decode_graph = Decode(lm)
+        self.layout = TextLayout(self.tokenizer, limits, self.cfg.vocab_size, self.pad_id, self.stop_ids)
+        self.graphs = CellGraphs(self.prefill_graph, self.decode_graph)
+
+    # ------------------------------------------------------------------ tokens
+
+    def encode(self, text: str) -> List[int]:
+        """The prompt's ids as the model was trained to read them (BOS first where the tokenizer adds it)."""
+        return self.tokenizer.encode(text).ids
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Every position's logits (seq, vocab) of one sequence (parity checks, scoring)."""
+        from mindspore import Tensor
+
+        ids = np.asarray(ids, np.int32)[None]
+        return self.lm(Tensor(ids), Tensor(np.ones_like(ids, bool))).asnumpy()[0]
+
+    # ------------------------------------------------------------------ generation
+
+    def _batch(self, prompts) -> list:
+        return [prompts] if self.layout.is_single(prompts) else list(prompts)
+
+    def stream(self, prompts, **settings) -> Iterator[Delta]:
+        """Deltas as tokens are chosen, step by step, for every sequence still running; a Delta's `index` is
+        its prompt's place in `prompts`. prompts: one prompt or a list (see `generate`)."""
+        config = sampling_config(**settings)
+        batch = self._batch(prompts)
+        for _, delta in DecodeBatch(self.layout, self.graphs, sizes=(len(batch),)).stream(batch, config):
+            yield delta
+
+    def generate(self, prompts, **settings) -> Union[Generation, List[Generation]]:
+        """The finished generation of each prompt: one Generation for one prompt, a list for a list. A prompt is
+        text or its token ids (a list or 1-D array of ints, as `encode` gives them); settings: SamplingConfig's
+        (max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop_tokens, stop_strings, seed)."""
+        batch = self._batch(prompts)
+        results = DecodeBatch(self.layout, self.graphs, sizes=(len(batch),)).generate(batch, sampling_config(**settings))
+        return results[0] if self.layout.is_single(prompts) else results
+
+
+def is_llm_folder(folder: Union[str, Path]) -> bool:
+    """A folder `mindvl convert llm` wrote (its config.json says so)."""
+    config = Path(folder) / "config.json"
+    try:
+        return config.is_file() and json.loads(config.read_text()).get("format") == FORMAT
+    except (OSError, ValueError):
+        return False

@@ -1,0 +1,209 @@
+"""A generative package served: its graphs on one thread, generating for every request at once.
+
+Continuous batching: requests wait in a queue; between two decode steps the batcher prefills the next waiting one
+(JOIN_PER_STEP, up to `max_streams` running) and its rows join the decode batch; a request that finishes, or
+whose client went away, leaves it at the next step and frees its cache rows. Every running request's step
+is one decode call of the engine (mindvl.engine.batch.DecodeBatch), so 16 streams cost about one step of batch 16
+rather than 16 steps of batch 1. `max_streams` 1 turns it off: one request at a time, in arrival order.
+
+A request's deltas reach its caller on the caller's event loop (an asyncio.Queue), ending with None, or with
+the exception that failed it.
+"""
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+import numpy as np
+
+from mindvl import preprocess as P
+from mindvl.errors import ConfigError
+from mindvl.engine.sampling import Generation, SamplingConfig
+from mindvl.engine.batch import DecodeBatch
+from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
+from mindvl.engine.prompts import MultimodalPrompt
+from mindvl.package_reader import graph_caller, load_graph
+
+LOG = logging.getLogger("mindvl.serving")
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # what the graphs compile for (DecodeBatch.sizes); more rows pad up
+# Requests prefilled between two decode steps, one call each. A prefill batch saves no time on a CPU (vlm-s's
+# 192-token prefill: 2.0 s alone, 2.9 s for 2, 9.3 s for 8) and each batch size kept its own working memory
+# (+0.7 GB at 1, +4.6 GB at 8): 16 streams joining at once were OOM-killed. One at a time, the running streams
+# keep decoding between the newcomers' prefills.
+JOIN_PER_STEP = 1
+
+
+def generation_settings(fields: dict) -> dict:
+    """A request's generation fields (OpenAI's names: max_tokens, stop, ...) as SamplingConfig's keyword settings."""
+    def number(name, kind):
+        value = fields.get(name)
+        if value is None:
+            return None
+        if isinstance(value, (bool, str, bytes)) or not np.isscalar(value) and np.ndim(value) != 0:
+            raise ConfigError(f"{name}: expected a number, got {value!r}")
+        return kind(value)
+
+    stop = fields.get("stop")
+    stop = stop.tolist() if isinstance(stop, np.ndarray) else stop
+    stop = [stop] if isinstance(stop, str) else stop
+    if stop is not None and (not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop)):
+        raise ConfigError(f"stop: expected a string or a list of strings, got {stop!r}")
+    return {"max_new_tokens": number("max_tokens", int), "temperature": number("temperature", float),
+            "top_p": number("top_p", float), "top_k": number("top_k", int),
+            "repetition_penalty": number("repetition_penalty", float), "seed": number("seed", int),
+            "stop_strings": list(stop) if stop else None, "ignore_eos": _flag(fields.get("ignore_eos"), "ignore_eos")}
+
+
+def _flag(value, name: str):
+    """A JSON boolean: MindSpore Serving's protocol hands scalars over as 0-d arrays."""
+    if value is None:
+        return None
+    if np.ndim(value) == 0 and np.asarray(value).dtype == np.bool_:
+        return bool(value)
+    raise ConfigError(f"{name}: expected true or false, got {value!r}")
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt being generated for a caller; `cancel()` from any thread stops it at the next step."""
+
+    prompt: MultimodalPrompt
+    settings: SamplingConfig
+    loop: asyncio.AbstractEventLoop
+    deltas: asyncio.Queue = field(default_factory=asyncio.Queue)
+    prompt_tokens: int = 0
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def put(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.deltas.put_nowait, item)
+
+    async def stream(self):
+        """The deltas as they are generated; raises what failed the request."""
+        while True:
+            item = await self.deltas.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def result(self) -> Generation:
+        result = Generation("", prompt_tokens=self.prompt_tokens)
+        async for delta in self.stream():
+            result.add(delta)
+        return result
+
+
+class ContinuousBatcher:
+    """The generation graphs of a package version and the thread that runs them (see the module docstring).
+    `lock`: held around every graph call (MindSpore runs one GraphCell at a time in a process)."""
+
+    def __init__(self, folder: Path, manifest: dict, key: Optional[bytes], lock: threading.Lock,
+                 max_streams: int = 16) -> None:
+        self.spec = GenerationSpec.from_manifest(manifest)
+        self.pre = P.preprocess_config(manifest["preprocess"])
+        self.layout = package_layout(folder, manifest)
+        self.graphs = {name: load_graph(folder, manifest, name, key) for name in self.spec.graph_names()}
+        self.max_streams = max(1, int(max_streams))
+        self.run = graph_caller(self.graphs, lock)
+        self.batch = DecodeBatch(self.layout, PackageGraphs(self.spec, self.run),
+                                 sizes=[size for size in BATCH_SIZES if size < self.max_streams] + [self.max_streams])
+        self.waiting: "queue.Queue[Optional[GenerationRequest]]" = queue.Queue()
+        self.steps = 0  # decode calls made (metrics, tests)
+        self.cancelled = 0  # sequences stopped because their caller went away
+        self.closed = False
+        self.thread = threading.Thread(target=self._serve, name="generation", daemon=True)
+        self.thread.start()
+
+    # ---- requests (any thread) ------------------------------------------------------------------------
+
+    def prompt(self, text: str = "", image: Optional[bytes] = None, audio: Optional[bytes] = None) -> MultimodalPrompt:
+        """A request's fields preprocessed as in training (CPU work: call it from a worker thread)."""
+        pixels = mel = mask = None
+        if image is not None:
+            pixels = P.decode_image(image, self.pre, name="image")
+        if audio is not None:
+            mel, mask = P.pad_mel(P.log_mel(P.load_wav(audio, self.pre.sample_rate, name="audio"), self.pre,
+                                            name="audio"), self.pre, name="audio")
+        return MultimodalPrompt(text or "", pixels, mel, mask)
+
+    def submit(self, prompt: MultimodalPrompt, settings: SamplingConfig,
+               loop: asyncio.AbstractEventLoop) -> GenerationRequest:
+        """Queue a prompt; ConfigError at once when it cannot be generated (too long, too many tokens asked)."""
+        if self.closed:
+            raise ConfigError("the servable version is being unloaded; retry")
+        (prompt_tokens,) = self.batch.admit([prompt], [settings], "max_tokens")  # refuses what cannot fit
+        request = GenerationRequest(prompt, settings, loop, prompt_tokens=prompt_tokens)
+        self.waiting.put(request)
+        return request
+
+    def close(self) -> None:
+        self.closed = True
+        self.waiting.put(None)
+        self.thread.join(timeout=30)
+
+    # ---- the batcher's thread ------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            joining = self._take(block=not self.batch.rows)
+            if joining is None:
+                break
+            if joining:
+                self._join(joining)
+            for row in self.batch.rows:
+                if row.owner.cancelled and not row.cancelled:
+                    row.cancelled = True
+                    self.cancelled += 1
+                    row.owner.put(None)  # its caller's stream ends
+            try:
+                for row, delta in self.batch.sample():
+                    row.owner.put(delta)
+                    if delta.finish:
+                        row.owner.put(None)
+                self.batch.decode()
+                self.steps += 1
+            except Exception as error:  # a broken graph call fails the running requests, not the server
+                LOG.exception("generation step failed")
+                for row in self.batch.rows:
+                    row.owner.put(error)
+                    row.cancelled = True
+                self.batch.drop_done()
+        for row in self.batch.rows:
+            row.owner.put(ConfigError("the servable version was unloaded while generating; retry"))
+        while not self.waiting.empty():
+            request = self.waiting.get_nowait()
+            if request is not None:
+                request.put(ConfigError("the servable version was unloaded; retry"))
+
+    def _take(self, block: bool) -> Optional[List[GenerationRequest]]:
+        """Requests to join now (None: closing); waits for one when nothing runs."""
+        joining: List[GenerationRequest] = []
+        room = min(self.max_streams - len(self.batch.rows), JOIN_PER_STEP)
+        while len(joining) < room:
+            try:
+                request = self.waiting.get(block=block and not joining)
+            except queue.Empty:
+                break
+            if request is None:
+                return None
+            if request.cancelled:
+                self.cancelled += 1
+                request.put(None)
+                continue
+            joining.append(request)
+        return joining
+
+    def _join(self, joining: List[GenerationRequest]) -> None:
+        try:
+            self.batch.prefill([r.prompt for r in joining], [r.settings for r in joining], owners=joining)
+        except Exception as error:  # this prefill's requests fail; the running ones go on
+            LOG.exception("prefill failed")
+            for request in joining:
+                request.put(error)
