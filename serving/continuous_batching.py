@@ -129,8 +129,7 @@ class ContinuousBatcher:
         if image is not None:
             pixels = P.decode_image(image, self.pre, name="image")
         if audio is not None:
-            mel, mask = P.pad_mel(P.log_mel(P.load_wav(audio, self.pre.sample_rate, name="audio"), self.pre,
-                                            name="audio"), self.pre, name="audio")
+            mel, mask = P.speech_features(audio, self.pre, name="audio")
         return MultimodalPrompt(text or "", pixels, mel, mask)
 
     def submit(self, prompt: MultimodalPrompt, settings: SamplingConfig,

@@ -59,7 +59,7 @@ def test_the_decode_budget_lets_small_images_past_a_large_one_and_holds_the_rest
     while most of the budget is held, one that does not fit waits until pixels are released."""
     import threading
 
-    monkeypatch.setattr(P, "_decode_budget", None)  # restored after the test
+    monkeypatch.setattr(P.image, "_decode_budget", None)  # restored after the test
     P.limit_decodes(1)
     small = Image.open(io.BytesIO(png_bytes)).size
     held = P.MAX_IMAGE_PIXELS - small[0] * small[1]  # what a large decode in flight holds: the small one fits
@@ -68,12 +68,12 @@ def test_the_decode_budget_lets_small_images_past_a_large_one_and_holds_the_rest
     def decode(key):
         done[key] = P.decode_image(png_bytes, PRE)
 
-    with P._decode_budget.hold(held):
+    with P.image._decode_budget.hold(held):
         beside = threading.Thread(target=decode, args=("beside",))
         beside.start()
         beside.join(timeout=60)
         assert "beside" in done  # it did not wait for the large decode
-        with P._decode_budget.hold(small[0] * small[1]):  # now the budget is full
+        with P.image._decode_budget.hold(small[0] * small[1]):  # now the budget is full
             waiting = threading.Thread(target=decode, args=("waiting",))
             waiting.start()
             waiting.join(timeout=0.5)
@@ -92,7 +92,7 @@ def reference_log_mel(audio, pre):
     frames = 1 + (padded.size - pre.n_fft) // pre.hop_length
     stack = np.stack([padded[i * pre.hop_length: i * pre.hop_length + pre.n_fft] for i in range(frames)])
     power = np.abs(np.fft.rfft(stack * window, axis=1)).T ** 2  # (n_fft // 2 + 1, frames)
-    mel = P._mel_filters(pre.sample_rate, pre.n_fft, pre.n_mels) @ power[:, :-1]
+    mel = P.audio._mel_filters(pre.sample_rate, pre.n_fft, pre.n_mels) @ power[:, :-1]
     logmel = np.log10(np.maximum(mel, 1e-10))
     logmel = np.maximum(logmel, logmel.max() - 8.0)
     return (logmel + 4.0) / 4.0
@@ -107,14 +107,14 @@ def test_log_mel_shape_and_values_match_whisper(pre, seconds, frames):
     np.testing.assert_allclose(mel, reference_log_mel(audio, pre), atol=1e-4)
     assert mel.max() - mel.min() <= 2.0 + 1e-6  # the dynamic range is clamped to 8 decades / 4
     # a 440 Hz tone peaks in the mel band that contains 440 Hz
-    centres = np.argmax(P._mel_filters(pre.sample_rate, pre.n_fft, pre.n_mels), axis=1) * pre.sample_rate / pre.n_fft
+    centres = np.argmax(P.audio._mel_filters(pre.sample_rate, pre.n_fft, pre.n_mels), axis=1) * pre.sample_rate / pre.n_fft
     assert abs(centres[np.argmax(mel.mean(axis=1))] - 440) < 100
 
 
 def test_mel_filters_are_slaney_scaled_and_normalised():
     import librosa
 
-    filters = P._mel_filters(16000, 400, 80)
+    filters = P.audio._mel_filters(16000, 400, 80)
     assert filters.shape == (80, 201) and np.all(filters >= 0)
     # slaney mel scale (htk=False), and slaney norm: triangle i peaks at most at 2 / (f[i+2] - f[i]) Hz
     edges = librosa.mel_frequencies(82, fmin=0.0, fmax=8000.0, htk=False)

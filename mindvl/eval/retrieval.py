@@ -61,7 +61,7 @@ def audio_to_text(cfg: Config, audio_net, text_net) -> Dict[str, float]:
             continue
         name = f"test clip (question {row['question_id']}, voice {row['voice']})"
         wave = np.frombuffer(row["pcm"], dtype=np.int16).astype(np.float32) / 32768.0
-        mel, mask = preprocess.pad_mel(preprocess.log_mel(wave, cfg.preprocess, name), cfg.preprocess, name)
+        mel, mask = preprocess.speech_features(wave, cfg.preprocess, name)
         mels.append(mel)
         masks.append(mask)
         targets.append(int(row["question_id"]))

@@ -156,7 +156,7 @@ class EncoderTokens:
         def audio(chunk: List[bytes]):
             from mindvl.data.records import from_pcm16
 
-            mels, masks = zip(*(P.pad_mel(P.log_mel(from_pcm16(data), pre, name="clip"), pre, name="clip")
+            mels, masks = zip(*(P.speech_features(from_pcm16(data), pre, name="clip")
                                 for data in chunk))
             states, token_mask, _ = model.audio(Tensor(pad_batch(mels, batch)), Tensor(pad_batch(masks, batch)))
             valid = token_mask.asnumpy().sum(axis=1).astype(int)

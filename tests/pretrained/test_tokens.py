@@ -62,7 +62,7 @@ def test_cached_states_are_the_encoders_outputs(trainer):
     assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max() and not got[mask == 0].any()
     from mindvl.data.records import from_pcm16
 
-    mel, frames = P.pad_mel(P.log_mel(from_pcm16(clips[0]), pre), pre)
+    mel, frames = P.speech_features(from_pcm16(clips[0]), pre)
     states, token_mask, _ = model.audio(Tensor(mel[None]), Tensor(frames[None]))
     want = states.asnumpy()[0] * token_mask.asnumpy()[0][:, None]
     got = tokens.clip(clips[0])

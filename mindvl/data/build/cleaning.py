@@ -333,7 +333,7 @@ def audio_problem(audio: np.ndarray, pre: PreprocessConfig, cfg: CleaningConfig,
     if clipped > cfg.max_clipped_fraction:
         return "audio_clipped", round(clipped, 4), cfg.max_clipped_fraction
     try:
-        P.pad_mel(P.log_mel(audio, pre, name=name), pre, name=name)
+        P.speech_features(audio, pre, name=name)
     except P.InputError as exc:
         return "bad_audio", str(exc), None
     return None

@@ -210,7 +210,7 @@ class ConversationStage(Stage):
         perturbed = self.perturbed_mel(audio, name, sample_id) if self.perturbs_audio else None
         if perturbed is not None:
             return perturbed
-        mel, mask = P.pad_mel(P.log_mel(audio, self.pre, name=name), self.pre, name=name)
+        mel, mask = P.speech_features(audio, self.pre, name=name)
         return (mel if self.tokens is None else self.tokens.clip(pcm, name)), mask
 
     def _no_image(self) -> np.ndarray:

@@ -83,7 +83,7 @@ class Tables:
         """The clip's padded log-mel and frame mask, computed once per process."""
         if clip not in self._mels:
             name = self.names[clip]
-            self._mels[clip] = P.pad_mel(P.log_mel(self.waveform(clip), self.pre, name=name), self.pre, name=name)
+            self._mels[clip] = P.speech_features(self.waveform(clip), self.pre, name=name)
         return self._mels[clip]
 
 
@@ -159,7 +159,7 @@ class Stage:
         audio = augment_waveform(audio, self.augment, self.pre.sample_rate,
                                  generator(self.seed, self.epoch, sample_id, AUDIO))
         try:
-            return P.pad_mel(P.log_mel(audio, self.pre, name=name), self.pre, name=name)
+            return P.speech_features(audio, self.pre, name=name)
         except P.InputError:
             return None
 
