@@ -54,7 +54,8 @@ def main() -> None:
     from mindvl.lite.cascade import Cascade
     from mindvl.lite.device import DevicePipeline
     from mindvl.serving.servable import deploy
-    from mindvl.serving.server import BackgroundServer, ServeConfig
+    from mindvl.serving.serve_config import ServeConfig
+    from mindvl.serving.server import BackgroundServer
 
     examples = query_examples(args.data, args.questions)
     with tempfile.TemporaryDirectory() as servables, DevicePipeline(args.package) as edge:

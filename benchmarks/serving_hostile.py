@@ -304,7 +304,7 @@ def main(argv=None) -> None:
     from mindvl.cells.kernels.machine import cpu_model, isa_flags, machine_kind
     from mindvl.data.reading.examples import query_examples
     from mindvl.serving.servable import deploy
-    from mindvl.serving.server import ServeConfig
+    from mindvl.serving.serve_config import ServeConfig
 
     print(f"machine: {cpu_model()}; {machine_kind()} ({' '.join(isa_flags())}); {os.cpu_count()} cores", flush=True)
     bodies = [predict_body(example.image, example.question) for example in query_examples(args.data, 64)]

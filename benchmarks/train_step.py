@@ -124,10 +124,10 @@ def reference_flops() -> int:
     return 3 * LAYERS * per_layer
 
 
-def tiny_config():
+def tiny_config(*overrides: str):
     from mindvl.config import load_config
 
-    return load_config("tiny", [f"model.text.vocab_size={TINY_VOCAB}"])
+    return load_config("tiny", [f"model.text.vocab_size={TINY_VOCAB}", *overrides])
 
 
 def tiny_batch(cfg) -> tuple:
@@ -256,35 +256,23 @@ def mindvl_reference_step(kind: str, masked: bool) -> tuple:
 
 
 def mindvl_tiny_step(kind: str) -> tuple:
-    """The tiny recipe's loss net, optimizer and TrainStep as Trainer.__init__ builds them (one process,
-    float32, fixed loss weights, no accumulation), on `tiny_batch`."""
+    """The tiny recipe's training as the Trainer wires it (mindvl.train.wiring.build_training: one process,
+    float32, fixed loss weights, no accumulation), with train.kernels `kind`, on `tiny_batch`."""
     from mindspore import Tensor
 
     from mindvl.cells import build_cells
-    from mindvl.cells.kernels import use_kernels
-    from mindvl.data.reading.loader import MODEL_COLUMNS, TRAIN_COLUMNS
+    from mindvl.data.reading.loader import TRAIN_COLUMNS
     from mindvl.runs import parameter_paths
-    from mindvl.train.distributed import GatherWithGrad, RankMean, gradient_reducer
-    from mindvl.train.losses import MultimodalLoss
-    from mindvl.train.optim import create_optimizer, group_indices
-    from mindvl.train.precision import NoLossScaling
-    from mindvl.train.step import TrainStep
+    from mindvl.train.wiring import build_training
 
-    cfg = tiny_config()
+    cfg = tiny_config(f"train.kernels={kind}", f"train.max_steps={TINY_SCHEDULE_STEPS}")
     batch, _ = tiny_batch(cfg)
     model = build_cells(cfg.model, cfg.preprocess)
-    names = parameter_paths(model)
-    probe_inputs = [Tensor(batch["answer_tokens"][:, :-1]), *(Tensor(batch[name]) for name in MODEL_COLUMNS)]
-    swapped = use_kernels(model, kind, probe=lambda: model(*probe_inputs), log=log)
-    loss_net = MultimodalLoss(model, cfg.train.loss_weights, PAD_ID, cfg.train.loss_weighting, GatherWithGrad())
-    optimizer = create_optimizer(model, cfg.train, TINY_SCHEDULE_STEPS)
-    groups = group_indices(optimizer, {id(param): name for name, param in names.items()})
-    step = TrainStep(loss_net, optimizer, NoLossScaling(), cfg.train.grad_clip, list(groups.values()), 1,
-                     gradient_reducer(optimizer.parameters, 1), RankMean(1))
-    step.set_train(True)
-    inputs = [Tensor(batch[name]) for name in TRAIN_COLUMNS]
-    shapes = {name: tuple(param.shape) for name, param in names.items()}
-    return (lambda: float(step(True, *inputs)[0].asnumpy())), shapes, swapped
+    shapes = {name: tuple(param.shape) for name, param in parameter_paths(model).items()}
+    inputs = {name: Tensor(batch[name]) for name in TRAIN_COLUMNS}
+    parts = build_training(cfg, model, batch=inputs, log=log)
+    parts.train_step.set_train(True)
+    return (lambda: float(parts.train_step(True, *inputs.values())[0].asnumpy())), shapes, parts.kernel_swaps
 
 
 def log(message: str) -> None:

@@ -1,2 +1,4 @@
-"""Deployment: the model package (MindIR graphs + manifest), its verification and evaluation, compression
-(INT8, pruning; distillation trains in mindvl.train) and ONNX export."""
+"""Writing model packages: MindIR graphs + manifest (package_writer.py, graphs.py), a generative model's
+attachments / prefill / decode graphs over one weights file (prefill_decode.py, shared_weights.py), the
+MindSpore Lite 2.0 graphs (lite2_folder.py, lite2_mindir.py), INT8 compression (quantize.py) and ONNX
+(onnx.py). Verifying, evaluating and calibrating a package prepare a deployment: mindvl.deploy."""

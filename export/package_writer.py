@@ -13,7 +13,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 from safetensors.numpy import save_file
-from tqdm import tqdm
+from mindvl.progress import progress_bar
 
 from mindvl.cells import count_cell_parameters
 from mindvl.config import Config
@@ -129,7 +129,7 @@ def write_package(cfg: Config, model: nn.Cell, out: Path, source: Mapping[str, o
     try:
         model.set_train(False)
         entries = {spec.name: write_graph(spec, spec.build(model), sample_graph_inputs(spec, columns), work, key)
-                   for spec in tqdm(specs, desc="export graphs", disable=not progress, leave=False)}
+                   for spec in progress_bar(specs, desc="export graphs", disable=not progress, leave=False)}
         tokenizer.save(work / "tokenizer.json")
         lite2 = None if lite2_batch is None else write_lite2(work, model, chosen, lite2_batch, tokenizer, labels,
                                                              cfg.preprocess)

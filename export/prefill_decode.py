@@ -22,7 +22,7 @@ from typing import List, Mapping, Optional, Sequence
 
 import numpy as np
 from safetensors.numpy import save_file
-from tqdm import tqdm
+from mindvl.progress import progress_bar
 
 from mindvl.cells import AttachmentNet, DecodeNet, PrefillNet
 from mindvl.config import Config
@@ -130,7 +130,7 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
     (work / "samples").mkdir()
     try:
         entries = {}
-        for graph in tqdm(graph_specs(spec, cfg.preprocess), desc="export graphs", disable=not progress, leave=False):
+        for graph in progress_bar(graph_specs(spec, cfg.preprocess), desc="export graphs", disable=not progress, leave=False):
             inputs = _sample_inputs(graph.name, batch, layout, prompts)
             entries[graph.name] = write_graph(graph, nets[graph.name], dict(zip((t.name for t in graph.inputs),
                                                                                  inputs)), work, None)

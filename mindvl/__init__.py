@@ -1,5 +1,12 @@
 """mindvl: native MindSpore multimodal training and deployment."""
+import os
+
 from mindvl.version import __version__  # noqa: F401  (mindvl.__version__)
+
+# MindSpore's C++ log shows errors only, unless the user set GLOG_v: its warnings (the analyzer's "Some side effect
+# nodes were eliminated by mistake", one per compiled generation graph) say nothing a user can act on and drown the
+# progress bars. MindSpore reads it when it is imported, so this holds wherever mindvl is imported first.
+os.environ.setdefault("GLOG_v", "3")
 
 
 def from_pretrained(path, **options):

@@ -10,16 +10,21 @@ The cascade runs where the device would: `mindvl serve --cascade-edge PKG` loads
 (mindvl.lite's DevicePipeline; the serving layer knows it only through `CascadeService`) whose cloud is this very
 server's REST endpoint, and `POST /cascade` answers one instance through it: from the edge when its calibrated
 confidence reaches the threshold, else from the cloud, saying which.
+
+The routes (`page`, `answer_cascade`) take the `Server` (server.py); it holds the cascade once one is attached.
 """
 import asyncio
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, Optional, Protocol
+from typing import Any, Dict, Protocol
 
 from aiohttp import web
 
 from mindvl.preprocess import MAX_IMAGE_SIDE
+from mindvl.serving.failures import Failure
+from mindvl.serving.rest_bodies import held_body, json_reply, parse_instances
 
 FOLDER = Path(__file__).with_name("demo")
 ASSETS = {"/": ("index.html", "text/html"), "/demo/demo.js": ("demo.js", "application/javascript"),
@@ -44,17 +49,37 @@ class CascadeService(Protocol):
         """Release the edge's runtime."""
 
 
-def asset(path: str) -> web.Response:
-    """One of the page's files (read on each request: a few KB, and an edited file shows at once)."""
+def page(server, path: str) -> web.Response:
+    """`GET` of one of PATHS: a file of the page (read on each request: a few KB, and an edited file shows at
+    once), or the settings the page checks before it sends: the largest body, the largest image side, and the
+    cascade (or null)."""
+    if path == SETTINGS:
+        cascade = server.cascade.service.describe() if server.cascade is not None else None
+        return web.json_response({"max_request_mb": server.config.max_request_mb, "max_image_side": MAX_IMAGE_SIDE,
+                                  "cascade": cascade})
     name, kind = ASSETS[path]
     return web.Response(body=(FOLDER / name).read_bytes(), content_type=kind, charset="utf-8",
                         headers={"Cache-Control": "no-cache"})
 
 
-def settings(max_request_mb: float, cascade: Optional[CascadeService]) -> web.Response:
-    """What the page checks before it sends: the largest body, the largest image side, and the cascade (or null)."""
-    return web.json_response({"max_request_mb": max_request_mb, "max_image_side": MAX_IMAGE_SIDE,
-                              "cascade": cascade.describe() if cascade is not None else None})
+async def answer_cascade(server, request: web.Request) -> web.Response:
+    """`POST /cascade`: one instance (the cloud servable's method's inputs) through the edge-cloud cascade."""
+    if request.method != "POST":
+        raise Failure("http message only support POST right now", 405, "protocol")
+    if server.cascade is None:
+        raise Failure("this server has no edge-cloud cascade; start mindvl serve with --cascade-edge PKG (an "
+                      "exported package that answers on this machine as a device would)", 404, "not_found")
+    async with held_body(server, request) as body:
+        instances = parse_instances(server, body, 1)
+    try:
+        result = await asyncio.wait_for(server.cascade.answer(instances[0]), server.config.timeout_s)
+    except ValueError as error:  # a bad instance (InputError, ConfigError)
+        server.metrics.errors.labels("instance").inc()
+        raise Failure(str(error), 400, "instance") from None
+    except asyncio.TimeoutError:
+        raise Failure(f"the cascade did not answer within {server.config.timeout_s:g} s (--timeout-s)", 504,
+                      "timeout") from None
+    return json_reply(server, json.dumps(result).encode())
 
 
 class CascadeEndpoint:

@@ -13,7 +13,7 @@ Errors in a reply (MindSpore Serving's layout, from its `proto_tensor.cc` and it
   * the whole request failed: one `error_msg` entry and no `instances`.
 `error_code` is MindSpore's status code (`ErrorCode`), not a position. MindSpore's master also folds
 "every instance failed with the same message" into the whole-request form; this module keeps the
-per-instance entries it is given, and the server folds them for MindSpore Serving servables.
+per-instance entries it is given, and predict.py folds them for MindSpore Serving servables.
 
 PredictStream (mindvl's; MindSpore Serving has no streaming rpc and answers it UNIMPLEMENTED) takes the same
 PredictRequest with exactly one instance of a generative servable's `generate` and answers a PredictReply per

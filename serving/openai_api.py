@@ -1,4 +1,5 @@
-"""The OpenAI chat API over generative servables: `POST /v1/chat/completions`, `GET /v1/models`.
+"""The OpenAI chat API's requests and bodies: a `POST /v1/chat/completions` body read as a generate instance, and
+the answers (whole, as chunks, the models list, errors) written as OpenAI's JSON (openai_routes.py serves them).
 
 The request's `model` names a servable (its newest version; `name@N` a version). The last user message is the
 question: its text parts, at most one image (`image_url` with a `data:` URL; remote URLs are refused, the server

@@ -310,7 +310,8 @@ def fresh_servables(deployed, tmp_path):
 def live_server(deployed):
     """A server over `deployed` on free 127.0.0.1 ports with dynamic batching (max batch 8), no directory
     polling, shared by a test module."""
-    from mindvl.serving.server import BackgroundServer, ServeConfig
+    from mindvl.serving.serve_config import ServeConfig
+    from mindvl.serving.server import BackgroundServer
 
     config = ServeConfig(servable_dir=str(deployed), port=0, grpc_port=0, poll_s=0, max_batch_size=8)
     with BackgroundServer(config) as server:

@@ -15,6 +15,7 @@ def _recipe(converted, decoder, root, *extra):
         "preprocess.max_audio_frames=64", "model.vision.patch_size=14",
         f"model.pretrained.vision={converted('dinov2')}", f"model.pretrained.audio={converted('whisper-base')}",
         f"model.pretrained.decoder={decoder}", "model.decoder.lora_rank=4", "model.projector.audio_tokens=8",
+        "model.chat_template=plain",
         *extra])
 
 

@@ -1,13 +1,10 @@
 """The `mindvl` command line: it only wires the library's entry points together."""
 import argparse
 import importlib
-import os
 import sys
 from typing import List, Optional
 
-os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings drown the progress bars
-
-from mindvl.errors import MindvlError  # noqa: E402  (after GLOG_v: MindSpore reads it at import)
+from mindvl.errors import MindvlError  # importing mindvl quiets MindSpore's C++ warnings first (mindvl/__init__.py)
 
 # the modules of mindvl/cli that register commands, in the order `mindvl --help` lists them; each imports the
 # library only inside its handlers, so building the parser imports no MindSpore

@@ -21,7 +21,7 @@ FILE_INPUTS = ("image", "audio")
 def _serve_config(args):
     """ServeConfig from --config's YAML (unknown keys refused, naming them), the flags given overriding it."""
     from mindvl.config import read_yaml
-    from mindvl.serving.server import ServeConfig
+    from mindvl.serving.serve_config import ServeConfig
     values, source = {}, "flags"
     if args.serve_config:
         path = Path(args.serve_config)

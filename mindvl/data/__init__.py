@@ -1,6 +1,8 @@
-"""Data: building the data set (`build`), reading it (`loader`, `stream`), and the sources behind it.
+"""Data: building the data set offline (`build/`), reading it online (`reading/`), and the on-disk format
+between them (records.py: the MindRecord tables; root.py: a data root; conversation_samples.py: the
+generative model's conversations).
 
-`create_dataset` is imported lazily so that `import mindvl.data` stays cheap (no mindspore import).
+The names below are imported lazily so that `import mindvl.data` stays cheap (no mindspore import).
 """
 
 __all__ = ["create_dataset", "build_dataset", "load_meta", "load_tokenizer", "COLUMNS"]

@@ -3,13 +3,12 @@ test split."""
 import time
 from typing import Any, Dict
 
-from tqdm import tqdm
-
 from mindvl.cells import AudioEmbedNet, ImageEmbedNet, TextEmbedNet
 from mindvl.config import Config
 from mindvl.data.reading.loader import split_inputs
 from mindvl.eval.retrieval import audio_to_text, image_to_caption
 from mindvl.eval.vqa import majority_baseline, vqa_accuracy
+from mindvl.progress import log_line
 from mindvl.pretrained.tokens import token_cache
 
 
@@ -20,7 +19,7 @@ def evaluate(cfg: Config, model, progress: bool = True) -> Dict[str, Any]:
     start = time.perf_counter()
     tokens = token_cache(cfg, model)
     if tokens is not None:
-        tokens.fill(model, *split_inputs(cfg, "test"), log=tqdm.write if progress else None, progress=progress)
+        tokens.fill(model, *split_inputs(cfg, "test"), log=log_line if progress else None, progress=progress)
     text_net = TextEmbedNet(model)
     report: Dict[str, Any] = {"baseline": majority_baseline(cfg)}
     for modality in ("text", "audio"):

@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from tqdm import tqdm
+from mindvl.progress import progress_bar
 
 from mindvl import preprocess as P
 from mindvl.chat import recipe_chat
@@ -142,7 +142,7 @@ class GenerativeEvaluator:
 
     def _generate(self, prompts: list, max_new_tokens: int, what: str, progress: bool) -> List[str]:
         texts: List[str] = []
-        for start in tqdm(range(0, len(prompts), self.batch_size), desc=what, disable=not progress, leave=False):
+        for start in progress_bar(range(0, len(prompts), self.batch_size), desc=what, disable=not progress, leave=False):
             batch = prompts[start:start + self.batch_size]
             texts += [answer.text for answer in self.generator.generate(batch, max_new_tokens=max_new_tokens)]
         return texts

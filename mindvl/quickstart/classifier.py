@@ -65,7 +65,8 @@ def run_classifier_quickstart(work: Path, cfg: Config, progress: bool = True) ->
 def _served(package: Path, servables: Path):
     """Deploy the package as servable `vqa` and serve it on free local ports -> (server, version)."""
     from mindvl.serving.servable import deploy
-    from mindvl.serving.server import BackgroundServer, ServeConfig
+    from mindvl.serving.serve_config import ServeConfig
+    from mindvl.serving.server import BackgroundServer
 
     shutil.rmtree(servables, ignore_errors=True)  # the workdir's own: a previous run's package is replaced
     version, _ = deploy(package, servables, "vqa")

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 from safetensors.numpy import save_file
-from tqdm import tqdm
+from mindvl.progress import progress_bar
 
 from mindvl.errors import ConfigError
 from mindvl.config import config_from_dict
@@ -183,7 +183,7 @@ def evaluate_soup(out: PathLike, data_root: Optional[str] = None, progress: bool
     entries = [(item["source"], item["weight"], Path(item["weights_file"])) for item in record["ingredients"]]
     entries.append(("average", None, Path(out) / MODEL_FILE))
     rows = []
-    for label, weight, path in tqdm(entries, desc="evaluate soup", disable=not progress):
+    for label, weight, path in progress_bar(entries, desc="evaluate soup", disable=not progress):
         load_model_weights(model, path)
         rows.append({"ingredient": label, "weight": weight, **_vqa(cfg, model, progress)})
     record["evaluation"] = {"data_root": str(cfg.data.root), "rows": rows}

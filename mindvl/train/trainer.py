@@ -1,4 +1,5 @@
-"""The Trainer: wires config, data, model, objectives, precision and optimizer into a compiled loop.
+"""The Trainer: runs the compiled loop over what mindvl.train.wiring builds from config and model, with its
+logs, validation, checkpoints and resume.
 
 Python API (the CLI's `mindvl train` does the same):
 
@@ -15,35 +16,24 @@ from typing import Dict, List, Optional, Tuple
 
 import mindspore as ms
 import numpy as np
-from mindspore import amp, nn
+from mindspore import nn
 from tqdm import tqdm
 
-from mindvl.cells import TokenInputModel
-from mindvl.cells.kernels import use_kernels
-from mindvl.errors import ConfigError
 from mindvl.config import Config, recipes_writing
-from mindvl.data import load_tokenizer
-from mindvl.data.reading.conversation_loader import ConversationStream, conversation_inputs
-from mindvl.data.reading.loader import MODEL_COLUMNS, split_inputs
 from mindvl.data.reading.packing import PACKED_STREAMS, PackingLog
-from mindvl.data.reading.stream import ResumableStream, TrainStream
-from mindvl.model_factory import bind_config, create_model
-from mindvl.pretrained.bind import base_weights, check_base
-from mindvl.pretrained.tokens import token_cache
 from mindvl.errors import CheckpointError
+from mindvl.model_factory import bind_config, create_model
+from mindvl.pretrained.bind import check_base
 from mindvl.runs import (CHECKPOINTS, CONFIG_FILE, STATE_FILE, load_model_weights, parameter_paths, read_state, read_weights, resolve_checkpoint)
 from mindvl.train.arguments import TrainingArguments
 from mindvl.train.checkpoint import (check_same_model, find_resumable, load_optimizer_state, mark_best, save_checkpoint,
                                      verify_checkpoint)
-from mindvl.train.distill import DistillationLoss, distillation_loss, load_teacher
-from mindvl.train.distributed import GatherWithGrad, RankMean, gradient_reducer, init_data_parallel, sum_over_ranks
-from mindvl.train.losses import LOSS_NAMES, GenerativeLoss, MultimodalLoss
+from mindvl.train.distill import DistillationLoss
+from mindvl.train.distributed import init_data_parallel
+from mindvl.train.losses import LOSS_NAMES
 from mindvl.train.metrics_log import MetricsLog
-from mindvl.train.optim import apply_recompute, create_optimizer, freeze_modules, group_indices
-from mindvl.train.precision import NoLossScaling, apply_precision, set_objective_precision
 from mindvl.train.result import TrainResult
-from mindvl.train.schedule import warmup_cosine
-from mindvl.train.step import TrainStep
+from mindvl.train.wiring import build_training
 
 BEST_METRIC = "val_vqa"  # mean validation VQA accuracy over text and spoken questions
 logger = logging.getLogger("mindvl.train")
@@ -58,78 +48,26 @@ class Trainer:
     so the run continues with exactly the batches it would have seen."""
 
     def __init__(self, model: nn.Cell, args: TrainingArguments):
-        cfg = bind_config(args.config)
-        self.cfg, self.model, self.progress = cfg, model, args.progress
-        self.rank, self.world = init_data_parallel()
-        self.strategy = None
-        if cfg.train.parallel:  # the strategy file sets micro-batches and recompute before they are read
-            from mindvl.parallel.apply import prepare_training
-            self.strategy = prepare_training(cfg, model, self.world)
-        self.output_dir = Path(cfg.train.output_dir)
-        train_cfg = cfg.train
-        self.generative = cfg.model.generative
-        if self.generative:
-            _check_generative_recipe(cfg)
-        if train_cfg.eval_every and cfg.data.validation_fraction <= 0:
-            raise ConfigError("train.eval_every: evaluation during training needs a validation split; set "
-                              "data.validation_fraction (e.g. 0.05) or train.eval_every=0")
-        # checked and loaded before any data work: a teacher that does not fit the recipe fails fast
-        teacher = load_teacher(cfg) if train_cfg.distill.teacher else None
-        use_kernels(model, train_cfg.kernels, compute=train_cfg.precision.compute,
-                    probe=lambda: first_batch_forward(cfg, model), log=self._write,
-                    agree=sum_over_ranks if self.world > 1 else None)
-        freeze_modules(model, train_cfg)
-        self.recomputed = apply_recompute(model, train_cfg)
-        # frozen converted weights are not stored: a checkpoint names their folders and sha256 instead
-        self.base, self.base_parameters = base_weights(model, cfg) if self.generative else ({}, frozenset())
-        # frozen encoders' cached states, or None: they run every step
-        self.tokens = token_cache(cfg, model)
-        self.stream = training_stream(cfg, model, self.tokens)
-        if getattr(self.stream, "left_out", None):
-            row, reason = next(iter(self.stream.left_out.items()))
-            self._warn(f"{len(self.stream.left_out)} training conversation(s) do not fit a packed row of "
-                       f"{cfg.data.packing.length} tokens and are left out (row {row}: {reason}); raise "
-                       f"data.packing.length or lower model.projector's token counts to train on them")
-        self.total_steps = train_cfg.max_steps or train_cfg.epochs * self.stream.steps_per_epoch
-        self.lr = warmup_cosine(train_cfg.lr, train_cfg.min_lr, train_cfg.warmup_steps, self.total_steps)
-        network = model
-        self.token_cache_seconds = 0.0
-        if self.tokens is not None:
-            start = time.perf_counter()
-            inputs = conversation_inputs(cfg, "train") if self.generative else split_inputs(cfg, "train")
-            self.tokens.fill(model, *inputs, log=self._write, progress=self.progress)
-            self.token_cache_seconds = round(time.perf_counter() - start, 1)
-            network = TokenInputModel(model)
-        if self.generative:
-            self.loss_net = GenerativeLoss(apply_precision(network, train_cfg.precision),
-                                           RankMean(self.world) if self.world > 1 else None)
-        else:
-            self.loss_net = MultimodalLoss(apply_precision(network, train_cfg.precision), train_cfg.loss_weights,
-                                           load_tokenizer(cfg.data.root).pad_id, train_cfg.loss_weighting,
-                                           GatherWithGrad(self.rank, self.world))
-        set_objective_precision(self.loss_net.objectives(), train_cfg.precision)
-        if self.strategy is not None and ms.get_auto_parallel_context("parallel_mode") == "semi_auto_parallel":
-            from mindvl.parallel.apply import apply_loss_strategy  # Ascend: prepare_training set the context
-            apply_loss_strategy(self.loss_net, self.strategy)
-        if teacher is not None:  # the student's objectives plus the teacher's (mindvl.train.distill)
-            self.loss_net = distillation_loss(cfg, model, self.loss_net, teacher)
-        inside = {id(param) for param in model.get_parameters()}  # learned loss weights, feature maps: outside
-        self.optimizer = create_optimizer(model, train_cfg, self.total_steps,
-                                          extra=[p for p in self.loss_net.trainable_params() if id(p) not in inside])
-        names = {id(param): name for name, param in parameter_paths(model).items()}
-        self.groups = group_indices(self.optimizer, names)
-        self.scaler = self._loss_scaler()
-        self.train_step = TrainStep(self.loss_net, self.optimizer, self.scaler, train_cfg.grad_clip,
-                                    list(self.groups.values()), self.stream.accumulation,
-                                    gradient_reducer(self.optimizer.parameters, self.world), RankMean(self.world))
+        self.cfg, self.model, self.progress = bind_config(args.config), model, args.progress
+        self.rank, self.world = init_data_parallel()  # before the wiring: its lines go out on rank 0 only
+        self.output_dir = Path(self.cfg.train.output_dir)
+        self.generative = self.cfg.model.generative
+        self.parts = build_training(self.cfg, model, log=self._write, warn=self._warn, progress=self.progress)
         self.start_step = 0
         self.best: Dict[str, object] = {}
         self.evaluator = None  # the generative model's validation generator, built at the first validation
         resume_point = self._resume_point(args.resume)
         if resume_point is not None:
             self._restore(*resume_point)
-        elif train_cfg.init_from:
-            self._initialise(train_cfg.init_from)
+        elif self.cfg.train.init_from:
+            self._initialise(self.cfg.train.init_from)
+
+    def __getattr__(self, name: str):
+        """The wired parts (TrainingParts: stream, loss_net, optimizer, train_step, ...) read as the trainer's
+        own, as the loop and its callers use them: trainer.stream, trainer.train_step."""
+        if name == "parts":  # not set yet (a failed __init__, copy): no recursion
+            raise AttributeError(name)
+        return getattr(self.parts, name)
 
     # ------------------------------------------------------------------ setup and resume
 
@@ -137,12 +75,6 @@ class Trainer:
     def learned_weights(self) -> bool:
         """The objectives' weights are learned (train.loss_weighting: uncertainty; the classifier's only)."""
         return self.loss_net.weighting is not None and self.loss_net.weighting.learned
-
-    def _loss_scaler(self):
-        settings, dtype = self.cfg.train.loss_scale, self.cfg.train.precision.low_dtype
-        if settings.mode == "dynamic" or (settings.mode == "auto" and dtype == "float16"):
-            return amp.DynamicLossScaler(settings.init, settings.factor, settings.window)
-        return NoLossScaling()
 
     def _extra_state(self) -> Dict[str, np.ndarray]:
         """What the checkpoint keeps besides model and optimizer moments."""
@@ -405,38 +337,6 @@ class Trainer:
         if self.progress:
             tqdm.write(f"warning: {message}")
         logger.warning(message)
-
-
-def training_stream(cfg: Config, model: nn.Cell, tokens=None, shard_id: Optional[int] = None,
-                    num_shards: Optional[int] = None) -> ResumableStream:
-    """The recipe's training stream: the conversations for a generative model (slots sized by `model`), the
-    examples for the classifier; from cached encoder states with `tokens`."""
-    if cfg.model.generative:
-        return ConversationStream(cfg, model.image_tokens, model.audio_tokens, shard_id, num_shards, tokens=tokens)
-    return TrainStream(cfg, shard_id, num_shards, tokens=tokens)
-
-
-def _check_generative_recipe(cfg: Config) -> None:
-    """What the generative model does not train with yet: refused before any work, naming the setting."""
-    if cfg.train.distill.teacher:
-        raise ConfigError("train.distill.teacher: not available for a generative recipe yet (model.decoder); "
-                          "remove it to train the generative model")
-
-
-def first_batch_forward(cfg: Config, model: nn.Cell) -> None:
-    """`model` on the first training micro-batch, as the objectives call it: the shapes train.kernels
-    "auto" times its operations at. The batch comes from a stream of its own, so the run's data position is
-    untouched."""
-    stream = training_stream(cfg, model)
-    batches = iter(stream)
-    try:
-        columns = dict(zip(stream.columns, next(batches)[1]))
-    finally:
-        batches.close()
-    if cfg.model.generative:
-        model(*list(columns.values())[2:])  # after the labels and their weights: the model's inputs
-    else:
-        model(columns["answer_tokens"][:, :-1], *(columns[name] for name in MODEL_COLUMNS))
 
 
 def train(cfg: Config, progress: bool = True, resume: Optional[str] = None) -> TrainResult:

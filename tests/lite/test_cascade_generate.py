@@ -15,7 +15,8 @@ SETTINGS = {"max_new_tokens": 8, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def cloud(generative_package, tmp_path_factory):
-    from mindvl.serving.server import BackgroundServer, ServeConfig
+    from mindvl.serving.serve_config import ServeConfig
+    from mindvl.serving.server import BackgroundServer
     from mindvl.serving.servable import deploy
 
     servables = tmp_path_factory.mktemp("cascade_servables")

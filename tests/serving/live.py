@@ -13,7 +13,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from mindvl.serving import grpc_protocol as G
-from mindvl.serving.server import ServeConfig
+from mindvl.serving.serve_config import ServeConfig
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1, never through a proxy
 ADMIN_ENV = "MINDVL_TEST_ADMIN_TOKEN"  # config(..., admin_token_env=ADMIN_ENV) turns the admin endpoints on

@@ -23,7 +23,7 @@ from mindvl.cli.main import build_parser, main
 from mindvl.data import load_meta
 from mindvl.data.reading.examples import query_examples
 from mindvl.serving import Client
-from mindvl.serving.server import ServeConfig
+from mindvl.serving.serve_config import ServeConfig
 
 STARTED = re.compile(r"mindvl serve: REST (http://\S+), gRPC (\S+);")
 

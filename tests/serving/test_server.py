@@ -22,7 +22,8 @@ from mindvl.data import load_meta, load_tokenizer
 from mindvl.data.reading.examples import query_examples
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.servable import CONFIG_FILE, deploy
-from mindvl.serving.server import BackgroundServer, ServeConfig
+from mindvl.serving.serve_config import ServeConfig
+from mindvl.serving.server import BackgroundServer
 
 # A hand-written servable over the same package: typed tensors straight into the text_embed graph, a Python
 # stage whose outputs are a bare scalar, a str and bytes, and a method without stages (its input comes back).

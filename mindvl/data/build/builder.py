@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Protocol, Sequence, Set, Tuple, Union
 
 import numpy as np
-from tqdm import tqdm
+from mindvl.progress import progress_bar
 
 from mindvl import preprocess as P
 from mindvl.errors import ConfigError
@@ -360,7 +360,7 @@ def _inspect_images(work: Path, src: SourceSplit, rows: Dict[int, List[_Row]], p
                     quarantine: Quarantine, progress: bool) -> Dict[int, _Image]:
     """Decode and measure every image of the split; unusable ones are dropped (corrupt ones copied)."""
     kept: Dict[int, _Image] = {}
-    for image_id in tqdm(sorted(src.image_paths), desc=f"images {src.name}", unit="img", disable=not progress):
+    for image_id in progress_bar(sorted(src.image_paths), desc=f"images {src.name}", unit="img", disable=not progress):
         path, ref = Path(src.image_paths[image_id]), src.image_ref(image_id)
         try:
             data = path.read_bytes()
@@ -590,7 +590,7 @@ def _make_clips(work: Path, cfg: Config, plan: Dict, progress: bool) -> Tuple[Li
 
     jobs = [(qid, voice, rate, split) for split in SPLITS for qid in plan["used"][split]
             if (split, qid) not in has_user for voice in plan["voices"][split][0] for rate in plan["voices"][split][1]]
-    with tqdm(total=len(jobs), desc="speech", unit="clip", disable=not progress) as bar:
+    with progress_bar(total=len(jobs), desc="speech", unit="clip", disable=not progress) as bar:
         spoken = speech.synthesize_fresh([(plan["questions"][str(qid)], voice, rate) for qid, voice, rate, _ in jobs],
                                          pre.sample_rate, workers=min(2, os.cpu_count() or 1),
                                          on_voice_done=bar.update)
@@ -615,7 +615,7 @@ def _write_shards(work: Path, split: str, table: List[Tuple[_Image, _Row]], shar
                   report: BuildReport, progress: bool) -> List[str]:
     """Write the split's rows into `shards` contiguous shards, skipping shards an interrupted build finished."""
     names = records.shard_names(split, shards)
-    bar = tqdm(total=len(table), desc=f"write {split}", unit="row", disable=not progress)
+    bar = progress_bar(total=len(table), desc=f"write {split}", unit="row", disable=not progress)
     for name, span in zip(names, records.shard_ranges(len(table), shards)):
         ids = [(i, table[i][0].image_id, question_ids[table[i][1].question], caption_ids[table[i][1].caption],
                 answer_ids[table[i][1].answer]) for i in span]
@@ -685,7 +685,7 @@ def _write_conversations(work: Path, name: str, samples: List[ConversationSample
     finished (as `_write_shards`)."""
     names = records.shard_names(name, shards)
     rows = [table_row(sample, i) for i, sample in enumerate(samples)]
-    bar = tqdm(total=len(rows), desc=f"write {name}", unit="row", disable=not progress)
+    bar = progress_bar(total=len(rows), desc=f"write {name}", unit="row", disable=not progress)
     for file, span in zip(names, records.shard_ranges(len(rows), shards)):
         plan = {"rows": [{key: hashlib.sha256(value).hexdigest() if isinstance(value, bytes) else value
                           for key, value in rows[i].items()} for i in span]}

@@ -9,7 +9,7 @@ from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, ChatEncoder, chat_template, conv
 from mindvl.data.reading.conversation_packing import ConversationPacker
 from mindvl.errors import InputError
 
-TOKENIZER = Path(__file__).parents[1] / "references" / "tiny_gemma3_text" / "tokenizer.json"
+TOKENIZER = Path(__file__).parents[2] / "references" / "tiny_gemma3_text" / "tokenizer.json"
 IMAGE_TOKENS, AUDIO_TOKENS = 4, 2
 
 

@@ -1,0 +1,52 @@
+"""MindSpore Serving 2.0's REST route: `POST /model/<servable>[/version/<n>]:<method>` (protocol.py reads and
+writes its JSON). A generative servable's `:generate` asked with `Accept: text/event-stream` answers one
+instance's deltas as Server-Sent Events instead of one reply.
+
+The route takes the `Server` (server.py); what it shares with the other routes (bodies, predict, the event
+stream) is in rest_bodies.py, predict.py and event_stream.py.
+"""
+from typing import Any, Dict, List
+
+from aiohttp import web
+
+from mindvl.serving.event_stream import stream_events
+from mindvl.serving.failures import Failure
+from mindvl.serving.openai_api import DONE, Completion
+from mindvl.serving.predict import generative, predict
+from mindvl.serving.protocol import InstanceError, ProtocolError, encode_reply, parse_url
+from mindvl.serving.register import GENERATE
+from mindvl.serving.rest_bodies import held_body, json_reply, parse_instances, protocol_failure
+
+
+async def answer(server, request: web.Request) -> web.StreamResponse:
+    """One predict request, answered while its body's bytes are held in the budget (max_inflight_mb): its
+    declared Content-Length, or max_request_mb when the length is undeclared or the body compressed
+    (aiohttp bounds a decoded body by client_max_size)."""
+    if request.method != "POST":
+        raise Failure("http message only support POST right now", 405, "protocol")
+    try:
+        servable, version, method = parse_url(path=request.path)
+    except ProtocolError as error:
+        raise protocol_failure(server, error) from None
+    async with held_body(server, request) as body:
+        instances = parse_instances(server, body, server.config.max_instances)
+        if method == GENERATE and "text/event-stream" in request.headers.get("Accept", ""):
+            return await _generate_events(server, request, servable, version, instances)
+        results, _ = await predict(server, servable, version, method, instances, "rest")
+        return json_reply(server, encode_reply(results))
+
+
+async def _generate_events(server, request: web.Request, servable: str, version: int,
+                           instances: List[Dict[str, Any]]) -> web.StreamResponse:
+    """`:generate` with `Accept: text/event-stream`: one instance's deltas as Server-Sent Events
+    ({"text", "token", "finish_reason"}), then `data: [DONE]`."""
+    if len(instances) != 1:
+        raise Failure(f"a streamed generate takes one instance, got {len(instances)}", 400, "protocol")
+    loaded = generative(server.catalog, servable, version)
+    with server.catalog.using(loaded):
+        try:
+            generation = await loaded.start_generation(instances[0], server.pool)
+        except InstanceError as error:
+            raise Failure(str(error), 400, "instance") from None
+        return await stream_events(request, generation, server.metrics, lambda d: Completion.event(
+            {"text": d.text, "token": d.token, "logprob": d.logprob, "finish_reason": d.finish}), DONE)
