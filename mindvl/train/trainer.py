@@ -17,13 +17,13 @@ from typing import Dict, List, Optional, Tuple
 import mindspore as ms
 import numpy as np
 from mindspore import nn
-from tqdm import tqdm
 
 from mindvl.config import Config, recipes_writing
 from mindvl.data.reading.packing import PACKED_STREAMS, PackingLog
 from mindvl.errors import CheckpointError
 from mindvl.model_factory import bind_config, create_model
 from mindvl.pretrained.bind import check_base
+from mindvl.progress import log_line, progress_bar
 from mindvl.runs import (CHECKPOINTS, CONFIG_FILE, STATE_FILE, load_model_weights, parameter_paths, read_state, read_weights, resolve_checkpoint)
 from mindvl.train.arguments import TrainingArguments
 from mindvl.train.checkpoint import (check_same_model, find_resumable, load_optimizer_state, mark_best, save_checkpoint,
@@ -198,7 +198,7 @@ class Trainer:
         compile_seconds, skipped, checkpoint = 0.0, 0, None
         validation: List[Dict[str, object]] = []
         self.train_step.set_train(True)
-        bar = tqdm(total=self.total_steps, initial=self.start_step, desc="train", unit="step",
+        bar = progress_bar(total=self.total_steps, initial=self.start_step, desc="train", unit="step",
                    disable=not self.progress or self.rank != 0)
         run_packing, window_packing = PackingLog(), PackingLog()
         self._write(self.stream.packer.describe() if self.generative
@@ -329,13 +329,13 @@ class Trainer:
         if self.rank != 0:
             return
         if self.progress:
-            tqdm.write(message)
+            log_line(message)
         else:
             logger.info(message)
 
     def _warn(self, message: str) -> None:
         if self.progress:
-            tqdm.write(f"warning: {message}")
+            log_line(f"warning: {message}")
         logger.warning(message)
 
 
