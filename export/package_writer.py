@@ -60,12 +60,13 @@ def file_entries(folder: Path) -> Dict[str, dict]:
             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
 
 
-def manifest_head(cfg: Config, model: nn.Cell, source: Mapping[str, object], version: int,
+def manifest_head(name: str, model: nn.Cell, source: Mapping[str, object], version: int,
                   compression: Optional[Mapping[str, object]], key: Optional[bytes]) -> dict:
-    """The manifest fields every package starts with: format, model, versions, provenance, compression."""
+    """The manifest fields every package starts with: format, model (`name`: the recipe's), versions,
+    provenance, compression."""
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION,
-        "name": cfg.name, "version": int(version),
+        "name": name, "version": int(version),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "mindvl_version": __version__, "mindspore_version": ms.__version__,
         "source": dict(source), "parameters": count_cell_parameters(model),
@@ -135,7 +136,7 @@ def write_package(cfg: Config, model: nn.Cell, out: Path, source: Mapping[str, o
                                                              cfg.preprocess)
         (work / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         manifest = {
-            **manifest_head(cfg, model, source, version, compression, key),
+            **manifest_head(cfg.name, model, source, version, compression, key),
             "preprocess": {**preprocess_dict(cfg.preprocess), "tokenizer": "tokenizer.json",
                            "pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id},
             "labels": labels,

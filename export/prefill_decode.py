@@ -44,7 +44,7 @@ SAMPLE_TOKENS = 16  # tokens generated for each at export (greedy) and again by 
 MAX_NEW_TOKENS = 64  # the most tokens one request may ask for (the cache holds the longest bucket + these)
 
 
-def generation_spec(cfg: Config, model, chat, cache_len: int, max_new_tokens: int,
+def generation_spec(model, chat, cache_len: int, max_new_tokens: int,
                     buckets: Sequence[int] = ()) -> GenerationSpec:
     """buckets: the prompt lengths to export a prefill graph for (default: every prompt_buckets size that leaves
     room for max_new_tokens). Each prefill graph holds the decoder: a server or device keeps one copy of its
@@ -116,7 +116,7 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
                            f"in turn); leave --lite2-batch out")
     lm = model.decoder
     cache_len = int(cache_len or min(lm.cfg.max_positions, 512))
-    spec = generation_spec(cfg, model, chat, cache_len, max_new_tokens, buckets)
+    spec = generation_spec(model, chat, cache_len, max_new_tokens, buckets)
     lm.cache_len = cache_len  # a constant of the generation graphs
     model.set_train(False)
     nets = {s.name: s.build(model) for s in graph_specs(spec, cfg.preprocess)}
@@ -147,7 +147,7 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
                           for g in graph_specs(spec, cfg.preprocess)], spec, chat, cfg.preprocess)
         (work / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         manifest = {
-            **manifest_head(cfg, model, source, version, compression, None),
+            **manifest_head(cfg.name, model, source, version, compression, None),
             "kind": "generative",
             "preprocess": {**preprocess_dict(cfg.preprocess), "tokenizer": spec.tokenizer},
             "labels": [],

@@ -19,10 +19,11 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from mindvl.choices import LITE_BACKENDS
 from mindvl.errors import MindvlError
 from mindvl.lite import lite2_runtime
 
-BACKENDS = ("mindspore_lite", "lite2", "graphcell")
+BACKENDS = tuple(b for b in LITE_BACKENDS if b != "auto")  # the runtimes, in the order "auto" tries them
 TensorInfo = Tuple[str, str, Tuple[int, ...]]  # name, numpy dtype name, shape
 
 
@@ -256,8 +257,8 @@ class LiteModel:
     """A model on the device runtime; see the module docstring for the backends."""
 
     def __init__(self, backend: str = "auto") -> None:
-        if backend not in ("auto", *BACKENDS):
-            raise LiteError(f"backend {backend!r}: choose auto, {', '.join(BACKENDS)}")
+        if backend not in LITE_BACKENDS:
+            raise LiteError(f"backend {backend!r}: choose {', '.join(LITE_BACKENDS)}")
         self.backend_name = default_backend() if backend == "auto" else backend
         self._backend = None
         self._fixed_batch = False  # a resize failed: run() feeds other batch sizes in chunks

@@ -146,7 +146,7 @@ def _open_encoder(path: Path, image_size: Optional[int]):
 def _open_package(path: Path, backend: str, threads: int):
     from mindvl.lite.device import DevicePipeline
 
-    return DevicePipeline(path, backend=LITE_BACKENDS.check("backend", backend), threads=threads)
+    return DevicePipeline(path, backend=backend, threads=threads)
 
 
 _OPEN = {LLM: _open_llm, GENERATIVE_RUN: _open_generative_run, CLASSIFIER_RUN: _open_classifier_run,

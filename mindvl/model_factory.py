@@ -24,7 +24,7 @@ from mindvl.cells import MultimodalLM, MultimodalModel, build_cells
 from mindvl.cells.linear import merged_state
 from mindvl.chat import recipe_template
 from mindvl.errors import ConfigError
-from mindvl.config import STACKS, Config, config_from_dict, load_config
+from mindvl.config import STACKS, Config, DataConfig, config_from_dict, load_config
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.files import sha256_file
 from mindvl.errors import InputError
@@ -36,14 +36,14 @@ from mindvl.runs import STATE_FILE, assign_state, load_model_weights, read_run_c
 def bind_data(cfg: Config, vocab: int, answers: int) -> Config:
     """Set model.text.vocab_size and model.num_answers from the data set (0 in a recipe means exactly
     this); a recipe value that disagrees with the data is an error, not a silent resize."""
-    _bind(cfg, cfg.model.text, "vocab_size", "model.text.vocab_size", vocab, "tokens in its tokenizer")
-    _bind(cfg, cfg.model, "num_answers", "model.num_answers", answers, "answers")
+    _bind(cfg.data, cfg.model.text, "vocab_size", "model.text.vocab_size", vocab, "tokens in its tokenizer")
+    _bind(cfg.data, cfg.model, "num_answers", "model.num_answers", answers, "answers")
     return cfg
 
 
-def _bind(cfg: Config, section, name: str, key: str, value: int, what: str) -> None:
+def _bind(data: DataConfig, section, name: str, key: str, value: int, what: str) -> None:
     if getattr(section, name) not in (0, value):
-        raise ConfigError(f"{key}: {getattr(section, name)} does not match the data in {cfg.data.root} "
+        raise ConfigError(f"{key}: {getattr(section, name)} does not match the data in {data.root} "
                           f"({value} {what}); set it to 0 to follow the data")
     setattr(section, name, value)
 
@@ -54,7 +54,7 @@ def bind_config(cfg: Config) -> Config:
     tokenizer = load_tokenizer(cfg.data.root)
     bind_data(cfg, tokenizer.vocab_size, len(load_meta(cfg.data.root)["answers"]))
     if cfg.model.generative and not cfg.model.pretrained.decoder:
-        _bind(cfg, cfg.model.decoder, "vocab_size", "model.decoder.vocab_size", tokenizer.vocab_size,
+        _bind(cfg.data, cfg.model.decoder, "vocab_size", "model.decoder.vocab_size", tokenizer.vocab_size,
               "tokens in its tokenizer")
     bind_pretrained(cfg)  # the converted folders exist and fit, or an error names the one that does not
     if cfg.model.generative:
@@ -121,7 +121,7 @@ def load_model(path, config: Optional[str] = None, overrides: Sequence[str] = ()
     model = build_cells(cfg.model, cfg.preprocess)
     base = (read_state(weights.parent) if (weights.parent / STATE_FILE).is_file() else {}).get("base")
     if base:  # the checkpoint holds what trained; the frozen rest comes from the folders it names
-        check_base(base, cfg)
+        check_base(base, cfg.model)
         load_pretrained(model, cfg)
     try:
         state = load_model_weights(model, weights)

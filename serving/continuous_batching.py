@@ -24,7 +24,7 @@ from mindvl.errors import ConfigError
 from mindvl.engine.sampling import Generation, SamplingConfig
 from mindvl.engine.batch import DecodeBatch
 from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
-from mindvl.engine.prompts import MultimodalPrompt
+from mindvl.engine.prompts import MultimodalPrompt, preprocessed_prompt
 from mindvl.package_reader import graph_caller, load_graph
 
 LOG = logging.getLogger("mindvl.serving")
@@ -125,12 +125,7 @@ class ContinuousBatcher:
 
     def prompt(self, text: str = "", image: Optional[bytes] = None, audio: Optional[bytes] = None) -> MultimodalPrompt:
         """A request's fields preprocessed as in training (CPU work: call it from a worker thread)."""
-        pixels = mel = mask = None
-        if image is not None:
-            pixels = P.decode_image(image, self.pre, name="image")
-        if audio is not None:
-            mel, mask = P.speech_features(audio, self.pre, name="audio")
-        return MultimodalPrompt(text or "", pixels, mel, mask)
+        return preprocessed_prompt(text or "", self.pre, image, audio)
 
     def submit(self, prompt: MultimodalPrompt, settings: SamplingConfig,
                loop: asyncio.AbstractEventLoop) -> GenerationRequest:

@@ -4,6 +4,7 @@ import argparse
 import json
 from pathlib import Path
 
+from mindvl.choices import EXPORT_TARGETS
 from mindvl.cli.options import add_key_args, package_key
 from mindvl.errors import ConfigError
 from mindvl.config import load_config
@@ -140,7 +141,7 @@ def _add_package_args(parser: argparse.ArgumentParser) -> None:
                         help="also write every graph with batch size fixed to N (repeatable)")
     parser.add_argument("--graph", action="append", default=[], metavar="NAME",
                         help="export only this graph (repeatable; vqa, image_embed, text_embed, audio_embed)")
-    parser.add_argument("--target", choices=("standard", "lite2"), default="standard",
+    parser.add_argument("--target", choices=EXPORT_TARGETS.values, default=EXPORT_TARGETS.default,
                         help="lite2: also write lite2/, the graphs down-converted to MindIR v1 for the MindSpore "
                              "Lite 2.0 runtime, and the device assets (mindvl lite, lite/runner)")
     parser.add_argument("--lite2-batch", type=int, default=1, metavar="N",

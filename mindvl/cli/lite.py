@@ -2,6 +2,7 @@
 import argparse
 import json
 
+from mindvl.choices import LITE_BACKENDS
 from mindvl.cli.options import file_bytes
 
 
@@ -123,7 +124,7 @@ def _resolution(args) -> None:
 def _add_device_commands(sub) -> None:
     # choices are checked where they are used (LiteModel, calibrate, resolution_report), so building the
     # parser imports none of those modules (every `mindvl` command builds it)
-    backend_help = "auto (default), mindspore_lite, lite2 or graphcell: see `mindvl lite info`"
+    backend_help = f"{', '.join(LITE_BACKENDS)} (default {LITE_BACKENDS.default}): see `mindvl lite info`"
     ask = sub.add_parser("ask", help="answer one question on the device (image decode, tokenising and log-mel in "
                                      "parallel threads, then the package's vqa graph), optionally through the "
                                      "edge-cloud cascade")
@@ -131,7 +132,7 @@ def _add_device_commands(sub) -> None:
     ask.add_argument("--image", required=True, metavar="FILE", help="PNG or JPEG")
     ask.add_argument("--question", help="the typed question")
     ask.add_argument("--audio", metavar="FILE", help="the spoken question (WAV/FLAC/OGG)")
-    ask.add_argument("--backend", default="auto", help=backend_help)
+    ask.add_argument("--backend", default=LITE_BACKENDS.default, help=backend_help)
     ask.add_argument("--threads", type=int, default=1, metavar="N", help="CPU threads of the model runtime")
     ask.add_argument("--repeat", type=int, default=1, metavar="N",
                      help="answer N times and also print the median timings of runs 2..N (warm)")
@@ -166,7 +167,7 @@ def _add_device_commands(sub) -> None:
     cloud.add_argument("--cloud", metavar="URL", help="measure it: ask this endpoint every question")
     cal.add_argument("--servable", default="vqa", help="the cloud's servable (default vqa)")
     cal.add_argument("--timeout", type=float, default=60.0, metavar="S", help="per cloud request (default 60)")
-    cal.add_argument("--backend", default="auto", help=backend_help)
+    cal.add_argument("--backend", default=LITE_BACKENDS.default, help=backend_help)
     cal.add_argument("--limit", type=int, default=0, metavar="N", help="only the first N questions (0: all)")
     cal.add_argument("--out", metavar="FILE", help="where to write it (default PKG/calibration.json)")
     cal.add_argument("--json", action="store_true", help="print the calibration as JSON")
@@ -186,7 +187,7 @@ def _add_device_commands(sub) -> None:
                                      "full,crop:0.5,crop:0.25,pad:0.5)")
     res.add_argument("--modality", default="typed", help="typed (default), spoken or both")
     res.add_argument("--temperature", type=float, default=1.0, help="divides the logits (default 1)")
-    res.add_argument("--backend", default="auto", help=backend_help)
+    res.add_argument("--backend", default=LITE_BACKENDS.default, help=backend_help)
     res.add_argument("--limit", type=int, default=0, metavar="N", help="only the first N test questions (0: all)")
     res.add_argument("--json", action="store_true")
     res.set_defaults(func=_resolution)

@@ -74,6 +74,21 @@ class GenerationLimits:
                           f"the {self.cache_len}-token cache; shorten it or use a larger cache")
 
 
+def preprocessed_prompt(question: str, pre: PreprocessConfig, image: Optional[bytes] = None,
+                        audio: Optional[bytes] = None, image_name: str = "image",
+                        audio_name: str = "audio") -> "MultimodalPrompt":
+    """A question with an encoded image and a spoken clip (either optional) preprocessed as in training
+    (mindvl.preprocess: InputError names `image_name` or `audio_name` when one cannot be used)."""
+    from mindvl import preprocess as P
+
+    pixels = mel = mask = None
+    if image is not None:
+        pixels = P.decode_image(image, pre, name=image_name)
+    if audio is not None:
+        mel, mask = P.speech_features(audio, pre, name=audio_name)
+    return MultimodalPrompt(question, pixels, mel, mask)
+
+
 @dataclass
 class MultimodalPrompt:
     """One question: its text (may be empty when spoken), the image (3, H, W) float32 as

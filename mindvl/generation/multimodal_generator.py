@@ -13,7 +13,7 @@ from typing import Optional, Union
 
 from mindvl.chat import ChatEncoder
 from mindvl.choices import KERNELS
-from mindvl.engine.prompts import GenerationLimits, MultimodalPrompt, PromptLayout
+from mindvl.engine.prompts import GenerationLimits, MultimodalPrompt, PromptLayout, preprocessed_prompt
 from mindvl.errors import ConfigError
 from mindvl.generation.cell_graphs import CellGraphs
 from mindvl.generation.language_model import LanguageModel
@@ -64,16 +64,10 @@ class MultimodalGenerator(LanguageModel):
 def prompt_from_files(question: str, pre, image: Optional[Union[str, Path]] = None,
                       audio: Optional[Union[str, Path]] = None) -> MultimodalPrompt:
     """A prompt from an image file and a WAV file (either optional), preprocessed as in training."""
-    from mindvl import preprocess as P
-
-    pixels = mel = mask = None
-    if image is not None:
-        pixels = P.decode_image(_read(image, "image"), pre, name=str(image))
-    if audio is not None:
-        mel, mask = P.speech_features(_read(audio, "audio"), pre, name=str(audio))
     if not question.strip() and audio is None:
         raise ConfigError("generate: give a question, as text or as --audio")
-    return MultimodalPrompt(question, pixels, mel, mask)
+    return preprocessed_prompt(question, pre, None if image is None else _read(image, "image"),
+                               None if audio is None else _read(audio, "audio"), str(image), str(audio))
 
 
 def _read(path: Union[str, Path], what: str) -> bytes:

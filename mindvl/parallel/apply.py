@@ -221,7 +221,7 @@ def apply_strategy(model: nn.Cell, cfg: Config, strategy: ParallelStrategy) -> D
         _generative_shards(model, strategy)
     else:
         _classifier_shards(model, strategy)
-    stages = dict(zip(pipeline_blocks(cfg), stage_of_blocks(cfg, strategy)))
+    stages = dict(zip(pipeline_blocks(cfg.model), stage_of_blocks(cfg, strategy)))
     if isinstance(model, MultimodalLM) and strategy.pipeline_stage > 1:
         for projector in (model.image_proj, model.audio_proj):  # with the decoder block that reads their tokens
             projector.pipeline_stage = stages["fusion.0"]

@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from mindvl.errors import ConfigError
-from mindvl.config import MODULES, STACKS, AudioConfig, Config, DecoderConfig, TextConfig, VisionConfig, build_dataclass
+from mindvl.config import (MODULES, STACKS, AudioConfig, Config, DataConfig, DecoderConfig, TextConfig, VisionConfig,
+                           build_dataclass)
 
 from .hardware import Hardware
 from .strategy import ParallelStrategy, RecomputeConfig, pipeline_blocks, validate_strategy
@@ -105,7 +106,7 @@ def planning_config(cfg: Config) -> Config:
             shape["vocab_size"] = current.vocab_size or MINILM_VOCAB
         setattr(model, kind, cls(**shape))
     if model.text.vocab_size <= 0:
-        model.text.vocab_size = _data_vocab(cfg) or PLANNING_VOCAB
+        model.text.vocab_size = _data_vocab(cfg.data) or PLANNING_VOCAB
     if model.pretrained.decoder:
         model.decoder = _planned_decoder(Path(model.pretrained.decoder), model.decoder)
     if model.generative and model.decoder.vocab_size <= 0:  # a decoder over the data's word tokenizer
@@ -127,13 +128,13 @@ def _planned_decoder(folder: Path, current: DecoderConfig) -> DecoderConfig:
     return build_dataclass(DecoderConfig, shape, "model.decoder")
 
 
-def _data_vocab(cfg: Config) -> int:
+def _data_vocab(data: DataConfig) -> int:
     """The built data set's vocabulary size, or 0 when it is not built."""
     from mindvl.data import load_tokenizer
     from mindvl.errors import DataRootError
 
     try:
-        return int(load_tokenizer(cfg.data.root).vocab_size)
+        return int(load_tokenizer(data.root).vocab_size)
     except DataRootError:
         return 0
 
@@ -565,7 +566,7 @@ def plan(cfg: Config, strategy: ParallelStrategy, hardware: Hardware = Hardware(
     pp, m = s.pipeline_stage, s.micro_batch_num
     compute = DTYPE_BYTES[cfg.train.precision.compute]
     softmax = DTYPE_BYTES[cfg.train.precision.softmax] if cfg.train.precision.compute != "float32" else 4
-    blocks = pipeline_blocks(cfg)
+    blocks = pipeline_blocks(cfg.model)
     costs = block_costs(shapes, s.recompute_config)
     ranges = stage_ranges(s, costs)
     stacks = cfg.model.stacks()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import List, Optional, Union
 
 from mindvl.errors import ConfigError
-from mindvl.config import MODULES, Config, build_dataclass, read_yaml
+from mindvl.config import MODULES, Config, ModelConfig, build_dataclass, read_yaml
 
 STRATEGY_DIR = Path(__file__).resolve().parent.parent.parent / "parallel_configs"  # a source checkout
 PACKAGED_DIR = Path(__file__).resolve().parent.parent / "parallel_configs"  # an installed mindvl (setup.py)
@@ -183,9 +183,9 @@ def kv_split_problem(cfg, mp: int) -> str:
             f"each group); use a model_parallel that divides either (or 1)")
 
 
-def pipeline_blocks(cfg: Config) -> List[str]:
+def pipeline_blocks(model_cfg: ModelConfig) -> List[str]:
     """The blocks a pipeline cuts, in order: each encoder's layers, then the fusion (or decoder) layers."""
-    return [f"{module}.{i}" for module in cfg.model.stacks() for i in range(cfg.model.stack(module).layers)]
+    return [f"{module}.{i}" for module in model_cfg.stacks() for i in range(model_cfg.stack(module).layers)]
 
 
 def validate_strategy(strategy: ParallelStrategy, cfg: Config, devices: Optional[int] = None) -> None:
@@ -214,7 +214,7 @@ def validate_strategy(strategy: ParallelStrategy, cfg: Config, devices: Optional
     if model.embed_dim % heads_mp:
         raise ConfigError(f"model_parallel: model.embed_dim {model.embed_dim} is not divisible by the heads' "
                           f"model_parallel={heads_mp}; set modules.heads.model_parallel to a divisor of it")
-    blocks = pipeline_blocks(cfg)
+    blocks = pipeline_blocks(model)
     if s.pipeline_stage > len(blocks):
         raise ConfigError(f"pipeline_stage: {s.pipeline_stage} stages for {len(blocks)} blocks; use at most "
                           f"{len(blocks)}")

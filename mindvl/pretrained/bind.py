@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict, Optional, Set, Tuple
 
 from mindvl.errors import ConfigError, ConversionError
-from mindvl.config import AudioConfig, Config, TextConfig, VisionConfig
+from mindvl.config import AudioConfig, Config, DataConfig, ModelConfig, PreprocessConfig, TextConfig, VisionConfig
 
 from .llm import load_llm_weights, read_llm_config
 from .store import read_config
@@ -26,8 +26,9 @@ SOURCE_OF = {"vision": "dinov2", "text": "minilm", "audio": "whisper-base"}
 WHISPER_FRONT_END = ("sample_rate", "n_fft", "hop_length")
 
 
-def _folders(cfg: Config) -> Dict[str, Path]:
-    return {kind: Path(getattr(cfg.model.pretrained, kind)) for kind in KINDS if getattr(cfg.model.pretrained, kind)}
+def _folders(model_cfg: ModelConfig) -> Dict[str, Path]:
+    pretrained = model_cfg.pretrained
+    return {kind: Path(getattr(pretrained, kind)) for kind in KINDS if getattr(pretrained, kind)}
 
 
 def _read(kind: str, folder: Path) -> Dict:
@@ -44,8 +45,8 @@ def _read(kind: str, folder: Path) -> Dict:
     return config
 
 
-def _decoder_folder(cfg: Config) -> Optional[Path]:
-    folder = cfg.model.pretrained.decoder
+def _decoder_folder(model_cfg: ModelConfig) -> Optional[Path]:
+    folder = model_cfg.pretrained.decoder
     if not folder:
         return None
     if not Path(folder).is_dir():
@@ -56,7 +57,7 @@ def _decoder_folder(cfg: Config) -> Optional[Path]:
 
 def bind_pretrained(cfg: Config) -> Config:
     """Set model.<kind> (and model.decoder) from each converted folder and check the recipe against it."""
-    folder = _decoder_folder(cfg)
+    folder = _decoder_folder(cfg.model)
     if folder is not None:
         try:
             _, decoder = read_llm_config(folder)
@@ -64,19 +65,21 @@ def bind_pretrained(cfg: Config) -> Config:
             raise ConfigError(f"model.pretrained.decoder: {exc}") from exc
         current = cfg.model.decoder
         cfg.model.decoder = replace(decoder, lora_rank=current.lora_rank, lora_alpha=current.lora_alpha)
-    for kind, folder in _folders(cfg).items():
+    for kind, folder in _folders(cfg.model).items():
         config = _read(kind, folder)
         current = getattr(cfg.model, kind)
         encoder = {**config["encoder"], "lora_rank": current.lora_rank, "lora_alpha": current.lora_alpha}
         if kind == "text":  # the data's tokenizer may add [BOS]/[EOS] after the encoder's vocabulary
             encoder["vocab_size"] = current.vocab_size
-        _CHECKS[kind](cfg, folder, config)
+            _check_tokenizer(cfg.data, folder)
+        else:
+            _PREPROCESS_CHECKS[kind](cfg.preprocess, folder, config)
         setattr(cfg.model, kind, KINDS[kind](**encoder))
     return cfg
 
 
-def _check_vision(cfg: Config, folder: Path, config: Dict) -> None:
-    pre, inputs, patch = cfg.preprocess, config["input"], config["encoder"]["patch_size"]
+def _check_vision(pre: PreprocessConfig, folder: Path, config: Dict) -> None:
+    inputs, patch = config["input"], config["encoder"]["patch_size"]
     if pre.image_size % patch:
         raise ConfigError(f"preprocess.image_size: {pre.image_size} is not a multiple of the pretrained "
                           f"encoder's patch size {patch} ({folder}); use e.g. {patch * (pre.image_size // patch)}")
@@ -86,8 +89,8 @@ def _check_vision(cfg: Config, folder: Path, config: Dict) -> None:
                               f"{inputs[key]}; set preprocess.{key}: {inputs[key]}")
 
 
-def _check_audio(cfg: Config, folder: Path, config: Dict) -> None:
-    pre, inputs = cfg.preprocess, config["input"]
+def _check_audio(pre: PreprocessConfig, folder: Path, config: Dict) -> None:
+    inputs = config["input"]
     for key in (*WHISPER_FRONT_END, "n_mels"):
         if getattr(pre, key) != inputs[key]:
             raise ConfigError(f"preprocess.{key}: {getattr(pre, key)} but {folder} takes {inputs[key]}; "
@@ -97,20 +100,21 @@ def _check_audio(cfg: Config, folder: Path, config: Dict) -> None:
                           f"{inputs['max_frames']} frames {folder} has positions for")
 
 
-def _check_tokenizer(cfg: Config, folder: Path, config: Dict) -> None:
+def _check_tokenizer(data: DataConfig, folder: Path) -> None:
     """The data must be tokenised with the encoder's own tokenizer: same tokens, same ids."""
     from tokenizers import Tokenizer
 
-    data_file = Path(cfg.data.root) / "tokenizer.json"
+    data_file = Path(data.root) / "tokenizer.json"
     ours = Tokenizer.from_file(str(data_file)).get_vocab(with_added_tokens=True)
     theirs = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab(with_added_tokens=True)
     if any(ours.get(token) != i for token, i in theirs.items()):
-        raise ConfigError(f"data.tokenizer: the data in {cfg.data.root} was not tokenised with {folder}'s tokenizer; "
+        raise ConfigError(f"data.tokenizer: the data in {data.root} was not tokenised with {folder}'s tokenizer; "
                           f"rebuild it with `mindvl data build --config <recipe> --set data.tokenizer={folder} "
                           f"--force`")
 
 
-_CHECKS = {"vision": _check_vision, "text": _check_tokenizer, "audio": _check_audio}
+# what an encoder's inputs need of the recipe's preprocess (the text encoder's need of the data: _check_tokenizer)
+_PREPROCESS_CHECKS = {"vision": _check_vision, "audio": _check_audio}
 
 
 def load_pretrained(model, cfg: Config) -> int:
@@ -125,7 +129,7 @@ def load_pretrained(model, cfg: Config) -> int:
     from .store import load_converted
 
     loaded = 0
-    for kind, folder in _folders(cfg).items():
+    for kind, folder in _folders(cfg.model).items():
         image_size = cfg.preprocess.image_size if kind == "vision" else None
         source = dict(load_converted(folder, image_size=image_size).parameters_and_names())
         target = dict(getattr(model, kind).parameters_and_names())
@@ -148,7 +152,7 @@ def load_pretrained(model, cfg: Config) -> int:
             if cfg.model.pretrained.freeze:
                 param.requires_grad = False
             loaded += int(param.size)
-    folder = _decoder_folder(cfg)
+    folder = _decoder_folder(cfg.model)
     if folder is not None:
         load_llm_weights(folder, model.decoder)
         for name, param in model.decoder.parameters_and_names():
@@ -159,7 +163,7 @@ def load_pretrained(model, cfg: Config) -> int:
     return loaded
 
 
-def base_weights(model, cfg: Config) -> Tuple[Dict[str, Dict], Set[str]]:
+def base_weights(model, model_cfg: ModelConfig) -> Tuple[Dict[str, Dict], Set[str]]:
     """(record, names): the converted folders whose weights `model` holds frozen and unchanged, each with the
     sha256 of its files (from its config.json, verified), and the paths of those parameters in `model`.
     A checkpoint stores everything else (projectors, LoRA adapters, any unfrozen part) and this record, so
@@ -169,10 +173,10 @@ def base_weights(model, cfg: Config) -> Tuple[Dict[str, Dict], Set[str]]:
 
     record: Dict[str, Dict] = {}
     names: Set[str] = set()
-    if not cfg.model.pretrained.freeze:
+    if not model_cfg.pretrained.freeze:
         return record, names
-    parts = {kind: (folder, read_config(folder)) for kind, folder in _folders(cfg).items()}
-    folder = _decoder_folder(cfg)
+    parts = {kind: (folder, read_config(folder)) for kind, folder in _folders(model_cfg).items()}
+    folder = _decoder_folder(model_cfg)
     if folder is not None:
         parts["decoder"] = (folder, read_llm_config(folder)[0])
     for kind, (folder, config) in parts.items():
@@ -182,11 +186,11 @@ def base_weights(model, cfg: Config) -> Tuple[Dict[str, Dict], Set[str]]:
     return record, names
 
 
-def check_base(record: Dict[str, Dict], cfg: Config) -> None:
-    """The converted folders `cfg` binds are the ones a checkpoint's base `record` names, with the same
-    files: else a ConfigError naming the part, both identities and what to do."""
-    folders = {**{kind: str(folder) for kind, folder in _folders(cfg).items()},
-               **({"decoder": str(_decoder_folder(cfg))} if cfg.model.pretrained.decoder else {})}
+def check_base(record: Dict[str, Dict], model_cfg: ModelConfig) -> None:
+    """The converted folders `model_cfg` binds (model.pretrained) are the ones a checkpoint's base `record`
+    names, with the same files: else a ConfigError naming the part, both identities and what to do."""
+    folders = {**{kind: str(folder) for kind, folder in _folders(model_cfg).items()},
+               **({"decoder": str(_decoder_folder(model_cfg))} if model_cfg.pretrained.decoder else {})}
     for kind, expected in record.items():
         if kind not in folders:
             raise ConfigError(f"model.pretrained.{kind}: the checkpoint was trained on the frozen {kind} weights of "

@@ -26,7 +26,7 @@ import numpy as np
 
 from mindvl import preprocess as P
 from mindvl.errors import ConfigError, MindvlError
-from mindvl.config import Config, PreprocessConfig
+from mindvl.config import Config, ModelConfig, PreprocessConfig
 
 from .cache import CacheStats, FeatureCache
 from .features import pad_batch
@@ -35,9 +35,9 @@ KINDS = ("vision", "text", "audio")
 GENERATIVE_KINDS = ("vision", "audio")
 
 
-def encoder_kinds(cfg: Config) -> Tuple[str, ...]:
+def encoder_kinds(model_cfg: ModelConfig) -> Tuple[str, ...]:
     """The encoders whose states a recipe's cache holds: the generative model has no text encoder."""
-    return GENERATIVE_KINDS if cfg.model.generative else KINDS
+    return GENERATIVE_KINDS if model_cfg.generative else KINDS
 
 
 def token_cache(cfg: Config, model) -> Optional["EncoderTokens"]:
@@ -47,7 +47,7 @@ def token_cache(cfg: Config, model) -> Optional["EncoderTokens"]:
     pretrained = cfg.model.pretrained
     if not pretrained.cache:
         return None
-    kinds = encoder_kinds(cfg)
+    kinds = encoder_kinds(cfg.model)
     problems = [f"model.pretrained.{kind} is empty (that encoder trains from scratch)"
                 for kind in kinds if not getattr(pretrained, kind)]
     if not pretrained.freeze:

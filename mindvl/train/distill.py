@@ -18,7 +18,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mindvl.cells.linear import dense
 from mindvl.errors import ConfigError
-from mindvl.config import Config, DistillConfig, config_from_dict
+from mindvl.config import Config, DataConfig, DistillConfig, config_from_dict
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.data.reading.loader import MODEL_COLUMNS
 from mindvl.model_factory import load_model
@@ -63,7 +63,7 @@ def check_teacher(cfg: Config, teacher: Config, source: str) -> None:
         if theirs != ours:
             raise ConfigError(f"{key}: the teacher {source} has {theirs}, the data in {cfg.data.root} gives {ours}; "
                               f"the teacher must be trained on the same data build (data.root)")
-    _check_same_data(cfg, teacher, source)
+    _check_same_data(cfg.data, teacher.data, source)
     for index, (teacher_block, student_block) in enumerate(cfg.train.distill.feature_layers):
         for who, block, depth in (("teacher", teacher_block, teacher.model.fusion.layers),
                                   ("student", student_block, cfg.model.fusion.layers)):
@@ -72,10 +72,10 @@ def check_teacher(cfg: Config, teacher: Config, source: str) -> None:
                                   f"exist (the {who}'s fusion has blocks 0..{depth - 1})")
 
 
-def _check_same_data(cfg: Config, teacher: Config, source: str) -> None:
+def _check_same_data(data: DataConfig, teacher_data: DataConfig, source: str) -> None:
     """Same tokens and answers in the same order (ids and classes mean the same); skipped when the
     teacher's data folder is gone (the sizes were compared already)."""
-    theirs, ours = Path(teacher.data.root), Path(cfg.data.root)
+    theirs, ours = Path(teacher_data.root), Path(data.root)
     if not (theirs / "meta.json").is_file() or theirs.resolve() == ours.resolve():
         return
     if _vocabulary(theirs) != _vocabulary(ours):

@@ -130,7 +130,7 @@ class Trainer:
         weights = resolve_checkpoint(Path(source))
         state = read_state(weights.parent) if (weights.parent / STATE_FILE).is_file() else {}
         if state.get("base"):
-            check_base(state["base"], self.cfg)
+            check_base(state["base"], self.cfg.model)
         params = parameter_paths(self.model)
         taken = {name: value for name, value in read_weights(weights).items() if name in params}
         for name, value in taken.items():
@@ -145,7 +145,7 @@ class Trainer:
     def _restore(self, checkpoint: Path, state: Dict) -> None:
         check_same_model(checkpoint, state, self.cfg.to_dict()["model"])
         if state.get("base"):  # the frozen weights it was trained on are the ones this run loaded
-            check_base(state["base"], self.cfg)
+            check_base(state["base"], self.cfg.model)
         if "data" not in state:
             raise CheckpointError(f"{checkpoint}: its train state has no data position, so the run cannot "
                                   f"continue on the same samples; start a fresh run")

@@ -17,7 +17,7 @@ from mindspore import amp, nn
 
 from mindvl.cells import TokenInputModel
 from mindvl.cells.kernels import use_kernels
-from mindvl.config import Config, TrainConfig
+from mindvl.config import Config, ModelConfig, TrainConfig
 from mindvl.data import load_tokenizer
 from mindvl.data.reading.conversation_loader import ConversationStream, conversation_inputs
 from mindvl.data.reading.loader import MODEL_COLUMNS, split_inputs
@@ -82,13 +82,13 @@ def build_training(cfg: Config, model: nn.Cell, *, batch: Optional[Dict[str, ms.
     # checked and loaded before any data work: a teacher that does not fit the recipe fails fast
     teacher = load_teacher(cfg) if train_cfg.distill.teacher else None
     kernel_swaps = use_kernels(model, train_cfg.kernels, compute=train_cfg.precision.compute,
-                               probe=lambda: model_forward(cfg, model, batch if batch is not None
+                               probe=lambda: model_forward(cfg.model, model, batch if batch is not None
                                                            else first_batch(cfg, model)),
                                log=log, agree=sum_over_ranks if world > 1 else None)
     freeze_modules(model, train_cfg)
     recomputed = apply_recompute(model, train_cfg)
     # frozen converted weights are not stored: a checkpoint names their folders and sha256 instead
-    base, base_parameters = base_weights(model, cfg) if cfg.model.generative else ({}, frozenset())
+    base, base_parameters = base_weights(model, cfg.model) if cfg.model.generative else ({}, frozenset())
     if batch is None:
         tokens, stream, token_cache_seconds = _training_data(cfg, model, log, warn, progress)
     else:
@@ -181,10 +181,10 @@ def first_batch(cfg: Config, model: nn.Cell) -> Dict[str, ms.Tensor]:
         batches.close()
 
 
-def model_forward(cfg: Config, model: nn.Cell, columns: Dict[str, ms.Tensor]) -> None:
+def model_forward(model_cfg: ModelConfig, model: nn.Cell, columns: Dict[str, ms.Tensor]) -> None:
     """`model` on a training batch's columns, as the objectives call it: the shapes train.kernels "auto" times
     its operations at."""
-    if cfg.model.generative:
+    if model_cfg.generative:
         model(*list(columns.values())[2:])  # after the labels and their weights: the model's inputs
     else:
         model(columns["answer_tokens"][:, :-1], *(columns[name] for name in MODEL_COLUMNS))

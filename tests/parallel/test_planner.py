@@ -232,7 +232,7 @@ def test_published_decoder_sizes():
 def test_a_decoder_recipe_is_planned_without_a_text_encoder():
     from mindvl.parallel.strategy import pipeline_blocks
     cfg = load_config("llm-8b")
-    blocks = pipeline_blocks(cfg)
+    blocks = pipeline_blocks(cfg.model)
     assert not any(b.startswith("text.") for b in blocks) and blocks[-1] == "fusion.31" and len(blocks) == 80
     result = plan(cfg, ParallelStrategy(data_parallel=4, model_parallel=8, pipeline_stage=8, micro_batch_num=32),
                   devices=256)

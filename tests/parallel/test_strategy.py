@@ -75,7 +75,7 @@ def test_module_overrides_and_pipeline_ranges_are_checked(cfg, tmp_path):
 
 
 def test_stages_are_contiguous_balanced_or_explicit(cfg):
-    blocks = pipeline_blocks(cfg)
+    blocks = pipeline_blocks(cfg.model)
     assert blocks[0] == "vision.0" and blocks[-1] == "fusion.1" and len(blocks) == 8
     balanced = stage_of_blocks(cfg, create_strategy("dp2-mp2-pp2"))
     assert balanced == sorted(balanced) and set(balanced) == {0, 1}
@@ -123,7 +123,7 @@ def test_dump_strategy_lists_the_primitives_and_the_context(cfg):
     dumped = dump_strategy(cfg, create_strategy("dp2-mp2-pp2"))
     assert dumped["context"]["parallel_mode"] == "semi_auto_parallel" and dumped["context"]["pipeline_stages"] == 2
     assert dumped["primitives"]["fusion.encoder.blocks.0.attn.out_proj.matmul"] == [[2, 2], [1, 2]]
-    assert set(dumped["stages"]) == set(pipeline_blocks(cfg))
+    assert set(dumped["stages"]) == set(pipeline_blocks(cfg.model))
 
 
 def test_training_on_cpu_refuses_tensor_and_pipeline_splits(cfg):

@@ -58,7 +58,7 @@ from mindvl.progress import progress_bar
 
 from mindvl import preprocess as P
 from mindvl.errors import ConfigError
-from mindvl.config import CleaningConfig, Config
+from mindvl.config import CleaningConfig, Config, DataConfig
 from mindvl.data import records
 from mindvl.data.build import cleaning, easyvqa, speech, userdata
 from mindvl.data.build.card import write_card
@@ -94,13 +94,13 @@ def build_settings(cfg: Config, limit: int, source: Source) -> Dict:
         "speech_rates": [int(r) for r in cfg.data.speech_rates],
         "preprocess": P.preprocess_dict(cfg.preprocess),
         "cleaning": dataclasses.asdict(cfg.data.cleaning),
-        "tokenizer": _file_digest(_tokenizer_file(cfg)) if cfg.data.tokenizer else "word",
+        "tokenizer": _file_digest(_tokenizer_file(cfg.data)) if cfg.data.tokenizer else "word",
     }
 
 
-def _tokenizer_file(cfg: Config) -> Path:
+def _tokenizer_file(data: DataConfig) -> Path:
     """data.tokenizer as a tokenizer.json path (it may name a converted text encoder's folder)."""
-    path = Path(cfg.data.tokenizer)
+    path = Path(data.tokenizer)
     return path / "tokenizer.json" if path.is_dir() else path
 
 
@@ -110,11 +110,11 @@ def rates_for_test_voices(rates: List[int]) -> List[int]:
     return [ordered[len(ordered) // 2]]
 
 
-def read_source(cfg: Config, limit: int) -> Source:
+def read_source(data: DataConfig, limit: int) -> Source:
     """The source data.source names: "easy-vqa" or a user folder."""
-    if cfg.data.source == "easy-vqa":
+    if data.source == "easy-vqa":
         return easyvqa.read_source(limit)
-    return userdata.read_source(cfg.data.source, limit)
+    return userdata.read_source(data.source, limit)
 
 
 def build_dataset(cfg: Config, root: Union[str, Path, None] = None, limit: Optional[int] = None,
@@ -136,7 +136,7 @@ def build_dataset(cfg: Config, root: Union[str, Path, None] = None, limit: Optio
     if cfg.data.cleaning.align_checkpoint and scorer is None:
         raise ConfigError("data.cleaning.align_checkpoint: set, but build_dataset got no scorer; pass "
                           "scorer=mindvl.eval.alignment.AlignmentScorer(checkpoint) (mindvl data build does)")
-    source = read_source(cfg, limit)
+    source = read_source(cfg.data, limit)
     source_seconds = round(time.perf_counter() - started, 2)
     settings = build_settings(cfg, limit, source)
     if not force and is_complete(root):
@@ -145,7 +145,7 @@ def build_dataset(cfg: Config, root: Union[str, Path, None] = None, limit: Optio
             previous.already_built = True
             previous.root = str(root)
             return previous
-    _check_voices(cfg)
+    _check_voices(cfg.data)
     check_replaceable(root)
 
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -198,7 +198,7 @@ def _build_into(work: Path, cfg: Config, source: Source, report: BuildReport, pr
 
     # 1. texts: every question, answer and caption is normalised and checked once
     with _stage(report.seconds, "text"):
-        pretrained = P.TextTokenizer.pretrained(_tokenizer_file(cfg)) if cfg.data.tokenizer else None
+        pretrained = P.TextTokenizer.pretrained(_tokenizer_file(cfg.data)) if cfg.data.tokenizer else None
         texts = _TextCleaner(pre, clean, pretrained.count if pretrained else None)
         answers = _answer_list(source, texts)
         questions = sorted({q for q in (texts.get(x, "question") for x in source.questions) if q})
@@ -710,9 +710,9 @@ def _file_digest(path: str) -> str:
 
 # ----------------------------------------------------------------------------- helpers
 
-def _check_voices(cfg: Config) -> None:
+def _check_voices(data: DataConfig) -> None:
     for key in ("train_voices", "test_voices"):
-        for i, voice in enumerate(getattr(cfg.data, key)):
+        for i, voice in enumerate(getattr(data, key)):
             try:
                 speech.check_voice(voice)
             except speech.SpeechError as exc:

@@ -41,7 +41,7 @@ import numpy as np
 from mindvl import preprocess as P
 from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, ChatEncoder, conversation_turns, placeholder_count, recipe_chat
 from mindvl.errors import ConfigError
-from mindvl.config import Config
+from mindvl.config import Config, DataConfig
 from mindvl.data import records
 from mindvl.data.reading.conversation_packing import CONVERSATION_COLUMNS, ConversationPacker
 from mindvl.data.reading.order import epoch_order
@@ -124,18 +124,18 @@ def _turns_json(value) -> list:
     return json.loads(value.decode() if isinstance(value, bytes) else str(value))
 
 
-def conversation_packer(cfg: Config, batch_size: int, sizes: ConversationSizes, rows: np.ndarray,
+def conversation_packer(data: DataConfig, batch_size: int, sizes: ConversationSizes, rows: np.ndarray,
                         image_tokens: int, audio_tokens: int, pad_id: int = 0) -> ConversationPacker:
     """The packer for micro-batches of `batch_size` drawn from `rows`: data.packing.rows as the row buckets
     (empty: calibrated), label buckets calibrated, each list ending with what the largest batch needs."""
-    length = int(cfg.data.packing.length)
-    rng = np.random.default_rng(cfg.data.seed)
+    length = int(data.packing.length)
+    rng = np.random.default_rng(data.seed)
     needed_rows, needed_labels = [], []
     for _ in range(CALIBRATION_BATCHES):
         picks = rng.choice(rows, size=min(batch_size, len(rows)), replace=False)
         needed_rows.append(len(pack_rows(sizes.tokens[picks].tolist(), length)))
         needed_labels.append(int(sizes.labels[picks].sum()))
-    row_buckets = list(cfg.data.packing.rows) or [min(r, batch_size) for r in calibrate_rows(needed_rows)]
+    row_buckets = list(data.packing.rows) or [min(r, batch_size) for r in calibrate_rows(needed_rows)]
     most_labels = int(np.sort(sizes.labels[rows])[::-1][:batch_size].sum())
     label_buckets = [_aligned(n) for n in calibrate_rows(needed_labels)] + [_aligned(most_labels)]
     return ConversationPacker(length, sorted({*row_buckets, batch_size}), sorted(set(label_buckets)), image_tokens,
@@ -262,7 +262,7 @@ class ConversationStream(ResumableStream):
         self.left_out = {int(r): sizes.refused[r] for r in rows
                          if sizes.refused[r] and (not kinds or sizes.kinds[r] in kinds)}
         super().__init__(cfg, usable, count, "conversations", shard_id, num_shards)
-        self.packer = conversation_packer(cfg, self.micro_batch_size, sizes, usable, image_tokens, audio_tokens,
+        self.packer = conversation_packer(cfg.data, self.micro_batch_size, sizes, usable, image_tokens, audio_tokens,
                                           self.chat.pad_id)
         if state is not None:
             self.load_state(state)
@@ -283,5 +283,5 @@ def create_conversation_dataset(cfg: Config, split: str, image_tokens: int, audi
     batch_size = int(batch_size or cfg.data.batch_size)
     shuffle = split == "train" if shuffle is None else bool(shuffle)
     rows = usable[epoch_order(len(usable), cfg.data.seed, epoch, shuffle)]
-    packer = conversation_packer(cfg, batch_size, sizes, usable, image_tokens, audio_tokens, chat.pad_id)
+    packer = conversation_packer(cfg.data, batch_size, sizes, usable, image_tokens, audio_tokens, chat.pad_id)
     return conversation_pipeline(cfg, split, files, rows, epoch, batch_size, False, chat, packer)

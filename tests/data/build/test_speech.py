@@ -5,6 +5,7 @@ import pytest
 
 from mindvl import preprocess as P
 from mindvl.config import DataConfig, PreprocessConfig
+from mindvl.data import records
 from mindvl.data.build import speech
 
 QUESTION = "what color is the shape?"
