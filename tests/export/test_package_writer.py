@@ -9,14 +9,13 @@ import pytest
 from mindvl.cli import main
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.eval.vqa import greedy_decode, vqa_nets
-from mindvl.errors import PackageError
+from mindvl.errors import CheckpointError, PackageError
 from mindvl.package_reader import load_graph, load_samples, read_key, read_manifest
 from mindvl.deploy.evaluate_package import comparison_table, evaluate_package
 from mindvl.export.graphs import graph_specs
 from mindvl.export.package_writer import sample_graph_inputs, sample_inputs, write_package
 from mindvl.model_factory import load_model
 from mindvl.deploy.verify import verify_package
-from mindvl.errors import CheckpointError
 
 KEY = bytes(range(32))
 

@@ -23,9 +23,8 @@ import pytest
 from mindspore import Tensor
 
 from mindvl.cells.embedding import sinusoids
-from mindvl.errors import InputError
+from mindvl.errors import ConversionError, InputError
 from mindvl.preprocess import whisper_log_mel
-from mindvl.errors import ConversionError
 from mindvl import from_pretrained
 from mindvl.pretrained import ct2
 from mindvl.pretrained.store import read_config

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from mindvl.errors import ConfigError
+from mindvl.errors import CheckpointError, ConfigError
 from mindvl.train.average import average_checkpoints, normalise_weights
 from mindvl.files import sha256_file
-from mindvl.errors import CheckpointError
 
 
 def _checkpoint(result, step: int) -> Path:

@@ -7,10 +7,9 @@ import pytest
 
 from mindvl import preprocess as P
 from mindvl.data import COLUMNS, create_dataset, load_meta, load_tokenizer
-from mindvl.errors import ConfigError
+from mindvl.errors import ConfigError, DataRootError
 from mindvl.data.reading.loader import TRAIN_COLUMNS, sample_sizes, split_inputs
 from mindvl.data.reading.order import data_parallel_context, epoch_order, global_batches, micro_batch_size
-from mindvl.errors import DataRootError
 from mindvl.data.reading.stream import TrainStream
 from mindvl.data.reading.packing import PACK_COLUMNS, FusionLayout
 from mindvl.data.records import read_table
