@@ -79,8 +79,8 @@ def run_mindvl(args, ids: list, mindir: bool) -> dict:
     import numpy as np
     from mindspore import Tensor, nn
 
-    from mindvl.cells.kernels import standard_kernels
     from mindvl import from_pretrained
+    from mindvl.cells.kernels import standard_kernels
 
     ms.device_context.cpu.op_tuning.threads_num(args.threads)
     start = time.perf_counter()

@@ -82,8 +82,8 @@ def measure_runner(package: Path, example, tokens: int, repeat: int, threads: in
 
 def measure_framework(checkpoint: str, cache_len: int, example, tokens: int, repeat: int) -> dict:
     from mindvl import preprocess as P
-    from mindvl.generation.multimodal_generator import from_run
     from mindvl.engine.prompts import MultimodalPrompt
+    from mindvl.generation.multimodal_generator import from_run
 
     generator = from_run(checkpoint, cache_len=cache_len, kernels="standard")
 

@@ -53,7 +53,7 @@ def main(argv=None) -> None:
     from mindvl.config import load_config
     from mindvl.data import load_meta
     from mindvl.data.build.builder import build_dataset
-    from mindvl.eval.probes import classification_probe, retrieval_probe, accuracy, similarities
+    from mindvl.eval.probes import accuracy, classification_probe, retrieval_probe, similarities
     from mindvl.eval.retrieval import recall_at_k
     from mindvl.pretrained import convert
     from mindvl.pretrained.features import FrozenEncoders

@@ -190,6 +190,7 @@ def attackers(port: int, grpc_target: str, stop: threading.Event, tally: Tally, 
 
     def grpc_instances():
         import grpc
+
         from mindvl.serving import grpc_protocol as G
 
         request = G.PredictRequest(servable_spec=G.ServableSpec(name="vqa", method_name="embed_text"))

@@ -40,8 +40,8 @@ def run_batch(args) -> dict:
     from tokenizers import Tokenizer
 
     from mindvl.cells.kernels import use_kernels
-    from mindvl.cells.multimodal_model import TokenInputModel
     from mindvl.cells.multimodal_lm import MultimodalLMLoss
+    from mindvl.cells.multimodal_model import TokenInputModel
     from mindvl.chat import ChatEncoder, chat_template, conversation_turns
     from mindvl.config import load_config
     from mindvl.data.reading.conversation_packing import ConversationPacker

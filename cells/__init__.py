@@ -3,14 +3,14 @@ from .activation import create_activation
 from .attention import MultiHeadAttention
 from .audio import AudioEncoder
 from .eval_nets import EncodeNet, StateAnswerNet, StateGenerateNet
-from .export_nets import (AnswerNet, AttachmentNet, AudioEmbedNet, DecodeNet, GenerateNet, ImageEmbedNet,
-                          PrefillNet, TextEmbedNet, VQANet)
+from .export_nets import (AnswerNet, AttachmentNet, AudioEmbedNet, DecodeNet, GenerateNet, ImageEmbedNet, PrefillNet,
+                          TextEmbedNet, VQANet)
 from .factory import build_cells, count_cell_parameters
 from .fusion import FusionTransformer
 from .heads import ContrastiveHead, LogitScale, NormDenseHead
 from .masks import MASK_VALUE, padding_mask, prefix_lm_mask, segment_mask
-from .multimodal_model import MultimodalModel, TokenInputModel
 from .multimodal_lm import MultimodalLM
+from .multimodal_model import MultimodalModel, TokenInputModel
 from .norm import LayerNorm, create_norm
 from .quant import Int8Linear
 from .text import TextEncoder

@@ -11,7 +11,6 @@ from mindspore import nn, ops
 from mindvl.choices import DECODER_ACTIVATIONS
 
 
-
 class GELU(nn.Cell):
     """Exact GELU, 0.5 * x * (1 + erf(x / sqrt(2))), as BERT, ViT and Whisper use it."""
 

@@ -17,8 +17,8 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from .activation import create_activation
-from .linear import Conv1dMatMul
 from .embedding import sinusoids
+from .linear import Conv1dMatMul
 from .masks import padding_mask, segment_mask
 from .packed import gather_tokens, slot_valid
 from .pooling import MaskedMean

@@ -31,10 +31,10 @@ from mindvl.cells.attention import MultiHeadAttention
 from mindvl.cells.norm import LayerNorm, StandardRMSNorm
 from mindvl.cells.portable import DecomposedLayerNorm, PowRsqrt, substituted
 from mindvl.cells.rotary import Rotary
+from mindvl.errors import PackageError
 from mindvl.export.graphs import export_graph
 from mindvl.export.lite2_mindir import LITE2_MINDIR_VERSION, convert_mindir
 from mindvl.mindir import parse
-from mindvl.errors import PackageError
 from mindvl.package_reader import as_tuple
 from mindvl.preprocess import TextTokenizer
 

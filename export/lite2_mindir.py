@@ -14,8 +14,8 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from mindvl.mindir import proto
 from mindvl.errors import PackageError
+from mindvl.mindir import proto
 
 LITE2_MINDIR_VERSION = 1
 

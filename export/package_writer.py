@@ -13,17 +13,17 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 from safetensors.numpy import save_file
-from mindvl.progress import progress_bar
 
 from mindvl.cells import count_cell_parameters
 from mindvl.config import Config
 from mindvl.data import create_dataset, load_meta, load_tokenizer
+from mindvl.errors import PackageError
 from mindvl.export.graphs import DTYPES, GraphSpec, export_graph, graph_specs
 from mindvl.export.lite2_folder import write_lite2
 from mindvl.files import sha256_file, swap_folder, work_folder
-from mindvl.errors import PackageError
 from mindvl.package_reader import FORMAT, FORMAT_VERSION, MANIFEST, TOLERANCE, as_tuple
 from mindvl.preprocess import preprocess_dict
+from mindvl.progress import progress_bar
 from mindvl.version import __version__
 
 SAMPLE_MODALITIES = ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0))  # (use_text, use_audio) cycled over the samples

@@ -22,22 +22,22 @@ from typing import List, Mapping, Optional, Sequence
 
 import numpy as np
 from safetensors.numpy import save_file
-from mindvl.progress import progress_bar
 
 from mindvl.cells import AttachmentNet, DecodeNet, PrefillNet
 from mindvl.config import Config
+from mindvl.engine.batch import DecodeBatch
+from mindvl.engine.package_graphs import ATTACHMENTS, DECODE, SECTION, GenerationSpec, PackageGraphs, prefill_name
+from mindvl.engine.prompts import MultimodalPrompt, PromptLayout, prompt_buckets
 from mindvl.engine.sampling import sampling_config
+from mindvl.errors import PackageError
 from mindvl.export.graphs import GraphSpec, TensorSpec
 from mindvl.export.lite2_folder import GENERATIVE_BATCH, write_generative_lite2
 from mindvl.export.package_writer import file_entries, manifest_head, write_graph
 from mindvl.export.shared_weights import share_weights
 from mindvl.files import swap_folder, work_folder
-from mindvl.engine.batch import DecodeBatch
-from mindvl.engine.package_graphs import ATTACHMENTS, DECODE, SECTION, GenerationSpec, PackageGraphs, prefill_name
-from mindvl.errors import PackageError
 from mindvl.package_reader import MANIFEST, TOLERANCE, as_array, graph_caller
 from mindvl.preprocess import preprocess_dict
-from mindvl.engine.prompts import MultimodalPrompt, PromptLayout, prompt_buckets
+from mindvl.progress import progress_bar
 
 SAMPLE_QUESTIONS = 4  # stored test questions, alternately typed and spoken
 SAMPLE_TOKENS = 16  # tokens generated for each at export (greedy) and again by `export verify`

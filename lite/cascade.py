@@ -26,9 +26,9 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from mindvl.engine.sampling import Generation
+from mindvl.errors import InputError
 from mindvl.lite.device import DeviceAnswer, DeviceGeneration, DevicePipeline, softmax
 from mindvl.lite.lite_model import LiteError, LiteModel
-from mindvl.errors import InputError
 
 SOURCES = ("edge", "cloud", "edge_fallback")
 CLOUD_THREADS = 4  # cloud requests in flight at once; a hung one holds a thread until the Client's own timeout

@@ -19,8 +19,8 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-from mindvl.files import swap_folder
 from mindvl.errors import BuildError, MindvlError
+from mindvl.files import swap_folder
 from mindvl.native import build_library, locked
 
 WHEEL_REQUIREMENT = "mindspore-lite==2.0.0"

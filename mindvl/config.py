@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
+
 from mindvl.choices import (CONVERSATION_KINDS, DECODER_ACTIVATIONS, DTYPES, ENCODER_ACTIVATIONS, IMAGE_HASHES, KERNELS,
                             LAYER_TYPES, LOSS_SCALE_MODES, LOSS_WEIGHTINGS, NORMS, POOLINGS, UNKNOWN_CHARS)
 from mindvl.errors import ConfigError

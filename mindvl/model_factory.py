@@ -23,9 +23,9 @@ import mindspore as ms
 from mindvl.cells import MultimodalLM, MultimodalModel, build_cells
 from mindvl.cells.linear import merged_state
 from mindvl.chat import recipe_template
-from mindvl.errors import CheckpointError, ConfigError, InputError
 from mindvl.config import STACKS, Config, DataConfig, config_from_dict, load_config
 from mindvl.data import load_meta, load_tokenizer
+from mindvl.errors import CheckpointError, ConfigError, InputError
 from mindvl.files import sha256_file
 from mindvl.pretrained.bind import bind_pretrained, check_base, load_pretrained
 from mindvl.runs import STATE_FILE, assign_state, load_model_weights, read_run_config, read_state, resolve_checkpoint

@@ -10,10 +10,8 @@ import subprocess
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from mindvl.files import atomic_write
 from mindvl.errors import BuildError
-
-
+from mindvl.files import atomic_write
 
 
 @contextlib.contextmanager

@@ -22,8 +22,8 @@ from typing import Iterable, Optional
 
 from safetensors.numpy import load_file
 
-from mindvl.files import sha256_file
 from mindvl.errors import PackageError
+from mindvl.files import sha256_file
 
 FORMAT = "mindvl-package"
 FORMAT_VERSION = 1

@@ -18,6 +18,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
+
 from mindvl.errors import CheckpointError
 
 CONFIG_FILE = "config.json"

@@ -20,11 +20,11 @@ from typing import Any, List, Optional
 import numpy as np
 
 from mindvl import preprocess as P
-from mindvl.errors import ConfigError
-from mindvl.engine.sampling import Generation, SamplingConfig
 from mindvl.engine.batch import DecodeBatch
 from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
 from mindvl.engine.prompts import MultimodalPrompt, preprocessed_prompt
+from mindvl.engine.sampling import Generation, SamplingConfig
+from mindvl.errors import ConfigError
 from mindvl.package_reader import graph_caller, load_graph
 
 LOG = logging.getLogger("mindvl.serving")

@@ -24,18 +24,18 @@ import mindspore as ms
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from mindvl.mindir import mindir_io
 from mindvl import preprocess as P
-from mindvl.errors import ConfigError
-from mindvl.engine.sampling import sampling_config
 from mindvl.engine.package_graphs import SECTION
+from mindvl.engine.sampling import sampling_config
+from mindvl.errors import ConfigError
+from mindvl.mindir import mindir_io
 from mindvl.package_reader import (MANIFEST, TOLERANCE, as_array, as_tuple, check_files, load_graph, load_samples,
-                                  read_manifest)
+                                   read_manifest)
 from mindvl.serving.batching import Batcher, BatchPolicy
 from mindvl.serving.continuous_batching import ContinuousBatcher, GenerationRequest, generation_settings
 from mindvl.serving.protocol import InstanceError, ProtocolError
-from mindvl.serving.register import (GENERATION_INPUTS, Method, Model, Placeholder, ServableDefinition,
-                                     ServableError, Stage, load_servable_config)
+from mindvl.serving.register import (GENERATION_INPUTS, Method, Model, Placeholder, ServableDefinition, ServableError,
+                                     Stage, load_servable_config)
 from mindvl.serving.servable import CONFIG_FILE, check_config, resolve
 
 # A graph with a dynamic batch dimension compiles once per batch size it meets (~0.2 s each for the tiny

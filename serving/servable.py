@@ -20,9 +20,9 @@ from pathlib import Path, PurePosixPath
 from typing import List, Optional, Tuple, Union
 
 from mindvl.config import PreprocessConfig
-from mindvl.files import swap_folder
 from mindvl.engine.package_graphs import SECTION
 from mindvl.errors import PackageError
+from mindvl.files import swap_folder
 from mindvl.package_reader import MANIFEST, check_files, read_manifest
 from mindvl.serving.protocol import is_safe_name
 from mindvl.serving.register import ServableDefinition, ServableError, load_servable_config

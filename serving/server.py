@@ -45,8 +45,8 @@ from mindvl.serving.failures import Failure, failure_of
 from mindvl.serving.metrics import Metrics
 from mindvl.serving.protocol import encode_error
 from mindvl.serving.rest_bodies import json_reply
-from mindvl.serving.serve_config import MB, ServeConfig
 from mindvl.serving.servable import CONFIG_FILE, list_servables
+from mindvl.serving.serve_config import MB, ServeConfig
 
 LOG = logging.getLogger("mindvl.serving")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

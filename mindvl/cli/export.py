@@ -6,8 +6,8 @@ from pathlib import Path
 
 from mindvl.choices import EXPORT_TARGETS
 from mindvl.cli.options import add_key_args, package_key
-from mindvl.errors import ConfigError
 from mindvl.config import load_config
+from mindvl.errors import ConfigError
 
 
 def _package_options(args, evaluate: bool):

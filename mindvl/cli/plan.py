@@ -5,8 +5,8 @@ import json
 import sys
 
 from mindvl.cli.options import add_config_args
-from mindvl.errors import ConfigError
 from mindvl.config import load_config
+from mindvl.errors import ConfigError
 from mindvl.parallel.hardware import Hardware
 
 GB = 1e9

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Callable, List
 
 from mindvl.cli.options import add_config_args
-from mindvl.errors import ConfigError
 from mindvl.config import load_config
+from mindvl.errors import ConfigError
 
 
 def _plot_run(path: Path, out: Path, args) -> List[Path]:

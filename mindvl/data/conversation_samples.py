@@ -24,9 +24,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from mindvl.chat import (AUDIO, AUDIO_SLOT, IMAGE, IMAGE_SLOT, Turn, conversation_turns, conversations_of,
                          placeholder_count)
 from mindvl.choices import CONVERSATION_KINDS
-from mindvl.errors import InputError
-
 from mindvl.data.records import as_bytes, conversation_table, read_split
+from mindvl.errors import InputError
 
 SAMPLE_KEYS = ("id", "image", "audio", "conversations")
 DESCRIBE = "Describe the image."

@@ -8,11 +8,9 @@ from pathlib import Path
 from typing import Dict, Union
 
 from mindvl import preprocess as P
-from mindvl.errors import ConfigError, DataRootError
 from mindvl.data.records import SPLITS, conversation_table
+from mindvl.errors import ConfigError, DataRootError
 from mindvl.files import pid_alive
-
-
 
 
 def require_file(root: Path, name: str) -> Path:

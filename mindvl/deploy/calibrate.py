@@ -31,14 +31,14 @@ import numpy as np
 
 from mindvl.config import config_from_dict
 from mindvl.data.reading.examples import QueryExample, query_examples, wav_bytes
+from mindvl.data.reading.splits import LOADER_SPLITS, split_rows
 from mindvl.data.records import SPEECH_TABLE, read_split, read_table
 from mindvl.data.root import load_meta
-from mindvl.data.reading.splits import LOADER_SPLITS, split_rows
+from mindvl.engine.package_graphs import SECTION
+from mindvl.errors import InputError
 from mindvl.lite.calibration import MODALITIES, Calibration, CalibrationError, PathLike, example_item, package_identity
 from mindvl.lite.device import DevicePipeline, softmax
-from mindvl.engine.package_graphs import SECTION
 from mindvl.package_reader import read_manifest
-from mindvl.errors import InputError
 from mindvl.serving.client import Client
 from mindvl.serving.register import GENERATE
 

@@ -18,12 +18,12 @@ import mindspore as ms
 import numpy as np
 
 from mindvl.config import config_from_dict
-from mindvl.eval.retrieval import audio_to_text, image_to_caption
-from mindvl.eval.vqa import score_vqa
-from mindvl.engine.sampling import sampling_config
 from mindvl.engine.batch import generate
 from mindvl.engine.package_graphs import SECTION, GenerationSpec, PackageGraphs, package_layout
+from mindvl.engine.sampling import sampling_config
 from mindvl.errors import PackageError
+from mindvl.eval.retrieval import audio_to_text, image_to_caption
+from mindvl.eval.vqa import score_vqa
 from mindvl.package_reader import as_tuple, graph_caller, load_graph, load_samples, read_manifest
 
 EVALUATION = "evaluation.json"

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from mindvl.deploy.evaluate_package import evaluate_package
-from mindvl.export.package_writer import write_package
 from mindvl.deploy.verify import verify_package
 from mindvl.errors import PackageError
+from mindvl.export.package_writer import write_package
 
 
 @dataclass

@@ -25,8 +25,8 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mindvl.errors import ConfigError
 from mindvl.engine.sampling import Delta, Generation, SamplingConfig, TextSequence, next_tokens, token_logprobs
+from mindvl.errors import ConfigError
 
 
 @dataclass

@@ -8,8 +8,8 @@ from mindvl.config import Config
 from mindvl.data.reading.loader import split_inputs
 from mindvl.eval.retrieval import audio_to_text, image_to_caption
 from mindvl.eval.vqa import majority_baseline, vqa_accuracy
-from mindvl.progress import log_line
 from mindvl.pretrained.tokens import token_cache
+from mindvl.progress import log_line
 
 
 def evaluate(cfg: Config, model, progress: bool = True) -> Dict[str, Any]:

@@ -17,15 +17,14 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from mindvl.progress import progress_bar
-
 from mindvl import preprocess as P
 from mindvl.chat import recipe_chat
 from mindvl.config import Config
-from mindvl.data.reading.conversation_loader import conversation_rows
 from mindvl.data.conversation_samples import ConversationSample, read_conversation_table
+from mindvl.data.reading.conversation_loader import conversation_rows
 from mindvl.data.reading.stages import Stage
 from mindvl.eval.vqa import answer_kind
+from mindvl.progress import progress_bar
 
 ANSWER_TOKENS, CAPTION_TOKENS = 8, 32  # new tokens a generated answer / description may take
 # prompts generated at once: a large decoder's graphs hold memory per prompt (vlm-s's evaluation with the fused

@@ -5,12 +5,12 @@ from typing import Callable, Dict, Sequence
 
 import mindspore as ms
 import numpy as np
-from mindvl.progress import progress_bar
 
 from mindvl.config import Config
 from mindvl.data import create_dataset, load_meta, load_tokenizer
-from mindvl.data.records import read_split
 from mindvl.data.reading.splits import split_rows
+from mindvl.data.records import read_split
+from mindvl.progress import progress_bar
 
 ANSWER_KINDS = {"yes": "yes/no", "no": "yes/no", "circle": "shape", "rectangle": "shape", "triangle": "shape"}
 

@@ -20,8 +20,8 @@ from mindspore import nn, ops
 
 from mindvl.cells import MultimodalLM
 from mindvl.cells.multimodal_lm import MultimodalLMLoss
-from mindvl.errors import ConfigError
 from mindvl.config import MODULES, STACKS, Config
+from mindvl.errors import ConfigError
 from mindvl.parallel.strategy import ParallelStrategy, kv_split_problem, pipeline_blocks, validate_strategy
 
 

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from mindvl.errors import ConfigError
 from mindvl.config import (MODULES, STACKS, AudioConfig, Config, DataConfig, DecoderConfig, TextConfig, VisionConfig,
                            build_dataclass)
+from mindvl.errors import ConfigError
 
 from .hardware import Hardware
 from .strategy import ParallelStrategy, RecomputeConfig, pipeline_blocks, validate_strategy
@@ -372,8 +372,7 @@ def conversation_sizes(cfg: Config) -> Tuple[int, int]:
     from mindvl.chat import recipe_chat
     from mindvl.data.reading.conversation_loader import conversation_rows
     from mindvl.data.reading.conversation_loader import conversation_sizes as rendered_sizes
-    from mindvl.errors import DataRootError
-    from mindvl.errors import InputError
+    from mindvl.errors import DataRootError, InputError
 
     length = int(cfg.data.packing.length)
     _, _, image_tokens, _, audio_tokens = modality_tokens(cfg.model, cfg.preprocess)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Union
 
-from mindvl.errors import ConfigError
 from mindvl.config import MODULES, Config, ModelConfig, build_dataclass, read_yaml
+from mindvl.errors import ConfigError
 
 STRATEGY_DIR = Path(__file__).resolve().parent.parent.parent / "parallel_configs"  # a source checkout
 PACKAGED_DIR = Path(__file__).resolve().parent.parent / "parallel_configs"  # an installed mindvl (setup.py)

@@ -18,8 +18,8 @@ do about it, never a bare library exception.
 The C++ device runner mirrors these conventions and a test compares the two.
 """
 from mindvl.errors import InputError
-from mindvl.preprocess.audio import (SILENCE_PEAK, WHISPER_HOP_LENGTH, WHISPER_N_FFT, WHISPER_SAMPLE_RATE, audio_seconds,
-                                     load_wav, log_mel, pad_mel, speech_features, whisper_log_mel)
+from mindvl.preprocess.audio import (SILENCE_PEAK, WHISPER_HOP_LENGTH, WHISPER_N_FFT, WHISPER_SAMPLE_RATE,
+                                     audio_seconds, load_wav, log_mel, pad_mel, speech_features, whisper_log_mel)
 from mindvl.preprocess.image import (MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, decode_image, image_to_array, limit_decodes,
                                      open_image, resize_image)
 from mindvl.preprocess.recorded import preprocess_config, preprocess_dict

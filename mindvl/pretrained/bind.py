@@ -15,8 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Dict, Optional, Set, Tuple
 
-from mindvl.errors import ConfigError, ConversionError
 from mindvl.config import AudioConfig, Config, DataConfig, ModelConfig, PreprocessConfig, TextConfig, VisionConfig
+from mindvl.errors import ConfigError, ConversionError
 
 from .llm import load_llm_weights, read_llm_config
 from .store import read_config

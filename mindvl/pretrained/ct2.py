@@ -21,7 +21,6 @@ import numpy as np
 
 from mindvl.errors import ConversionError
 
-
 BINARY_VERSIONS = (6,)  # what CTranslate2 3.x and 4.x write; other versions are refused, not guessed at
 DTYPES = (np.float32, np.int8, np.int16, np.int32, np.float16, None)  # id -> dtype; 5 is bfloat16
 MAX_VARIABLES = 1 << 20  # a sanity bound: a foreign file read as a count gives absurd numbers

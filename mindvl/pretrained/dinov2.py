@@ -14,7 +14,6 @@ from typing import Dict, Optional
 import numpy as np
 
 from mindvl.cells.vision import conv_weight_to_matmul
-
 from mindvl.errors import ConversionError
 
 from .store import Converted, TensorSource, package_file

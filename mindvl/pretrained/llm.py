@@ -27,8 +27,8 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from mindvl.errors import ConfigError, ConversionError
 from mindvl.config import DecoderConfig, build_dataclass
+from mindvl.errors import ConfigError, ConversionError
 from mindvl.files import sha256_file, swap_folder, work_folder
 from mindvl.version import __version__
 

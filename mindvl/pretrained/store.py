@@ -22,9 +22,9 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
+from mindvl.errors import ConversionError
 from mindvl.files import sha256_file, swap_folder, work_folder
 from mindvl.version import __version__
-from mindvl.errors import ConversionError
 
 FORMAT = "mindvl-pretrained/1"
 CONFIG_FILE = "config.json"

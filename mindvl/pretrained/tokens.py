@@ -25,8 +25,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mindvl import preprocess as P
-from mindvl.errors import ConfigError, MindvlError
 from mindvl.config import Config, ModelConfig, PreprocessConfig
+from mindvl.errors import ConfigError, MindvlError
 
 from .cache import CacheStats, FeatureCache
 from .features import pad_batch

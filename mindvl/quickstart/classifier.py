@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 from mindvl.config import Config
-
 from mindvl.quickstart.plots import plots_row, write_plots
 from mindvl.quickstart.report import nonzero, pct, stage, table
 
@@ -23,8 +22,8 @@ def run_classifier_quickstart(work: Path, cfg: Config, progress: bool = True) ->
     """The whole path of a classifier recipe in `work` (cfg's data.root and train.output_dir lie inside it)."""
     from mindvl.data.build.builder import build_dataset
     from mindvl.data.reading.examples import query_examples
-    from mindvl.eval import evaluate
     from mindvl.deploy.export_pipeline import PackageOptions, package_and_check
+    from mindvl.eval import evaluate
     from mindvl.lite.calibration import load_calibration
     from mindvl.model_factory import load_model
     from mindvl.train import train

@@ -13,9 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from mindvl.errors import ConfigError
 from mindvl.config import Config, load_config, recipes_writing
-
+from mindvl.errors import ConfigError
 from mindvl.quickstart.plots import plots_row, write_plots
 from mindvl.quickstart.report import nonzero, pct, stage, table
 

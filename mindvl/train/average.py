@@ -19,12 +19,12 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 from safetensors.numpy import save_file
-from mindvl.progress import progress_bar
 
-from mindvl.errors import CheckpointError, ConfigError
 from mindvl.config import config_from_dict
+from mindvl.errors import CheckpointError, ConfigError
 from mindvl.files import atomic_write, sha256_file
 from mindvl.model_factory import load_model
+from mindvl.progress import progress_bar
 from mindvl.runs import CONFIG_FILE, MODEL_FILE, load_model_weights, read_run_config, read_weights, resolve_checkpoint
 
 SOUP_FILE = "average.json"

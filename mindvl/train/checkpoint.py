@@ -18,9 +18,10 @@ import numpy as np
 from mindspore import Tensor, nn
 from safetensors.numpy import save_file
 
-from mindvl.files import atomic_write, pid_alive, sha256_file, swap_folder, temporary_name, work_folder
 from mindvl.errors import CheckpointError
-from mindvl.runs import (BEST_FILE, CHECKPOINT_FORMAT, EXTRA_PREFIX, LATEST_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, best_checkpoint, parameter_paths, read_state, read_weights, step_folders)
+from mindvl.files import atomic_write, pid_alive, sha256_file, swap_folder, temporary_name, work_folder
+from mindvl.runs import (BEST_FILE, CHECKPOINT_FORMAT, EXTRA_PREFIX, LATEST_FILE, MODEL_FILE, OPTIMIZER_FILE,
+                         STATE_FILE, best_checkpoint, parameter_paths, read_state, read_weights, step_folders)
 from mindvl.version import __version__
 
 

@@ -17,10 +17,10 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindvl.cells.linear import dense
-from mindvl.errors import CheckpointError, ConfigError
 from mindvl.config import Config, DataConfig, DistillConfig, config_from_dict
 from mindvl.data import load_meta, load_tokenizer
 from mindvl.data.reading.loader import MODEL_COLUMNS
+from mindvl.errors import CheckpointError, ConfigError
 from mindvl.model_factory import load_model
 from mindvl.runs import read_run_config, resolve_checkpoint
 from mindvl.train.losses import LOSS_NAMES, MultimodalLoss

@@ -9,8 +9,8 @@ from typing import Dict
 
 from safetensors.numpy import save_file
 
-from mindvl.errors import ConfigError
 from mindvl.config import STACKS
+from mindvl.errors import ConfigError
 from mindvl.files import atomic_write
 from mindvl.model_factory import load_model, merge_lora
 from mindvl.runs import CONFIG_FILE, MODEL_FILE, parameter_paths

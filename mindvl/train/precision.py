@@ -14,8 +14,8 @@ from mindspore import amp, nn
 from mindvl.cells.activation import ScaledMaskedSoftmax
 from mindvl.cells.kernels.cpu import CPU_CELLS
 from mindvl.cells.norm import LayerNorm
-from mindvl.errors import ConfigError
 from mindvl.config import PrecisionConfig
+from mindvl.errors import ConfigError
 
 KIND_CELLS = {"norm": (LayerNorm,), "softmax": (ScaledMaskedSoftmax,)}  # the cell classes of each kind the policy names
 

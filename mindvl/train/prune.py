@@ -22,10 +22,10 @@ import numpy as np
 from mindspore import ParameterTuple, nn, ops
 
 from mindvl.cells import build_cells, count_cell_parameters
-from mindvl.errors import ConfigError
 from mindvl.config import STACKS, Config, EncoderConfig
-from mindvl.data.root import load_tokenizer
 from mindvl.data.reading.stream import TrainStream
+from mindvl.data.root import load_tokenizer
+from mindvl.errors import ConfigError
 from mindvl.model_factory import load_model, merge_lora
 from mindvl.runs import CHECKPOINTS, assign_state
 from mindvl.train.arguments import TrainingArguments

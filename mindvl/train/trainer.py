@@ -24,7 +24,8 @@ from mindvl.errors import CheckpointError
 from mindvl.model_factory import bind_config, create_model
 from mindvl.pretrained.bind import check_base
 from mindvl.progress import log_line, progress_bar
-from mindvl.runs import (CHECKPOINTS, CONFIG_FILE, STATE_FILE, load_model_weights, parameter_paths, read_state, read_weights, resolve_checkpoint)
+from mindvl.runs import (CHECKPOINTS, CONFIG_FILE, STATE_FILE, load_model_weights, parameter_paths, read_state,
+                         read_weights, resolve_checkpoint)
 from mindvl.train.arguments import TrainingArguments
 from mindvl.train.checkpoint import (check_same_model, find_resumable, load_optimizer_state, mark_best, save_checkpoint,
                                      verify_checkpoint)

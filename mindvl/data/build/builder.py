@@ -54,21 +54,21 @@ from pathlib import Path
 from typing import Dict, List, Optional, Protocol, Sequence, Set, Tuple, Union
 
 import numpy as np
-from mindvl.progress import progress_bar
 
 from mindvl import preprocess as P
-from mindvl.errors import ConfigError
 from mindvl.config import CleaningConfig, Config, DataConfig
 from mindvl.data import records
 from mindvl.data.build import cleaning, easyvqa, speech, userdata
 from mindvl.data.build.card import write_card
 from mindvl.data.build.cleaning import Drop, Quarantine
-from mindvl.data.conversation_samples import ConversationSample, VQARow, derived_conversations, parse_sample, table_row
 from mindvl.data.build.report import SKIP_REASONS, BuildReport, read_report
-from mindvl.data.build.units import ResumeUnit, plan_digest
-from mindvl.data.root import FORMAT_VERSION, PARTIAL_STATE, check_replaceable, is_complete, open_partial, remove
 from mindvl.data.build.source import SPLITS, Source, SourceSplit
+from mindvl.data.build.units import ResumeUnit, plan_digest
+from mindvl.data.conversation_samples import ConversationSample, VQARow, derived_conversations, parse_sample, table_row
+from mindvl.data.root import FORMAT_VERSION, PARTIAL_STATE, check_replaceable, is_complete, open_partial, remove
+from mindvl.errors import ConfigError
 from mindvl.files import sha256_file, swap_folder
+from mindvl.progress import progress_bar
 
 USER_VOICE = "user"
 

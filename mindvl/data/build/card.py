@@ -7,8 +7,8 @@ from pathlib import Path
 from mindvl import preprocess as P
 from mindvl.config import Config
 from mindvl.data.build.report import BuildReport
-from mindvl.data.root import FORMAT_VERSION, PARTIAL_STATE
 from mindvl.data.build.source import SPLITS, Source
+from mindvl.data.root import FORMAT_VERSION, PARTIAL_STATE
 from mindvl.files import sha256_file
 from mindvl.version import __version__
 

@@ -1,8 +1,8 @@
 """BuildReport: what a data build produced and dropped, printed by `mindvl data build` and kept as
 `<root>/report.json` (a re-run with the same settings returns it instead of building again)."""
 import dataclasses
-from dataclasses import dataclass, field
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 

@@ -12,7 +12,6 @@ from mindvl.data.build.cleaning import Drop
 from mindvl.data.records import SPLITS  # noqa: F401  (the splits a source hands over)
 
 
-
 @dataclass
 class SourceSplit:
     """One split of a source, restricted to the kept images (`limit`)."""

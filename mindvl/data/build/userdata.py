@@ -42,9 +42,9 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
-from mindvl.errors import ConfigError
 from mindvl.data.build.cleaning import Drop, normalize_text
 from mindvl.data.build.source import SPLITS, Source, SourceSplit
+from mindvl.errors import ConfigError
 
 REQUIRED = ("image", "question", "answer")
 OPTIONAL = ("caption", "audio")

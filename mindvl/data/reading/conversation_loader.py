@@ -40,16 +40,16 @@ import numpy as np
 
 from mindvl import preprocess as P
 from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, ChatEncoder, conversation_turns, placeholder_count, recipe_chat
-from mindvl.errors import ConfigError
 from mindvl.config import Config, DataConfig
 from mindvl.data import records
 from mindvl.data.reading.conversation_packing import CONVERSATION_COLUMNS, ConversationPacker
 from mindvl.data.reading.order import epoch_order
 from mindvl.data.reading.packing import CALIBRATION_BATCHES, calibrate_rows, pack_rows
-from mindvl.data.root import load_meta
 from mindvl.data.reading.splits import image_ids_of, open_split, validation_images
 from mindvl.data.reading.stages import Stage, Tables, voices_of
 from mindvl.data.reading.stream import ResumableStream
+from mindvl.data.root import load_meta
+from mindvl.errors import ConfigError
 
 ATTACHMENT_COLUMNS = ("image", "mel", "frame_mask")
 # what MultimodalLMLoss takes, in its argument order: labels, weight, then the model's inputs

@@ -16,9 +16,8 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, Rendered, modality_slots
-from mindvl.errors import InputError
-
 from mindvl.data.reading.packing import pack_rows
+from mindvl.errors import InputError
 
 CONVERSATION_COLUMNS = ("labels", "label_weight", "ids", "segment", "positions", "slot_index", "label_index")
 

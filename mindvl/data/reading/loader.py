@@ -47,8 +47,8 @@ from mindvl.config import Config
 from mindvl.data.reading.order import data_parallel_context, epoch_order
 from mindvl.data.reading.packing import FUSION_COLUMNS, PACK_COLUMNS, Packer, SampleSizes
 from mindvl.data.reading.splits import open_split, split_rows
-from mindvl.data.reading.stages import (MODALITIES, TOKEN_TEXT_OUTPUTS, AudioStage, ImageStage, PackStage, Tables, TextStage,
-                                as_bytes, voices_of)
+from mindvl.data.reading.stages import (MODALITIES, TOKEN_TEXT_OUTPUTS, AudioStage, ImageStage, PackStage, Tables,
+                                        TextStage, as_bytes, voices_of)
 
 COLUMNS = ("sample_id", "image", "question_ids", "question_mask", "audio_mel", "audio_mask", "use_text",
            "use_audio", "caption_ids", "caption_mask", "answer", "answer_tokens", "question_group",

@@ -50,8 +50,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mindvl.errors import ConfigError
 from mindvl.config import Config
+from mindvl.errors import ConfigError
 
 # What the packer reads, in the order _PackStage hands the loader's columns to it.
 PACK_INPUTS = ("question_ids", "question_mask", "caption_ids", "caption_mask", "audio_mel", "audio_mask",

@@ -8,10 +8,10 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from mindvl.errors import ConfigError, DataRootError
 from mindvl.config import Config, PreprocessConfig
 from mindvl.data.reading.order import HOLDOUT, mix
 from mindvl.data.root import load_meta, require_file
+from mindvl.errors import ConfigError, DataRootError
 
 LOADER_SPLITS = ("train", "validation", "test")  # the source tables (data.source.SPLITS) and the hold-out
 

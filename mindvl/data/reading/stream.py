@@ -7,12 +7,12 @@ from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from mindvl.errors import ConfigError
 from mindvl.config import Config
 from mindvl.data.reading.loader import TOKEN_TRAIN_COLUMNS, TRAIN_COLUMNS, pipeline, sample_sizes
 from mindvl.data.reading.order import data_parallel_context, epoch_order, global_batches, micro_batch_size
 from mindvl.data.reading.packing import Packer
 from mindvl.data.reading.splits import open_split, split_rows
+from mindvl.errors import ConfigError
 
 
 @dataclass
