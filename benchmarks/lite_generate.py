@@ -12,7 +12,7 @@ ignore_eos, so every answer is --tokens tokens long:
   runner       mindvl_runner --generate (lite/runner, C++), its own first_token_ms and decode_tokens_per_s
                (graph building left out, as for the others after their warm-up);
   graphcell    DevicePipeline(backend="graphcell").stream: the package's MindIR graphs (what the server runs);
-  framework    mindvl.generation.multimodal_generator.from_run(...).stream: the MultimodalLM cells in graph mode
+  framework    mindvl.from_pretrained(run).stream: the MultimodalLM cells in graph mode
                (kernels "standard", the operators the package holds).
 Time to first token: from the call (the image decoded inside it) to the first token; decode tokens/s: the
 tokens after the first over their time. Each figure is the median of --repeat answers after one warm-up answer
@@ -81,11 +81,11 @@ def measure_runner(package: Path, example, tokens: int, repeat: int, threads: in
 
 
 def measure_framework(checkpoint: str, cache_len: int, example, tokens: int, repeat: int) -> dict:
+    from mindvl import from_pretrained
     from mindvl import preprocess as P
     from mindvl.engine.prompts import MultimodalPrompt
-    from mindvl.generation.multimodal_generator import from_run
 
-    generator = from_run(checkpoint, cache_len=cache_len, kernels="standard")
+    generator = from_pretrained(checkpoint, cache_len=cache_len, kernels="standard")
 
     def answer():
         def stream():
