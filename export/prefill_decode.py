@@ -12,7 +12,7 @@
   lite2/                  (--target lite2) the same graphs at batch 1 for the MindSpore Lite 2.0 runtime, their
                           parameters in ../weights.bin, and the device assets (export/lite2_folder.py)
 
-The manifest's "generation" section (mindvl.engine.batch.GenerationSpec) holds the cache length, the
+The manifest's "generation" section (mindvl.engine.decode_loop.GenerationSpec) holds the cache length, the
 buckets, the chat template, the stop tokens and the request limit; the tokenizer is tokenizer.json.
 """
 import json
@@ -25,7 +25,7 @@ from safetensors.numpy import save_file
 
 from mindvl.cells import AttachmentNet, DecodeNet, PrefillNet
 from mindvl.config import Config
-from mindvl.engine.batch import DecodeBatch
+from mindvl.engine.decode_loop import DecodeBatch
 from mindvl.engine.package_graphs import ATTACHMENTS, DECODE, SECTION, GenerationSpec, PackageGraphs, prefill_name
 from mindvl.engine.prompts import MultimodalPrompt, PromptLayout, prompt_buckets
 from mindvl.engine.sampling import sampling_config

@@ -14,7 +14,7 @@ raises `mindvl.preprocess.InputError` naming it (`answer`), or takes that item's
 (`answer_batch`), so one corrupt JPEG never stops a batch.
 
 A generative package (vlm-tiny's: attachments, prefill per bucket, decode) answers in words instead:
-`generate` and `stream` run mindvl.engine.batch's DecodeBatch, the loop the server and `export
+`generate` and `stream` run mindvl.engine.decode_loop's DecodeBatch, the loop the server and `export
 verify` run, over the package's graphs on the device runtime (lite.model.GenerationGraphs); the image and
 the spoken question are preprocessed on their lanes as above, and one prompt is generated at a time (the
 lite2 graphs have batch 1).
@@ -291,7 +291,7 @@ class DevicePipeline:
 
     def _generate(self, image, question, audio, settings: dict, record: DeviceGeneration) -> Iterator[Delta]:
         """The deltas of one answer; `record` gets its prompt length and timings."""
-        from mindvl.engine.batch import DecodeBatch
+        from mindvl.engine.decode_loop import DecodeBatch
         from mindvl.engine.package_graphs import PackageGraphs
 
         self._require(True, "generate()")

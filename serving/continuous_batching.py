@@ -3,7 +3,7 @@
 Continuous batching: requests wait in a queue; between two decode steps the batcher prefills the next waiting one
 (JOIN_PER_STEP, up to `max_streams` running) and its rows join the decode batch; a request that finishes, or
 whose client went away, leaves it at the next step and frees its cache rows. Every running request's step
-is one decode call of the engine (mindvl.engine.batch.DecodeBatch), so 16 streams cost about one step of batch 16
+is one decode call of the engine (mindvl.engine.decode_loop.DecodeBatch), so 16 streams cost about one step of batch 16
 rather than 16 steps of batch 1. `max_streams` 1 turns it off: one request at a time, in arrival order.
 
 A request's deltas reach its caller on the caller's event loop (an asyncio.Queue), ending with None, or with
@@ -20,7 +20,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from mindvl import preprocess as P
-from mindvl.engine.batch import DecodeBatch
+from mindvl.engine.decode_loop import DecodeBatch
 from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
 from mindvl.engine.prompts import MultimodalPrompt, preprocessed_prompt
 from mindvl.engine.sampling import Generation, SamplingConfig

@@ -98,12 +98,12 @@ def test_serving_and_lite_load_no_training_data_or_pretrained_code():
 def test_the_generation_engine_loads_no_framework():
     """What the server and the device run of generation: the loop, the prompts, a package's graphs; MindSpore
     comes only with the graphs a runtime gives it."""
-    code = ("import sys, json; import mindvl.engine.batch, mindvl.engine.package_graphs; "
+    code = ("import sys, json; import mindvl.engine.decode_loop, mindvl.engine.package_graphs; "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('mindvl', 'mindspore')))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     loaded = json.loads(done.stdout)
-    assert "mindvl.engine.batch" in loaded and not [m for m in loaded if m.startswith(("mindspore", "mindvl.cells"))]
+    assert "mindvl.engine.decode_loop" in loaded and not [m for m in loaded if m.startswith(("mindspore", "mindvl.cells"))]
 
 
 def test_every_user_error_derives_from_one_base_the_cli_catches():

@@ -26,7 +26,7 @@ struct Preprocess {
   std::map<std::string, std::string> graphs;  // graph name -> file, relative to the package
 };
 
-// generation.txt: mindvl.engine.batch.GenerationSpec and the chat template's control strings, each
+// generation.txt: mindvl.engine.decode_loop.GenerationSpec and the chat template's control strings, each
 // as the token ids the package's tokenizer gives them (empty when the template has none).
 struct Generation {
   int cache_len = 0, layers = 0, vocab_size = 0, width = 0, kv_width = 0;

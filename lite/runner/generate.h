@@ -1,5 +1,5 @@
 // A generative package's answer on the device: the chat prompt, attachments, prefill and a greedy decode
-// loop over the lite2 graphs, as mindvl.engine.batch's DecodeBatch runs them for one sequence.
+// loop over the lite2 graphs, as mindvl.engine.decode_loop's DecodeBatch runs them for one sequence.
 #pragma once
 
 #include <cstdint>

@@ -18,7 +18,7 @@ import mindspore as ms
 import numpy as np
 
 from mindvl.config import config_from_dict
-from mindvl.engine.batch import generate
+from mindvl.engine.decode_loop import generate
 from mindvl.engine.package_graphs import SECTION, GenerationSpec, PackageGraphs, package_layout
 from mindvl.engine.sampling import sampling_config
 from mindvl.errors import PackageError

@@ -106,7 +106,7 @@ def _check_generation(package: Path, manifest: dict, report: VerifyReport, run, 
                       one_at_a_time: bool = False) -> None:
     """The stored questions generated through `run(name, inputs)` (any runtime's graphs), greedy, checked
     against the framework's tokens as `graph`'s outputs; together, or `one_at_a_time` (graphs of batch 1)."""
-    from mindvl.engine.batch import generate
+    from mindvl.engine.decode_loop import generate
     from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
     from mindvl.engine.sampling import sampling_config
 

@@ -1,5 +1,5 @@
 """From a step's logits to text, for every runtime that generates: the framework (mindvl.generation), a
-model package's graphs (mindvl.engine.batch: `export verify`, the server, the device).
+model package's graphs (mindvl.engine.decode_loop: `export verify`, the server, the device).
 
 Choosing the next token happens on the host (numpy), per sequence of a batch. The order is transformers' (repetition penalty, temperature, top-k, top-p), so a setting means the same as
 in `model.generate` there. Greedy when temperature is 0. A seeded numpy Generator per call makes sampling

@@ -1,4 +1,4 @@
-"""The framework's generation cells as the engine's graphs (mindvl.engine.batch): a prefill cell (a text
+"""The framework's generation cells as the engine's graphs (mindvl.engine.decode_loop): a prefill cell (a text
 prompt's Prefill, or a multimodal prompt's MultimodalPrefill) and the decoder's Decode cell, in graph mode."""
 from typing import Any, List, Sequence, Tuple
 

@@ -3,7 +3,7 @@
 Generation runs two kinds of graph over one set of weights (cells.decoder): a prefill per prompt-length
 bucket (16, 24, 32, 48, 64, ... tokens; a batch is left-padded to the smallest bucket that holds its longest
 prompt) and ONE decode graph for every step of every call of a given batch size, its cache slot and
-positions tensors rather than constants. The loop over them is the engine's (mindvl.engine.batch), the one
+positions tensors rather than constants. The loop over them is the engine's (mindvl.engine.decode_loop), the one
 the server and the device run: each sequence of a batch is masked, positioned, sampled and stopped on its
 own, so a prompt gives the same tokens in a batch as alone.
 
@@ -18,7 +18,7 @@ from typing import Iterator, List, Sequence, Union
 import numpy as np
 
 from mindvl.choices import KERNELS
-from mindvl.engine.batch import DecodeBatch
+from mindvl.engine.decode_loop import DecodeBatch
 from mindvl.engine.prompts import GenerationLimits, TextLayout
 from mindvl.engine.sampling import Delta, Generation, sampling_config
 from mindvl.generation.cell_graphs import CellGraphs

@@ -4,7 +4,7 @@ The prompt is the chat template's (mindvl.chat: the image's and the clip's slots
 text, the opened assistant turn), left-padded to a prompt bucket like a text prompt (engine.prompts.
 PromptLayout); its prefill graph encodes the attachments and writes their tokens into the slots
 (cells.multimodal_lm.MultimodalPrefill), and the decode steps are the decoder's own, run by the engine's
-loop as for text (mindvl.engine.batch). Open a trained run with `mindvl.from_pretrained(run)`.
+loop as for text (mindvl.engine.decode_loop). Open a trained run with `mindvl.from_pretrained(run)`.
 """
 from __future__ import annotations
 

@@ -12,10 +12,10 @@ import pytest
 
 from mindvl.data.reading.examples import query_examples
 from mindvl.deploy.verify import stored_prompts
+from mindvl.errors import InputError
 from mindvl.lite.device import DevicePipeline
 from mindvl.lite.lite_model import Context, GenerationGraphs, LiteError
 from mindvl.package_reader import read_manifest
-from mindvl.errors import InputError
 
 # Measured on this package: each token's log-probability on Lite 2.0 (Python and C++ alike) is within 2e-6 of
 # GraphCell's; the runner's equal the bridge's to float32 printing.
@@ -46,7 +46,7 @@ def generated(result: subprocess.CompletedProcess) -> dict:
 
 
 def test_lite2_generates_the_stored_questions_with_the_frameworks_tokens(lite2_package, lite2_ready):
-    from mindvl.engine.batch import generate
+    from mindvl.engine.decode_loop import generate
     from mindvl.engine.package_graphs import PackageGraphs, package_layout
     from mindvl.engine.sampling import sampling_config
 

@@ -1,7 +1,7 @@
-"""The one generation loop over a package's graphs (mindvl.engine.batch): padded to a few batch sizes it
+"""The one generation loop over a package's graphs (mindvl.engine.decode_loop): padded to a few batch sizes it
 gives exactly the unpadded tokens, and sequences joining a running batch get what they get alone."""
 from mindvl.deploy.verify import stored_prompts
-from mindvl.engine.batch import DecodeBatch, generate
+from mindvl.engine.decode_loop import DecodeBatch, generate
 from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
 from mindvl.engine.sampling import sampling_config
 from mindvl.package_reader import graph_caller, load_graph, read_manifest
