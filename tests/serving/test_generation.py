@@ -10,22 +10,18 @@ import time
 
 import openai
 import pytest
-from live import b64, call, config
+from live import b64, call
 
 from mindvl.data.reading.examples import query_examples
 from mindvl.serving.runtime import GRAPH_LOCK
-from mindvl.serving.server import BackgroundServer
-from mindvl.serving.servable import deploy
 
 GREEDY = {"max_tokens": 12}
 
 
 @pytest.fixture(scope="module")
-def server(generative_package, tmp_path_factory):
-    servables = tmp_path_factory.mktemp("generative_servables")
-    deploy(generative_package[1], servables, "vlm")
-    with BackgroundServer(config(servables, max_batch_size=8)) as live:
-        yield live
+def server(generative_server):
+    """The session's server of `vlm` (and `vqa`), continuous batching up to 8 streams."""
+    return generative_server
 
 
 @pytest.fixture(scope="module")

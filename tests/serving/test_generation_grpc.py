@@ -6,28 +6,22 @@ import time
 import grpc
 import numpy as np
 import pytest
-from live import call, config, grpc_predict, metrics, total
+from live import call, grpc_predict, metrics, total
 
 from mindvl.data.reading.examples import query_examples
 from mindvl.serving import Client, ServingError
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.protocol import ProtocolError
 from mindvl.serving.runtime import GRAPH_LOCK
-from mindvl.serving.server import BackgroundServer
-from mindvl.serving.servable import deploy
 
 GREEDY = {"max_tokens": 12}
 WAIT_S = 60  # the longest a test waits for the server to notice something (it takes milliseconds)
 
 
 @pytest.fixture(scope="module")
-def server(generative_package, vqa_package, tmp_path_factory):
-    """`vlm` (generative) and `vqa` (not) in one servable directory."""
-    servables = tmp_path_factory.mktemp("stream_servables")
-    deploy(generative_package[1], servables, "vlm")
-    deploy(vqa_package[1], servables, "vqa")
-    with BackgroundServer(config(servables, max_batch_size=8)) as live:
-        yield live
+def server(generative_server):
+    """The session's server of `vlm` (generative) and `vqa` (not), in one servable directory."""
+    return generative_server
 
 
 @pytest.fixture(scope="module")

@@ -36,13 +36,15 @@ PREDICT_HEAD = b"POST /model/vqa:embed_text HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 
 @pytest.fixture(scope="module")
 def server(deployed, tmp_path_factory):
-    """Short timeouts, 8 connections, one decode slot, 8 MB bodies, admin endpoints behind TOKEN (from a file)."""
+    """Short timeouts, 8 connections, one decode slot, 8 MB bodies, admin endpoints behind TOKEN (from a file); graphs
+    at batch 1 only (the front door is under test here, batching is test_server's: each graph bucket is a compile
+    at every load, the admin test's reload included)."""
     token_file = tmp_path_factory.mktemp("admin") / "token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
     with BackgroundServer(config(deployed, strict_http=True, header_timeout_s=HEAD_TIMEOUT_S, keepalive_s=KEEPALIVE_S,
                                  max_connections=MAX_CONNECTIONS, timeout_s=TIMEOUT_S, max_request_mb=8,
-                                 max_inflight_mb=16, decode_slots=DECODE_SLOTS, max_batch_size=8,
+                                 max_inflight_mb=16, decode_slots=DECODE_SLOTS, max_batch_size=1,
                                  admin_token_file=str(token_file))) as server:
         yield server
 

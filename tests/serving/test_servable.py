@@ -19,7 +19,6 @@ from mindvl.export.package_writer import write_package
 from mindvl.files import sha256_file
 from mindvl.errors import PackageError
 from mindvl.package_reader import check_files, read_manifest
-from mindvl.model_factory import load_model
 from mindvl.serving import servable
 from mindvl.serving.register import Placeholder, ServableError, declare_model, load_servable_config
 from mindvl.serving.servable import (CONFIG_FILE, config_text, deploy, list_servables, list_versions, resolve,
@@ -27,9 +26,9 @@ from mindvl.serving.servable import (CONFIG_FILE, config_text, deploy, list_serv
 
 
 @pytest.fixture(scope="module")
-def source(trained_run):
-    _, result = trained_run
-    return load_model(result.output_dir)
+def source(small_model):
+    """(config, model, source record) of the session's small untrained classifier."""
+    return small_model
 
 
 @pytest.fixture(scope="module")

@@ -8,16 +8,15 @@ import os
 import shutil
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import small_classifier_config, untrained_model
 from live import ADMIN_ENV, admin, b64, call, config, grpc_predict, predict, rest_inputs, vqa_inputs
 from mindvl.data.reading.examples import query_examples
 from mindvl.export.package_writer import write_package
 from mindvl.package_reader import read_manifest
-from mindvl.model_factory import load_model
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.catalog import Catalog
 from mindvl.serving.servable import CONFIG_FILE, config_text, deploy
@@ -34,22 +33,21 @@ def examples(vqa_package):
 
 
 @pytest.fixture(scope="module")
-def step10_package(trained_run, tmp_path_factory):
-    """The vqa graph of the same run at step 10: other weights than the session package (step 30), the same
-    preprocessing, tokenizer and labels, so it deploys as another version of the same servable."""
-    _, result = trained_run
-    cfg, model, record = load_model(str(Path(result.output_dir) / "checkpoints" / "step_00000010"))
-    return write_package(cfg, model, tmp_path_factory.mktemp("pkg") / "step10", record, progress=False,
+def reseeded_package(small_model, tmp_path_factory):
+    """The vqa graph of the same small model built from another seed: other weights than the session package,
+    the same preprocessing, tokenizer and labels, so it deploys as another version of the same servable."""
+    cfg, model, record = untrained_model(small_classifier_config(small_model[0].data.root, "train.seed=1"))
+    return write_package(cfg, model, tmp_path_factory.mktemp("pkg") / "reseeded", record, progress=False,
                          graphs=["vqa"])
 
 
 @pytest.fixture
-def servables(vqa_package, step10_package, tmp_path):
+def servables(vqa_package, reseeded_package, tmp_path):
     """Servable vqa with the config generated for a vqa-only package (predict only, one graph to load),
     version 1 being the session package."""
     folder = tmp_path / "servables"
     (folder / "vqa").mkdir(parents=True)
-    (folder / "vqa" / CONFIG_FILE).write_text(config_text(read_manifest(step10_package), "vqa"))
+    (folder / "vqa" / CONFIG_FILE).write_text(config_text(read_manifest(reseeded_package), "vqa"))
     deploy(vqa_package[1], folder, "vqa")
     return folder
 
@@ -96,7 +94,7 @@ def ask_until_stopped(server, protocol, version, instances, stop, phase, answers
             answers.append((sent_in, reply.servable_spec.version_number, outputs, failure))
 
 
-def test_a_new_version_takes_over_under_load_without_a_failed_request(servables, step10_package, examples):
+def test_a_new_version_takes_over_under_load_without_a_failed_request(servables, reseeded_package, examples):
     """Version 2 (other weights) is deployed and loaded while clients hammer the server: the default switches
     to it at once and for good, requests pinned to version 1 keep getting version 1 until it is unloaded,
     then read "not available"; no request fails on the way."""
@@ -117,7 +115,7 @@ def test_a_new_version_takes_over_under_load_without_a_failed_request(servables,
 
         try:
             wait_until(lambda: answered(answers, "v1 only"), "answers from version 1")
-            deploy(step10_package, servables, "vqa")
+            deploy(reseeded_package, servables, "vqa")
             phase[0] = "loading 2"
             status, loaded = admin(server, "/servables/vqa/version/2:load")
             phase[0] = "2 loaded"
@@ -171,7 +169,7 @@ def install(package, folder):
     os.rename(incoming, folder)
 
 
-def test_a_version_that_cannot_load_leaves_the_serving_one_in_place(servables, step10_package, examples,
+def test_a_version_that_cannot_load_leaves_the_serving_one_in_place(servables, reseeded_package, examples,
                                                                     writable_copy, tmp_path):
     """The poller loads each new version folder (one asked for before it existed too): a tampered file or a
     broken servable_config.py fails that version with the reason in /servables while version 1 keeps
@@ -183,7 +181,7 @@ def test_a_version_that_cannot_load_leaves_the_serving_one_in_place(servables, s
         status, answer = admin(server, "/servables/vqa/version/2:load")  # asked for too early
         assert status == 200 and "servable vqa: has no version 2 (it has 1)" in answer["error_msg"]
 
-        tampered = writable_copy(step10_package, tmp_path)
+        tampered = writable_copy(reseeded_package, tmp_path)
         graph = bytearray((tampered / "vqa.mindir").read_bytes())
         graph[len(graph) // 2] ^= 0xFF
         (tampered / "vqa.mindir").write_bytes(bytes(graph))
@@ -198,14 +196,14 @@ def test_a_version_that_cannot_load_leaves_the_serving_one_in_place(servables, s
 
         good_config = (folder / CONFIG_FILE).read_text()
         (folder / CONFIG_FILE).write_text(good_config + "\ndef broken(:\n")
-        install(step10_package, folder / "3")
+        install(reseeded_package, folder / "3")
         wait_until(lambda: servables_page(server)["vqa"]["versions"].get("3", {}).get("status") == "failed",
                    "version 3 to fail")
         assert "servable_config.py: SyntaxError" in servables_page(server)["vqa"]["versions"]["3"]["error"]
         assert same_answers(predict(server, "vqa:predict", body), first)
 
         (folder / CONFIG_FILE).write_text(good_config)
-        deploy(step10_package, servables, "vqa")
+        deploy(reseeded_package, servables, "vqa")
         wait_until(lambda: servables_page(server)["vqa"]["default_version"] == 4, "version 4 to load")
         assert same_answers(predict(server, "vqa:predict", body), predict(server, "vqa/version/4:predict", body))
         assert not same_answers(predict(server, "vqa:predict", body), first)
@@ -234,7 +232,7 @@ def test_a_newest_version_that_cannot_load_at_start_leaves_the_newest_that_does_
                for r in caplog.records)
 
 
-def test_ready_answers_503_until_every_servable_on_disk_has_a_loaded_version(vqa_package, step10_package, tmp_path):
+def test_ready_answers_503_until_every_servable_on_disk_has_a_loaded_version(vqa_package, reseeded_package, tmp_path):
     """A load balancer sends nothing to a server that has nothing loaded, or not yet all it should serve."""
     folder = tmp_path / "servables"
     folder.mkdir()
@@ -243,7 +241,7 @@ def test_ready_answers_503_until_every_servable_on_disk_has_a_loaded_version(vqa
         assert call(f"{server.rest_url}/health", method="GET") == (200, {"status": "alive"})
         assert call(ready, method="GET") == (503, {"ready": False, "not_loaded": []})  # nothing to serve yet
         (folder / "vqa").mkdir()
-        (folder / "vqa" / CONFIG_FILE).write_text(config_text(read_manifest(step10_package), "vqa"))
+        (folder / "vqa" / CONFIG_FILE).write_text(config_text(read_manifest(reseeded_package), "vqa"))
         deploy(vqa_package[1], folder, "vqa")
         assert call(ready, method="GET") == (503, {"ready": False, "not_loaded": ["vqa"]})
         assert admin(server, "/servables/vqa/version/1:load")[0] == 200
@@ -272,11 +270,10 @@ def test_only_servables_inside_the_directory_are_served(servables, deployed, vqa
 
 
 @pytest.fixture(scope="module")
-def encrypted_servables(trained_run, vqa_package, tmp_path_factory):
+def encrypted_servables(small_model, vqa_package, tmp_path_factory):
     """enc: the image graph of the session model encrypted with KEY; plain: the same graph, unencrypted,
     from the session package (so both embed an image alike)."""
-    _, result = trained_run
-    cfg, model, record = load_model(result.output_dir)
+    cfg, model, record = small_model
     package = write_package(cfg, model, tmp_path_factory.mktemp("pkg") / "enc", record, key=KEY, progress=False,
                             graphs=["image_embed"])
     folder = tmp_path_factory.mktemp("servables")
