@@ -56,8 +56,9 @@ setup(
     # onnxruntime: the peer runtime the ONNX export is checked against (tests only; mindvl never imports it)
     # import-linter: the import contracts in .importlinter, checked by tests/test_imports.py
     # openai: the real OpenAI client the chat API is tested with (tests/serving/test_generation.py)
-# selenium: drives the distribution's chromium + chromedriver for the demo page's tests (tests/serving/)
-    extras_require={"test": ["pytest>=8,<10", "onnxruntime==1.32.0", "import-linter>=2.1,<3", "openai>=1.40,<4",
-                                "selenium>=4.20,<5"]},
+    # pytest-xdist: the suite in two processes (pyproject.toml addopts, tests/conftest.py WORKERS)
+    # selenium: drives the distribution's chromium + chromedriver for the demo page's tests (tests/serving/)
+    extras_require={"test": ["pytest>=8,<10", "pytest-xdist>=3.8,<4", "onnxruntime==1.32.0", "import-linter>=2.1,<3",
+                             "openai>=1.40,<4", "selenium>=4.20,<5"]},
     entry_points={"console_scripts": ["mindvl = mindvl.cli:main"]},
 )

@@ -19,12 +19,28 @@ os.environ.setdefault("GLOG_v", "3")
 
 from mindvl.config import load_config  # noqa: E402
 
+WORKERS = 2  # pytest-xdist processes at most (pyproject's addopts: -n auto); `-n N` on the command line decides
 RUN_SLOW = "MINDVL_RUN_SLOW"  # 1: run the slow tests anywhere; 0: skip them anywhere; unset: see below
 
 
+def pytest_xdist_auto_num_workers(config):
+    """WORKERS, or fewer on a machine with fewer cores: most of a test's time is one thread (graph compilation,
+    Python), so two processes use CI's two cores; more would each build the session's fixtures (trained runs,
+    packages, converted weights: memory and time) again."""
+    return max(1, min(WORKERS, os.cpu_count() or 1))
+
+
 def pytest_collection_modifyitems(config, items):
+    """The files with slow tests first: the workers take whole files in this order, and a minutes-long test
+    started last would run alone while the other worker idles. Then which slow tests run (_skip_slow)."""
+    slow_files = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: each file's own order stays
+    _skip_slow(items)
+
+
+def _skip_slow(items):
     """The tests marked slow (end-to-end runs of minutes) run everywhere they fit: always on a developer's machine
-    and in CI on an AVX-512 host (the whole suite ~38 min there), but not in CI on a host without AVX-512, where
+    and in CI on an AVX-512 host (the whole suite ~25 min there), but not in CI on a host without AVX-512, where
     everything runs 3-5x slower and they would take CI past its 90 minutes. MINDVL_RUN_SLOW=1 / 0 decides instead."""
     from mindvl.cells.kernels.machine import machine_kind
 
@@ -38,6 +54,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
+
 
 TRAIN_VOICES = ["en-us", "en-gb-scotland+m3"]
 TEST_VOICES = ["en-us+f4"]

@@ -270,9 +270,8 @@ def test_float16_inputs_are_refused_naming_the_kernel(path):
 def test_a_model_swaps_in_the_kernels_and_exports_standard_operators(native_path, tmp_path):
     from mindvl.cells import build_cells
     from mindvl.config import load_config
+    from mindvl.export.graphs import TensorSpec, export_graph
     from mindvl.mindir import mindir_ops
-    from mindvl.export.graphs import export_graph
-    from mindvl.export.graphs import TensorSpec
 
     cfg = load_config("tiny", ["model.text.vocab_size=40"])
     model = build_cells(cfg.model, cfg.preprocess)

@@ -11,11 +11,11 @@ import pytest
 
 from mindvl.cli import main
 from mindvl.data.reading.examples import query_examples
+from mindvl.errors import InputError
 from mindvl.lite.calibration import Calibration, CalibrationError, example_item, package_identity
 from mindvl.lite.cascade import Cascade
 from mindvl.lite.device import DevicePipeline, softmax
 from mindvl.lite.lite_model import LiteError
-from mindvl.errors import InputError
 from mindvl.serving import Client
 
 

@@ -11,9 +11,9 @@ from PIL import Image
 
 from mindvl import preprocess as P
 from mindvl.config import PreprocessConfig
-from mindvl.package_reader import read_manifest
-from mindvl.lite.lite_model import LiteModel
 from mindvl.lite.cpp_runner import RunnerFailed, run_runner
+from mindvl.lite.lite_model import LiteModel
+from mindvl.package_reader import read_manifest
 
 # Measured on the session's package (and a second small one): the runner's image tensor equals
 # decode_image's bit for bit (PNG and JPEG, resized or not), so preprocessing adds nothing; its logits

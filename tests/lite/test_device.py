@@ -8,10 +8,10 @@ import pytest
 
 from mindvl.cli import main
 from mindvl.data.reading.examples import query_examples, wav_bytes
-from mindvl.package_reader import TOLERANCE, load_graph, read_manifest
+from mindvl.errors import InputError
 from mindvl.lite.calibration import example_item
 from mindvl.lite.device import MODALITIES, DevicePipeline
-from mindvl.errors import InputError
+from mindvl.package_reader import TOLERANCE, load_graph, read_manifest
 from mindvl.serving import Client
 
 MODES = ("typed", "spoken", "both")

@@ -11,9 +11,9 @@ from mindspore import nn
 
 from mindvl.cli import main
 from mindvl.export.lite2_mindir import convert_mindir
-from mindvl.package_reader import load_samples, read_manifest
 from mindvl.lite import lite2_runtime
 from mindvl.lite.lite_model import BACKENDS, Context, LiteError, LiteModel, backend_report
+from mindvl.package_reader import load_samples, read_manifest
 
 
 @pytest.fixture(scope="module")

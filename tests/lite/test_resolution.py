@@ -8,9 +8,9 @@ import pytest
 
 from mindvl.cli import main
 from mindvl.data.reading.examples import query_examples
+from mindvl.deploy.resolution_search import resize_encoded, resized_copy, resolution_report
 from mindvl.lite.device import DevicePipeline
 from mindvl.lite.lite_model import LiteError
-from mindvl.deploy.resolution_search import resize_encoded, resized_copy, resolution_report
 from mindvl.lite.resolution import DEFAULT_VIEWS, RULES, ResolutionSearch, combine, parse_view
 from mindvl.preprocess import decode_image, open_image
 

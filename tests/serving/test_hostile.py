@@ -15,9 +15,9 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from live import call, config, grpc_raw, metrics, predict, total
 from PIL import Image
 
-from live import call, config, grpc_raw, metrics, predict, total
 from mindvl import preprocess
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving import protocol

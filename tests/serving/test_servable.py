@@ -14,10 +14,10 @@ import pytest
 from mindvl.data import create_dataset, load_meta, load_tokenizer
 from mindvl.data.reading.examples import wav_bytes
 from mindvl.data.records import read_split, read_table
+from mindvl.errors import PackageError
 from mindvl.export.graphs import graph_specs
 from mindvl.export.package_writer import write_package
 from mindvl.files import sha256_file
-from mindvl.errors import PackageError
 from mindvl.package_reader import check_files, read_manifest
 from mindvl.serving import servable
 from mindvl.serving.register import Placeholder, ServableError, declare_model, load_servable_config

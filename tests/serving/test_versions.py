@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import small_classifier_config, untrained_model
 from live import ADMIN_ENV, admin, b64, call, config, grpc_predict, predict, rest_inputs, vqa_inputs
+
 from mindvl.data.reading.examples import query_examples
 from mindvl.export.package_writer import write_package
 from mindvl.package_reader import read_manifest
