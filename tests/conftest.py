@@ -30,11 +30,21 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(WORKERS, os.cpu_count() or 1))
 
 
+# The session fixtures of the generative chain (trained_run -> generative_run -> generative_package -> its server):
+# the tests that use any of them run in one worker, so the chain is trained and packaged once, not in each worker.
+GENERATIVE_CHAIN = {"generative_run", "generative_package", "generative_server"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The files with slow tests first: the workers take whole files in this order, and a minutes-long test
-    started last would run alone while the other worker idles. Then which slow tests run (_skip_slow)."""
+    """The files with slow tests first: the workers take their units of work (a file, or the generative chain's
+    tests) in this order, and a minutes-long test started last would run alone while the other worker idles.
+    Then which slow tests run (_skip_slow)."""
     slow_files = {item.path for item in items if "slow" in item.keywords}
     items.sort(key=lambda item: item.path not in slow_files)  # stable: each file's own order stays
+    for item in items:  # xdist's --dist loadgroup runs a group in one worker
+        group = "generative_chain" if GENERATIVE_CHAIN & set(item.fixturenames) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
     _skip_slow(items)
 
 
