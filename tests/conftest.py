@@ -50,8 +50,9 @@ def pytest_collection_modifyitems(config, items):
 
 def _skip_slow(items):
     """The tests marked slow (end-to-end runs of minutes) run everywhere they fit: always on a developer's machine
-    and in CI on an AVX-512 host (the whole suite ~25 min there), but not in CI on a host without AVX-512, where
-    everything runs 3-5x slower and they would take CI past its 90 minutes. MINDVL_RUN_SLOW=1 / 0 decides instead."""
+    and in CI on an AVX-512 host (the whole suite ~21 min there, in two workers), but not in CI on a host without
+    AVX-512, where everything runs 3-5x slower and they would take CI past its 90 minutes. MINDVL_RUN_SLOW=1 / 0
+    decides instead."""
     from mindvl.cells.kernels.machine import machine_kind
 
     chosen = os.environ.get(RUN_SLOW)
