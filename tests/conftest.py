@@ -53,12 +53,15 @@ def _skip_slow(items):
     and in CI on an AVX-512 host (the whole suite ~21 min there, in two workers), but not in CI on a host without
     AVX-512, where everything runs 3-5x slower and they would take CI past its 90 minutes. MINDVL_RUN_SLOW=1 / 0
     decides instead."""
-    from mindvl.cells.kernels.machine import machine_kind
-
     chosen = os.environ.get(RUN_SLOW)
-    kind = machine_kind()
-    if chosen == "1" or (chosen is None and (not os.environ.get("CI") or kind == "AVX-512")):
+    if chosen == "1" or (chosen is None and not os.environ.get("CI")):
         return
+    if chosen is None:  # CI: the machine decides (read only here, the one case that needs it)
+        from mindvl.cells.kernels.machine import machine_kind
+
+        kind = machine_kind()
+        if kind == "AVX-512":
+            return
     reason = (f"{RUN_SLOW}=0" if chosen is not None else
               f"CI on a {kind} host (no AVX-512: 3-5x slower, these would not fit CI's 90 minutes)") + \
         f"; run the slow end-to-end tests with {RUN_SLOW}=1"
@@ -371,11 +374,7 @@ def fresh_servables(deployed, tmp_path):
 def live_server(deployed):
     """A server over `deployed` on free 127.0.0.1 ports with dynamic batching (max batch 8), no directory
     polling, shared by the session (tests/serving, tests/lite, tests/deploy, tests/plots: none changes it)."""
-    from mindvl.serving.serve_config import ServeConfig
-    from mindvl.serving.server import BackgroundServer
-
-    config = ServeConfig(servable_dir=str(deployed), port=0, grpc_port=0, poll_s=0, max_batch_size=8)
-    with BackgroundServer(config) as server:
+    with _background_server(deployed) as server:
         yield server
 
 
@@ -385,15 +384,22 @@ def generative_server(vqa_package, generative_package, tmp_path_factory):
     continuous batching up to 8 streams (dynamic batching up to 8 for vqa), no directory polling, shared by the
     session (tests/serving's generation tests, the generative cascade's cloud: none changes it)."""
     from mindvl.serving.servable import deploy
-    from mindvl.serving.serve_config import ServeConfig
-    from mindvl.serving.server import BackgroundServer
 
     servables = tmp_path_factory.mktemp("generative_servables")
     deploy(generative_package[1], servables, "vlm")
     deploy(vqa_package[1], servables, "vqa")
-    config = ServeConfig(servable_dir=str(servables), port=0, grpc_port=0, poll_s=0, max_batch_size=8)
-    with BackgroundServer(config) as server:
+    with _background_server(servables) as server:
         yield server
+
+
+def _background_server(servable_dir):
+    """The session servers' BackgroundServer over `servable_dir`: free 127.0.0.1 ports, batching up to 8, no
+    directory polling."""
+    from mindvl.serving.serve_config import ServeConfig
+    from mindvl.serving.server import BackgroundServer
+
+    return BackgroundServer(ServeConfig(servable_dir=str(servable_dir), port=0, grpc_port=0, poll_s=0,
+                                        max_batch_size=8))
 
 
 # ----------------------------------------------------------------------------- the MindSpore Lite 2.0 runtime
