@@ -180,7 +180,7 @@ def _sample_inputs(name: str, batch: DecodeBatch, layout: PromptLayout, prompts:
     if name == DECODE:
         step = DecodeBatch(layout, batch.graphs)
         step.prefill(prompts, [sampling_config(max_new_tokens=2)] * len(prompts))
-        step.sample()
+        step.sample_or_raise()
         running = step.rows[:rows or None]
         if not running:
             raise PackageError("every sample question stopped at its first token; no decode step to store")

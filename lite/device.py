@@ -307,7 +307,7 @@ class DevicePipeline:
             record.prompt_tokens = row.prompt_tokens
             first = None
             while batch.rows:
-                for _, delta in batch.sample():
+                for _, delta in batch.sample_or_raise():
                     if first is None:
                         first = time.perf_counter()
                         timings["first_token"] = first - start

@@ -17,6 +17,7 @@ and never cuts modality slots (a conversation whose attachments do not fit is re
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple, Union
 
@@ -215,8 +216,9 @@ class ChatEncoder:
         self.template = template
         self.slots = {IMAGE_SLOT: int(image_tokens), AUDIO_SLOT: int(audio_tokens)}
         self.pad_id = int(pad_id)
-        self._special = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special),
-                               key=len, reverse=True)
+        special = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special),
+                         key=len, reverse=True)
+        self._special_pattern = re.compile("|".join(map(re.escape, special))) if special else None
         self._cache: Dict[str, List[int]] = {}
         stop = self._control(template.stop)
         if len(stop) != 1:
@@ -231,17 +233,16 @@ class ChatEncoder:
 
     def _literal(self, text: str) -> List[int]:
         """Text as characters: every special token's spelling in it split after its first character, so the
-        tokenizer reads it as text, never as the control token."""
-        ids: List[int] = []
-        while text:
-            found = [(text.find(s), s) for s in self._special if s in text]
-            if not found:
-                return ids + self.tokenizer.encode(text, add_special_tokens=False).ids
-            at, special = min(found)
-            for piece in (text[:at], special[:1], special[1:]):
-                ids += self.tokenizer.encode(piece, add_special_tokens=False).ids if piece else []
-            text = text[at + len(special):]
-        return ids
+        tokenizer reads it as text, never as the control token. One scan of the text (a pattern of every
+        spelling, longest first) and one batch of pieces to the tokenizer: linear in the text (a rescan per
+        spelling found made 16,000 "[EOS]" in a question take seconds)."""
+        pieces, start = [], 0
+        for match in (self._special_pattern.finditer(text) if self._special_pattern else ()):
+            pieces += [text[start:match.start()], match.group()[:1], match.group()[1:]]
+            start = match.end()
+        pieces = [piece for piece in pieces + [text[start:]] if piece]
+        encoded = self.tokenizer.encode_batch(pieces, add_special_tokens=False) if pieces else []
+        return [token for encoding in encoded for token in encoding.ids]
 
     def _slots(self, kind: int) -> Tuple[List[int], List[int]]:
         open_, close = ((self.template.image_open, self.template.image_close) if kind == IMAGE_SLOT

@@ -10,6 +10,7 @@ A leaf: it imports nothing of mindvl, so every layer (cells, serving and lite in
 The errors of one layer only (a servable, the Lite runtime, the serving client) live in that layer and
 derive from MindvlError there.
 """
+import re
 
 
 class MindvlError(Exception):
@@ -42,3 +43,19 @@ class ConversionError(MindvlError, ValueError):
 
 class BuildError(MindvlError, RuntimeError):
     """Compiled code mindvl needs (the fused kernels, the Lite 2.0 bridge) could not be built here."""
+
+
+def shown(value, limit: int = 60) -> str:
+    """`value` as an error message quotes it: its repr, cut to `limit` characters (a request's 100 KB string
+    is not echoed back)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+_OBJECT_REPR = re.compile(r"<[A-Za-z_][\w.]* object at 0x[0-9a-fA-F]+>")
+
+
+def plain(message: str) -> str:
+    """`message` without the default reprs of objects (`<_io.BytesIO object at 0x7fd3...>`, as libraries
+    word a stream they could not read), which tell a client nothing and leak heap addresses."""
+    return _OBJECT_REPR.sub("the data", message)

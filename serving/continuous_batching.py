@@ -23,8 +23,8 @@ from mindvl import preprocess as P
 from mindvl.engine.decode_loop import DecodeBatch
 from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
 from mindvl.engine.prompts import MultimodalPrompt, preprocessed_prompt
-from mindvl.engine.sampling import Generation, SamplingConfig
-from mindvl.errors import ConfigError
+from mindvl.engine.sampling import Generation, SamplingConfig, sampling_config
+from mindvl.errors import ConfigError, shown
 from mindvl.package_reader import graph_caller, load_graph
 
 LOG = logging.getLogger("mindvl.serving")
@@ -36,25 +36,38 @@ BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # what the graphs compile for (DecodeBat
 JOIN_PER_STEP = 1
 
 
-def generation_settings(fields: dict) -> dict:
-    """A request's generation fields (OpenAI's names: max_tokens, stop, ...) as SamplingConfig's keyword settings."""
-    def number(name, kind):
+REQUEST_NAMES = {"max_new_tokens": "max_tokens", "stop_strings": "stop"}  # SamplingConfig's name -> a request's
+
+
+def request_settings(fields: dict) -> SamplingConfig:
+    """A request's generation fields (OpenAI's names: max_tokens, stop, ...) as a validated SamplingConfig; a
+    ConfigError names the request's field (`max_tokens: expected an integer, got inf`). Values arrive as JSON
+    gives them, or as MindSpore Serving's protocol hands scalars over (0-d arrays, float32); an integral float
+    (16.0) is the integer, 1.5 is refused."""
+    def number(name, integral):
         value = fields.get(name)
         if value is None:
             return None
-        if isinstance(value, (bool, str, bytes)) or not np.isscalar(value) and np.ndim(value) != 0:
-            raise ConfigError(f"{name}: expected a number, got {value!r}")
-        return kind(value)
+        if isinstance(value, np.ndarray) and value.ndim == 0 or isinstance(value, np.generic):
+            value = value.item()
+        if integral and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        return value
 
     stop = fields.get("stop")
     stop = stop.tolist() if isinstance(stop, np.ndarray) else stop
     stop = [stop] if isinstance(stop, str) else stop
     if stop is not None and (not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop)):
-        raise ConfigError(f"stop: expected a string or a list of strings, got {stop!r}")
-    return {"max_new_tokens": number("max_tokens", int), "temperature": number("temperature", float),
-            "top_p": number("top_p", float), "top_k": number("top_k", int),
-            "repetition_penalty": number("repetition_penalty", float), "seed": number("seed", int),
-            "stop_strings": list(stop) if stop else None, "ignore_eos": _flag(fields.get("ignore_eos"), "ignore_eos")}
+        raise ConfigError(f"stop: expected a string or a list of strings, got {shown(stop)}")
+    settings = {"max_new_tokens": number("max_tokens", True), "temperature": number("temperature", False),
+                "top_p": number("top_p", False), "top_k": number("top_k", True),
+                "repetition_penalty": number("repetition_penalty", False), "seed": number("seed", True),
+                "stop_strings": list(stop) if stop else None, "ignore_eos": _flag(fields.get("ignore_eos"), "ignore_eos")}
+    try:
+        return sampling_config(**settings)
+    except ConfigError as error:
+        name, _, rest = str(error).partition(":")
+        raise ConfigError(f"{REQUEST_NAMES.get(name, name)}:{rest}") from None
 
 
 def _flag(value, name: str):
@@ -63,7 +76,7 @@ def _flag(value, name: str):
         return None
     if np.ndim(value) == 0 and np.asarray(value).dtype == np.bool_:
         return bool(value)
-    raise ConfigError(f"{name}: expected true or false, got {value!r}")
+    raise ConfigError(f"{name}: expected true or false, got {shown(value)}")
 
 
 @dataclass
@@ -123,17 +136,24 @@ class ContinuousBatcher:
 
     # ---- requests (any thread) ------------------------------------------------------------------------
 
-    def prompt(self, text: str = "", image: Optional[bytes] = None, audio: Optional[bytes] = None) -> MultimodalPrompt:
-        """A request's fields preprocessed as in training (CPU work: call it from a worker thread)."""
-        return preprocessed_prompt(text or "", self.pre, image, audio)
+    def prepare(self, text: str, image: Optional[bytes], audio: Optional[bytes],
+                settings: SamplingConfig) -> MultimodalPrompt:
+        """A request's prompt as the engine takes it: the image and the clip preprocessed as in training, the
+        question rendered and tokenised, checked against the graphs' limits (ConfigError or InputError naming the
+        field). CPU work: call it from a worker thread, never the event loop (a long text, a large image)."""
+        self.layout.limits.check_new_tokens(settings.max_new_tokens, "max_tokens")  # before anything is decoded
+        self.layout.check_text(text or "")
+        prompt = preprocessed_prompt(text or "", self.pre, image, audio)
+        prompt.rendered = self.layout.render(prompt)
+        self.batch.admit([prompt], [settings], "max_tokens")  # the bucket and the cache's room
+        return prompt
 
     def submit(self, prompt: MultimodalPrompt, settings: SamplingConfig,
                loop: asyncio.AbstractEventLoop) -> GenerationRequest:
-        """Queue a prompt; ConfigError at once when it cannot be generated (too long, too many tokens asked)."""
+        """Queue a prepared prompt (`prepare`); ConfigError when the version is being unloaded."""
         if self.closed:
             raise ConfigError("the servable version is being unloaded; retry")
-        (prompt_tokens,) = self.batch.admit([prompt], [settings], "max_tokens")  # refuses what cannot fit
-        request = GenerationRequest(prompt, settings, loop, prompt_tokens=prompt_tokens)
+        request = GenerationRequest(prompt, settings, loop, prompt_tokens=len(prompt.rendered))
         self.waiting.put(request)
         return request
 
@@ -157,9 +177,11 @@ class ContinuousBatcher:
                     self.cancelled += 1
                     row.owner.put(None)  # its caller's stream ends
             try:
-                for row, delta in self.batch.sample():
-                    row.owner.put(delta)
-                    if delta.finish:
+                for row, outcome in self.batch.sample():
+                    row.owner.put(outcome)  # a Delta, or what failed this row alone (its stream raises it)
+                    if isinstance(outcome, Exception):
+                        LOG.warning("a generation failed at its step (its neighbours go on): %s", outcome)
+                    elif outcome.finish:
                         row.owner.put(None)
                 self.batch.decode()
                 self.steps += 1

@@ -7,6 +7,7 @@ logged, never raised out of a route.
 import asyncio
 import logging
 
+from mindvl.errors import plain
 from mindvl.serving.catalog import NotAvailable
 from mindvl.serving.protocol import ProtocolError
 from mindvl.serving.runtime import MethodNotFound
@@ -34,4 +35,4 @@ def failure_of(error: BaseException) -> Failure:
     if isinstance(error, asyncio.TimeoutError):
         return Failure(str(error) or "request timed out", 504, "timeout")
     LOG.exception("request failed", exc_info=error)
-    return Failure(f"internal error: {type(error).__name__}: {error}", 500, "internal")
+    return Failure(plain(f"internal error: {type(error).__name__}: {error}"), 500, "internal")

@@ -18,6 +18,9 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
+from mindvl.errors import InputError, plain, shown
+from mindvl.preprocess.request import expect
+
 SETTINGS = ("max_tokens", "temperature", "top_p", "stop", "seed", "top_k", "repetition_penalty", "ignore_eos")
 DATA_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+)?(;[^,]*)?;base64,(.*)", re.S)
 
@@ -31,7 +34,7 @@ class OpenAIError(Exception):
         self.status, self.param, self.code, self.kind = status, param, code, kind
 
     def body(self) -> bytes:
-        return json.dumps({"error": {"message": str(self), "type": self.kind, "param": self.param,
+        return json.dumps({"error": {"message": plain(str(self)), "type": self.kind, "param": self.param,
                                      "code": self.code}}).encode()
 
 
@@ -93,6 +96,10 @@ def question(messages: Any) -> Dict[str, Any]:
         param = f"messages[{index}].content[{number}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
+            try:
+                expect(part["text"], str, param)
+            except InputError as error:
+                raise OpenAIError(str(error), param=param, code="invalid_value") from None
             instance["text"] = (instance["text"] + " " + part["text"]).strip()
         elif kind in ("image_url", "input_audio"):
             key = "image" if kind == "image_url" else "audio"
@@ -112,12 +119,15 @@ def parse_chat(body: bytes) -> Tuple[str, Dict[str, Any], bool, bool]:
         request = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise OpenAIError(f"the body is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise OpenAIError("the body nests its JSON deeper than the parser allows; a chat request is a few levels "
+                          "deep") from None
     if not isinstance(request, dict):
         raise OpenAIError("the body must be a JSON object")
     model = request.get("model")
     if not isinstance(model, str) or not model:
         raise OpenAIError("model: required; GET /v1/models lists the served models", param="model")
-    if request.get("n", 1) != 1:
+    if request.get("n") is not None and (type(request["n"]) is not int or request["n"] != 1):
         raise OpenAIError("n: only 1 choice per request is generated", param="n", code="unsupported_value")
     instance = question(request.get("messages"))
     if request.get("max_completion_tokens") is not None and request.get("max_tokens") is None:
@@ -125,11 +135,20 @@ def parse_chat(body: bytes) -> Tuple[str, Dict[str, Any], bool, bool]:
     for name in SETTINGS:
         if request.get(name) is not None:
             instance[name] = request[name]
-    stream = bool(request.get("stream", False))
+    stream = _flag(request, "stream")
     options = request.get("stream_options") or {}
     if not isinstance(options, dict):
         raise OpenAIError("stream_options: expected an object", param="stream_options")
-    return model, instance, stream, bool(options.get("include_usage", False))
+    return model, instance, stream, _flag(options, "include_usage", "stream_options.include_usage")
+
+
+def _flag(fields: dict, name: str, param: Optional[str] = None) -> bool:
+    """A boolean field (absent or null: false); "no", 0 or 1 are refused, not read as truthy."""
+    value = fields.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise OpenAIError(f"{param or name}: expected true or false, got {shown(value)}", param=param or name,
+                          code="invalid_type")
+    return bool(value)
 
 
 class Completion:

@@ -11,7 +11,7 @@ from aiohttp import web
 from mindvl.serving import openai_api as O
 from mindvl.serving.catalog import NotAvailable
 from mindvl.serving.event_stream import stream_events
-from mindvl.serving.failures import Failure
+from mindvl.serving.failures import Failure, failure_of
 from mindvl.serving.predict import generative
 from mindvl.serving.protocol import InstanceError
 from mindvl.serving.rest_bodies import held_body
@@ -26,10 +26,20 @@ async def answer(server, request: web.Request) -> web.StreamResponse:
     except O.OpenAIError as error:
         server.metrics.errors.labels("openai").inc()
         return web.Response(body=error.body(), status=error.status, content_type="application/json")
-    except Failure as failure:
+    except Exception as raised:  # a Failure, or what failed the generation: named, logged when internal
+        failure = failure_of(raised)
         error = O.OpenAIError(str(failure), failure.status, kind="invalid_request_error" if failure.status < 500
                               else "server_error")
         return web.Response(body=error.body(), status=error.status, content_type="application/json")
+
+
+def _param(message: str):
+    """The request field an instance error names (its messages start `field: ...`): a setting, or the question's
+    text (its message part), image or clip."""
+    field = message.partition(":")[0]
+    if field in O.SETTINGS:
+        return field
+    return "messages" if field in ("text", "image", "audio") else None
 
 
 async def _answer(server, request: web.Request) -> web.StreamResponse:
@@ -55,9 +65,7 @@ async def _answer(server, request: web.Request) -> web.StreamResponse:
             try:
                 generation = await loaded.start_generation(instance, server.pool)
             except InstanceError as error:
-                param = next((p for p in ("max_tokens", "temperature", "top_p", "stop", "seed")
-                              if p in str(error)), None)
-                raise O.OpenAIError(str(error), 400, param, "invalid_value") from None
+                raise O.OpenAIError(str(error), 400, _param(str(error)), "invalid_value") from None
             completion = O.Completion(model)
             if stream:
                 count = [0]

@@ -26,13 +26,12 @@ from google.protobuf.message import DecodeError
 
 from mindvl import preprocess as P
 from mindvl.engine.package_graphs import SECTION
-from mindvl.engine.sampling import sampling_config
-from mindvl.errors import ConfigError
+from mindvl.errors import MindvlError, plain
 from mindvl.mindir import mindir_io
 from mindvl.package_reader import (MANIFEST, TOLERANCE, as_array, as_tuple, check_files, load_graph, load_samples,
                                    read_manifest)
 from mindvl.serving.batching import Batcher, BatchPolicy
-from mindvl.serving.continuous_batching import ContinuousBatcher, GenerationRequest, generation_settings
+from mindvl.serving.continuous_batching import ContinuousBatcher, GenerationRequest, request_settings
 from mindvl.serving.protocol import InstanceError, ProtocolError
 from mindvl.serving.register import (GENERATION_INPUTS, Method, Model, Placeholder, ServableDefinition, ServableError,
                                      Stage, load_servable_config)
@@ -298,13 +297,13 @@ class LoadedVersion:
             for name, kind in (("text", str), ("image", bytes), ("audio", bytes)):
                 if instance.get(name) is not None:
                     P.expect(instance[name], kind, name)
-            settings = sampling_config(**generation_settings(instance))
+            settings = request_settings(instance)
             loop = asyncio.get_running_loop()
-            prompt = await loop.run_in_executor(pool, self.batcher.prompt, text, instance.get("image"),
-                                                instance.get("audio"))
+            prompt = await loop.run_in_executor(pool, self.batcher.prepare, text, instance.get("image"),
+                                                instance.get("audio"), settings)
             return self.batcher.submit(prompt, settings, loop)
-        except (ConfigError, P.InputError, TypeError, ValueError) as error:
-            raise InstanceError(str(error)) from None
+        except (MindvlError, TypeError, ValueError) as error:
+            raise InstanceError(plain(str(error))) from None
 
     async def _generate(self, instance: Dict[str, Any], pool: Executor) -> Dict[str, Any]:
         request = await self.start_generation(instance, pool)

@@ -55,31 +55,54 @@ def test_decode_image_rejects_corrupt_bytes_naming_the_item(png_bytes, data):
 
 
 def test_the_decode_budget_lets_small_images_past_a_large_one_and_holds_the_rest(png_bytes, monkeypatch):
-    """limit_decodes(1): the pixels decoding at once stay within one largest image; a small image decodes
-    while most of the budget is held, one that does not fit waits until pixels are released."""
+    """limit_decodes(1): the bytes decoding at once stay within one largest image; a small image decodes
+    while most of the budget is held, one that does not fit waits until bytes are released."""
     import threading
 
-    monkeypatch.setattr(P.image, "_decode_budget", None)  # restored after the test
+    from mindvl.preprocess import budget
+
+    monkeypatch.setattr(budget, "_budget", None)  # restored after the test
     P.limit_decodes(1)
     small = Image.open(io.BytesIO(png_bytes)).size
-    held = P.MAX_IMAGE_PIXELS - small[0] * small[1]  # what a large decode in flight holds: the small one fits
+    small_bytes = small[0] * small[1] * P.image.BYTES_PER_PIXEL
+    held = budget.SLOT_BYTES - small_bytes  # what a large decode in flight holds: the small one fits
     done = {}
 
     def decode(key):
         done[key] = P.decode_image(png_bytes, PRE)
 
-    with P.image._decode_budget.hold(held):
+    with budget._budget.hold(held):
         beside = threading.Thread(target=decode, args=("beside",))
         beside.start()
         beside.join(timeout=60)
         assert "beside" in done  # it did not wait for the large decode
-        with P.image._decode_budget.hold(small[0] * small[1]):  # now the budget is full
+        with budget._budget.hold(small_bytes):  # now the budget is full
             waiting = threading.Thread(target=decode, args=("waiting",))
             waiting.start()
             waiting.join(timeout=0.5)
-            assert "waiting" not in done  # no room: it waits for pixels to be released
+            assert "waiting" not in done  # no room: it waits for bytes to be released
     waiting.join(timeout=60)
     assert np.array_equal(done["waiting"], done["beside"])
+
+
+def test_a_clip_waits_in_the_same_budget_for_what_its_header_says_it_will_hold(monkeypatch):
+    import threading
+
+    from mindvl.preprocess import budget
+
+    monkeypatch.setattr(budget, "_budget", None)
+    P.limit_decodes(1)
+    clip = wav_bytes(tone(1.0, sample_rate=32000), 32000)
+    need = P.audio_header(clip).decode_bytes(PRE.sample_rate)
+    assert 32000 * 4 * 3 < need < 2 ** 20  # its samples, their mean, the resampled copy and the spectrum
+    done = {}
+    with budget._budget.hold(budget.SLOT_BYTES - need + 1):  # one byte short of room for it
+        waiting = threading.Thread(target=lambda: done.setdefault("mel", P.speech_features(clip, PRE)))
+        waiting.start()
+        waiting.join(timeout=0.5)
+        assert "mel" not in done
+    waiting.join(timeout=60)
+    assert done["mel"][1].sum() > 0
 
 
 # ----------------------------------------------------------------------------- audio
@@ -154,6 +177,45 @@ def test_load_wav_resamples_files_and_bytes(tmp_path):
     np.testing.assert_allclose(P.load_wav(path.read_bytes(), 16000), audio, atol=1e-6)
     with pytest.raises(P.InputError, match="upload.wav"):
         P.load_wav(b"RIFF garbage", 16000, name="upload.wav")
+
+
+def wav_bytes(samples, rate, subtype="PCM_16"):
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, rate, format="WAV", subtype=subtype)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("samples, rate, message", [
+    (np.zeros(3600, np.int16), 1, "its header declares 1 Hz; send audio sampled at 4000 to 192000 Hz"),
+    (np.zeros((400, 6), np.int16), 16000, "its header declares 6 channels; send mono or stereo audio"),
+    (np.zeros(16000 * 600, np.int16), 16000, r"the clip is 600\.00 s \(9600000 samples at 16000 Hz, from its header\) "
+                                             r"but at most 4\.00 s fit"),
+])
+def test_a_clip_is_refused_from_its_header_before_a_sample_is_decoded(samples, rate, message, monkeypatch):
+    """What the header declares is refused without decoding (the decoder is not reached), naming the clip."""
+    clip = wav_bytes(samples, rate)
+    monkeypatch.setattr(P.audio, "_decoded", lambda *a: pytest.fail("decoded a clip its header refuses"))
+    with pytest.raises(P.InputError, match="upload.wav: " + message):
+        P.speech_features(clip, TINY, name="upload.wav")
+
+
+def test_a_clip_that_fits_is_the_same_checked_from_its_header_as_decoded():
+    """The header's length decides as pad_mel does after decoding: 4.00 s fits TINY's 200 frames, a hop more
+    does not."""
+    fits = wav_bytes(tone(4.0, sample_rate=22050), 22050)
+    mel, mask = P.speech_features(fits, TINY)
+    np.testing.assert_array_equal(mel, P.pad_mel(P.log_mel(P.load_wav(fits, 16000), TINY), TINY)[0])
+    assert mask.sum() == 200
+    one_hop_more = np.concatenate([tone(4.0), tone(1.0)[:TINY.hop_length]])
+    with pytest.raises(P.InputError, match=f"{4.0 + TINY.hop_length / 16000:.2f} s"):
+        P.speech_features(wav_bytes(one_hop_more, 16000), TINY)
+
+
+def test_undecodable_audio_and_images_name_no_object_address():
+    for call in (lambda: P.speech_features(b"RIFF garbage", TINY), lambda: P.decode_image(b"GIF8 junk", PRE)):
+        with pytest.raises(P.InputError) as raised:
+            call()
+        assert " at 0x" not in str(raised.value) and "object" not in str(raised.value), raised.value
 
 
 # ----------------------------------------------------------------------------- text

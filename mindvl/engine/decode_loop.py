@@ -21,7 +21,7 @@ batch with.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -109,7 +109,7 @@ class DecodeBatch:
             stop_ids = set(self.layout.stop_ids) | set(config.stop_tokens)
             length = int(batch.valid[index].sum())
             rows.append(Running(TextSequence(index, self.layout.tokenizer, config, stop_ids), config,
-                                np.random.default_rng(config.seed), seen, valid, bucket, length, length,
+                                _generator(config.seed), seen, valid, bucket, length, length,
                                 logits[index], owners[index] if owners is not None else index))
         self._append(rows, [self.graphs.to_numpy(c)[:len(rows)] for c in caches])
         return rows
@@ -123,22 +123,42 @@ class DecodeBatch:
 
     # ---- stepping -----------------------------------------------------------------------------------
 
-    def sample(self) -> List[Tuple[Running, Delta]]:
-        """Choose every running sequence's next token from its logits -> [(row, Delta)]; rows that finished or
-        were cancelled leave the batch (their cache rows freed)."""
-        emitted = []
+    def sample(self) -> List[Tuple[Running, Union[Delta, Exception]]]:
+        """Choose every running sequence's next token from its logits -> [(row, its Delta, or the exception that
+        failed it)]; rows that finished, failed or were cancelled leave the batch (their cache rows freed). A
+        failure is the row's own (its logits, its settings): its neighbours in the batch go on."""
+        emitted: List[Tuple[Running, Union[Delta, Exception]]] = []
         for row in self.rows:
             if row.done:
                 continue
-            logits = row.logits[None]
-            token = next_tokens(logits, row.settings, row.rng, row.seen[None])
-            logprob = float(token_logprobs(logits, token)[0])
-            token = int(token[0])
-            row.seen[token] = True
-            last = len(row.sequence.tokens) + 1 >= row.settings.max_new_tokens
-            emitted.append((row, row.sequence.add(token, last, logprob)))
+            try:
+                emitted.append((row, self._sample_row(row)))
+            except Exception as error:  # noqa: BLE001 - the row fails alone, its caller gets the error
+                row.cancelled = True
+                emitted.append((row, error))
         self.drop_done()
         return emitted
+
+    def sample_or_raise(self) -> List[Tuple[Running, Delta]]:
+        """sample() for a caller whose rows are one request's: a row's failure raised."""
+        emitted = self.sample()
+        for _, outcome in emitted:
+            if isinstance(outcome, Exception):
+                raise outcome
+        return emitted
+
+    @staticmethod
+    def _sample_row(row: Running) -> Delta:
+        logits = row.logits[None]
+        if not np.isfinite(logits).any():
+            raise ConfigError("generate: the model's logits for this sequence are all NaN or infinite; the "
+                              "package's graphs or weights are broken (mindvl export verify checks them)")
+        token = next_tokens(logits, row.settings, row.rng, row.seen[None])
+        logprob = float(token_logprobs(logits, token)[0])
+        token = int(token[0])
+        row.seen[token] = True
+        last = len(row.sequence.tokens) + 1 >= row.settings.max_new_tokens
+        return row.sequence.add(token, last, logprob)
 
     def drop_done(self) -> None:
         keep = [i for i, row in enumerate(self.rows) if not row.done]
@@ -172,7 +192,7 @@ class DecodeBatch:
         row.owner the prompt's index."""
         self.prefill(prompts, [settings] * len(prompts), owners=list(range(len(prompts))))
         while self.rows:
-            yield from self.sample()
+            yield from self.sample_or_raise()
             self.decode()
 
     def generate(self, prompts: Sequence, settings: SamplingConfig) -> List[Generation]:
@@ -181,6 +201,12 @@ class DecodeBatch:
         for row, delta in self.stream(prompts, settings):
             results.setdefault(row.owner, Generation("", prompt_tokens=row.prompt_tokens)).add(delta)
         return [results[index] for index in range(len(prompts))]
+
+
+def _generator(seed: Optional[int]) -> np.random.Generator:
+    """A sequence's own sampler: seeded (a negative seed, which OpenAI's API allows, taken modulo 2^64), or from
+    fresh entropy."""
+    return np.random.default_rng(None if seed is None else seed % 2 ** 64)
 
 
 def generate(layout, graphs, prompts: Sequence, settings: SamplingConfig, sizes: Sequence[int] = ()) -> List[Generation]:

@@ -19,9 +19,12 @@ import numpy as np
 
 from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, ChatEncoder, Rendered, modality_slots, question_turn
 from mindvl.config import PreprocessConfig
-from mindvl.errors import ConfigError
+from mindvl.errors import ConfigError, shown
 
 SMALLEST_BUCKET = 16
+# Characters of text read per token a prompt may hold: tokenisers average 3-5 characters a token, so a text past
+# 32 x the largest bucket cannot fit and is refused before it is tokenised (80 KB of text held a worker 2.6 s).
+CHARS_PER_TOKEN = 32
 
 
 def prompt_buckets(cache_len: int) -> tuple:
@@ -98,6 +101,7 @@ class MultimodalPrompt:
     image: Optional[np.ndarray] = None
     mel: Optional[np.ndarray] = None
     frame_mask: Optional[np.ndarray] = None
+    rendered: Optional[Rendered] = None  # its tokens, once a layout rendered it (the server does it off the engine)
 
 
 @dataclass
@@ -136,6 +140,16 @@ class _Layout:
 
     def encode(self, prompt) -> np.ndarray:
         raise NotImplementedError
+
+    def check_text(self, text: str, name: str = "text") -> None:
+        """An error naming `name` for text no prompt can hold (past CHARS_PER_TOKEN x the largest bucket, checked
+        before it is tokenised) or that is not valid Unicode (a lone surrogate, which JSON can carry)."""
+        from mindvl.preprocess.request import expect
+
+        limit = CHARS_PER_TOKEN * self.limits.buckets[-1]
+        if len(expect(text, str, name)) > limit:
+            raise ConfigError(f"{name}: {len(text):,} characters; a prompt of this model holds at most "
+                              f"{self.limits.buckets[-1]} tokens, so at most {limit:,} characters are read; shorten it")
 
     def prompt_length(self, prompt) -> int:
         return len(self.encode(prompt))
@@ -180,11 +194,12 @@ class TextLayout(_Layout):
 
     def encode(self, prompt: Union[str, Sequence[int]]) -> np.ndarray:
         if isinstance(prompt, str):
+            self.check_text(prompt, "prompt")
             ids = np.asarray(self.tokenizer.encode(prompt).ids, np.int64)
         else:
             ids = np.asarray(prompt)
             if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-                raise ConfigError(f"generate: a prompt is text or a sequence of token ids, got {_shown(prompt)}")
+                raise ConfigError(f"generate: a prompt is text or a sequence of token ids, got {shown(prompt)}")
             if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
                 raise ConfigError(f"generate: token ids must lie in [0, {self.vocab_size}) (the vocabulary), got "
                                   f"{int(ids.min())}..{int(ids.max())}")
@@ -196,11 +211,6 @@ class TextLayout(_Layout):
         bucket, encoded = self.admit(prompts, max_new_tokens)
         ids, valid = self._left_padded(encoded, bucket)
         return PromptBatch(ids, valid, list(encoded))
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class PromptLayout(_Layout):
@@ -222,6 +232,7 @@ class PromptLayout(_Layout):
         return PromptLayout(self.chat, self.pre, self.limits.with_buckets(buckets), self.pad_id, self.stop_ids)
 
     def render(self, prompt: MultimodalPrompt) -> Rendered:
+        self.check_text(prompt.question)
         image, audio = prompt.image is not None, prompt.mel is not None
         if not prompt.question.strip() and not audio:
             raise ConfigError("generate: no question: give the question as text or as audio")
@@ -229,7 +240,7 @@ class PromptLayout(_Layout):
         return self.chat.prompt([turn], images=int(image), audios=int(audio))
 
     def encode(self, prompt: MultimodalPrompt) -> Rendered:
-        return self.render(prompt)
+        return self.render(prompt) if prompt.rendered is None else prompt.rendered
 
     def batch(self, prompts: Sequence[MultimodalPrompt], max_new_tokens: int) -> PromptBatch:
         bucket, rendered = self.admit(prompts, max_new_tokens)

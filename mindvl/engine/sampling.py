@@ -6,16 +6,23 @@ in `model.generate` there. Greedy when temperature is 0. A seeded numpy Generato
 reproducible: the same seed, prompts and settings give the same tokens.
 """
 from dataclasses import dataclass, field, fields, replace
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 
-from mindvl.errors import ConfigError
+from mindvl.errors import ConfigError, shown
+
+
+MAX_TEMPERATURE = 2.0  # OpenAI's range for temperature: [0, 2]
+MAX_STOP_STRINGS = 4  # OpenAI's: "up to 4 sequences"
+MAX_STOP_LENGTH = 256  # characters per stop string: matching costs the engine thread per character fed
+SEED_RANGE = (-2 ** 63, 2 ** 63)  # a signed 64-bit integer, as OpenAI's seed; a negative one is taken modulo 2^64
 
 
 @dataclass
 class SamplingConfig:
-    """How tokens are chosen and when generation stops."""
+    """How tokens are chosen and when generation stops. `validate` refuses, by name, every value the sampler
+    could not use (a NaN temperature would fail the step of every sequence sharing the batch)."""
 
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0: greedy (argmax)
@@ -28,18 +35,53 @@ class SamplingConfig:
     ignore_eos: bool = False  # vLLM's: keep generating past the end-of-sequence tokens (fixed-length benchmarks)
 
     def validate(self) -> None:
-        if self.max_new_tokens <= 0:
-            raise ConfigError(f"max_new_tokens: expected a value > 0, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature: expected 0 (greedy) or a value > 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k: expected 0 (off) or a value > 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
+        _integer(self.max_new_tokens, "max_new_tokens", low=1)
+        _number(self.temperature, "temperature", 0.0, MAX_TEMPERATURE, "0 (greedy) up to 2")
+        _integer(self.top_k, "top_k", low=0)
+        _number(self.top_p, "top_p", 0.0, 1.0, "(0, 1]")
+        if self.top_p == 0:
             raise ConfigError(f"top_p: expected a value in (0, 1], got {self.top_p}")
-        if self.repetition_penalty <= 0:
+        _number(self.repetition_penalty, "repetition_penalty", 0.0, None, "> 0")
+        if self.repetition_penalty == 0:
             raise ConfigError(f"repetition_penalty: expected a value > 0, got {self.repetition_penalty}")
-        if any(not s for s in self.stop_strings):
+        if self.seed is not None:
+            _integer(self.seed, "seed", *SEED_RANGE)
+        if not isinstance(self.ignore_eos, (bool, np.bool_)):
+            raise ConfigError(f"ignore_eos: expected true or false, got {shown(self.ignore_eos)}")
+        for token in self.stop_tokens:
+            _integer(token, "stop_tokens", low=0)
+        _check_stop_strings(self.stop_strings)
+
+
+def _integer(value, name: str, low: int, high: Optional[int] = None) -> None:
+    """ConfigError unless `value` is an integer (not a bool, not 1.5) in [low, high)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name}: expected an integer, got {shown(value)}")
+    if value < low or (high is not None and value >= high):
+        span = f">= {low}" if high is None else f"in [{low}, {high})"
+        raise ConfigError(f"{name}: expected an integer {span}, got {value}")
+
+
+def _number(value, name: str, low: float, high: Optional[float], span: str) -> None:
+    """ConfigError unless `value` is a finite real number in [low, high] (NaN and infinities are refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ConfigError(f"{name}: expected a number, got {shown(value)}")
+    if not np.isfinite(value) or value < low or (high is not None and value > high):
+        raise ConfigError(f"{name}: expected a finite number {span}, got {value}")
+
+
+def _check_stop_strings(strings) -> None:
+    if not isinstance(strings, (list, tuple)) or not all(isinstance(s, str) for s in strings):
+        raise ConfigError(f"stop_strings: expected a list of strings, got {shown(strings)}")
+    if len(strings) > MAX_STOP_STRINGS:
+        raise ConfigError(f"stop_strings: {len(strings)} given, at most {MAX_STOP_STRINGS} are matched; keep the ones "
+                          f"that matter")
+    for text in strings:
+        if not text:
             raise ConfigError("stop_strings: an empty string would stop at once; remove it")
+        if len(text) > MAX_STOP_LENGTH:
+            raise ConfigError(f"stop_strings: a string of {len(text)} characters, more than the limit of "
+                              f"{MAX_STOP_LENGTH}; shorten it")
 
 
 def penalise_repetition(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
@@ -134,8 +176,62 @@ def token_logprobs(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     return logits[np.arange(len(tokens)), tokens] - log_total
 
 
+class StopMatcher:
+    """Where stop strings occur in a text fed a piece at a time, in time linear in the text: one
+    Knuth-Morris-Pratt automaton per string, so each character fed costs the same however long the answer or
+    the strings (a rescan of the text's tail for every string's every prefix cost a 120,000-character stop
+    string 0.16 s a token, on the engine thread every stream shares)."""
+
+    def __init__(self, strings: Sequence[str]) -> None:
+        self.strings = list(strings)
+        self.fallback = [self._failure(s) for s in self.strings]
+        self.state = [0] * len(self.strings)  # per string: how many of its first characters the text ends with
+        self.fed = 0  # characters fed so far
+
+    @staticmethod
+    def _failure(text: str) -> List[int]:
+        """KMP's table: for each prefix text[:i + 1], the length of its longest proper prefix that is also its
+        suffix."""
+        table, k = [0] * len(text), 0
+        for i in range(1, len(text)):
+            while k and text[i] != text[k]:
+                k = table[k - 1]
+            if text[i] == text[k]:
+                k += 1
+            table[i] = k
+        return table
+
+    def feed(self, piece: str) -> Optional[int]:
+        """Feed the next characters; -> where (in everything fed) the earliest stop string completed by them
+        starts, or None."""
+        first = None
+        for offset, char in enumerate(piece):
+            for number, text in enumerate(self.strings):
+                k, table = self.state[number], self.fallback[number]
+                while k and char != text[k]:
+                    k = table[k - 1]
+                if char == text[k]:
+                    k += 1
+                if k == len(text):
+                    start = self.fed + offset + 1 - k
+                    first = start if first is None else min(first, start)
+                    k = table[k - 1]
+                self.state[number] = k
+        self.fed += len(piece)
+        return first
+
+    @property
+    def held(self) -> int:
+        """How many characters at the end of the text may start a stop string (held back from the stream)."""
+        return max(self.state, default=0)
+
+
 class TextSequence:
-    """Host-side state of one sequence while it generates: tokens, the text emitted, stop handling."""
+    """Host-side state of one sequence while it generates: tokens, the text emitted, stop handling.
+
+    The text is detokenised incrementally, as vLLM does: each step decodes only the tokens since the last
+    emitted text (`prefix`..the end) against those of the step before (`prefix`..`read`), so a step's cost does
+    not grow with the answer; a piece ending in an incomplete character waits for the next token."""
 
     def __init__(self, index: int, tokenizer, settings: SamplingConfig, stop_ids: set):
         self.index = index
@@ -143,24 +239,41 @@ class TextSequence:
         self.settings = settings
         self.stop_ids = stop_ids
         self.tokens: List[int] = []
-        self.emitted = ""
+        self.visible: List[int] = []  # the tokens that make text (stop tokens left out)
+        self.prefix = self.read = 0  # visible[prefix:read]: the tokens decoded last step, context for the next
+        self.text = ""  # the text decoded so far
+        self.emitted = 0  # how much of it the deltas gave out
+        self.stops = StopMatcher(settings.stop_strings)
         self.finish: Optional[str] = None
+
+    def _decoded(self, flush: bool) -> str:
+        """The text the visible tokens add since the last step ('' while it ends in an incomplete character,
+        unless `flush`)."""
+        def decode(ids):
+            return self.tokenizer.decode(ids, skip_special_tokens=True) if ids else ""
+
+        before = decode(self.visible[self.prefix:self.read])
+        after = decode(self.visible[self.prefix:])
+        if len(after) <= len(before) or (after.endswith("\ufffd") and not flush):
+            return ""
+        self.prefix, self.read = self.read, len(self.visible)
+        return after[len(before):]
 
     def add(self, token: int, last_step: bool, logprob: float = 0.0) -> Delta:
         self.tokens.append(int(token))
-        text = self.tokenizer.decode([t for t in self.tokens if t not in self.stop_ids], skip_special_tokens=True)
-        cut = min((text.find(s) for s in self.settings.stop_strings if s in text), default=-1)
-        if (token in self.stop_ids and not self.settings.ignore_eos) or cut >= 0:
+        stopping = token in self.stop_ids and not self.settings.ignore_eos
+        if token not in self.stop_ids:
+            self.visible.append(int(token))
+        piece = self._decoded(flush=last_step or stopping)
+        cut = self.stops.feed(piece)
+        self.text += piece
+        if stopping or cut is not None:
             self.finish = "stop"
-            text = text[:cut] if cut >= 0 else text
-        elif last_step:
-            self.finish = "length"
-        if self.finish is None:  # hold back an incomplete character and what may start a stop string
-            text = text.rstrip("\ufffd")
-            held = max((k for s in self.settings.stop_strings for k in range(1, len(s))
-                        if text.endswith(s[:k])), default=0)
-            text = text[:len(text) - held]
-        delta = Delta(self.index, int(token), text[len(self.emitted):] if text.startswith(self.emitted) else "",
-                      self.finish, float(logprob))
-        self.emitted = text if text.startswith(self.emitted) else self.emitted
+            end = len(self.text) if cut is None else cut
+        else:
+            self.finish = "length" if last_step else None
+            end = len(self.text) - (self.stops.held if self.finish is None else 0)
+        delta = Delta(self.index, int(token), self.text[self.emitted:max(end, self.emitted)], self.finish,
+                      float(logprob))
+        self.emitted = max(end, self.emitted)
         return delta

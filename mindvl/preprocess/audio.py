@@ -8,6 +8,7 @@ to preprocess.max_audio_frames with its frame mask.
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Tuple, Union
@@ -15,28 +16,85 @@ from typing import Tuple, Union
 import numpy as np
 
 from mindvl.config import PreprocessConfig
-from mindvl.errors import InputError
+from mindvl.errors import InputError, plain
+from mindvl.preprocess.budget import decoding
 
 SILENCE_PEAK = 1e-4  # a clip whose peak |amplitude| is below this is treated as silent
 # OpenAI Whisper's fixed front end (whisper_log_mel): 16 kHz, 25 ms windows, 10 ms hop, 30 s per window
 WHISPER_SAMPLE_RATE, WHISPER_N_FFT, WHISPER_HOP_LENGTH, WHISPER_WINDOW_SECONDS = 16000, 400, 160, 30
 
 
+# What a clip's header may declare (checked before a sample is decoded): a 3.6 KB WAV declaring 1 Hz for an hour
+# was resampled to 57.6 M samples (+800 MB) before its length refused it
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 4000, 192000
+MAX_CHANNELS = 2  # speech is mono or stereo; each channel is decoded before they are averaged
+
+
+@dataclass(frozen=True)
+class AudioHeader:
+    """What a clip's header says: its sample rate, channels, length in samples (per channel) and encoding."""
+
+    rate: int
+    channels: int
+    frames: int
+    subtype: str
+
+    @property
+    def seconds(self) -> float:
+        return self.frames / self.rate
+
+    def resampled(self, sample_rate: int) -> int:
+        """Its length in samples at `sample_rate` (as librosa.resample makes it)."""
+        return self.frames if self.rate == sample_rate else int(np.ceil(self.frames * sample_rate / self.rate))
+
+    def decode_bytes(self, sample_rate: int) -> int:
+        """About what decoding it at `sample_rate` holds at its peak (measured within it): soundfile's float32
+        samples of every channel, their mean, the resampled copy, and the log-mel's short-time spectrum
+        (complex64, 201 bins every 160 samples: 10 bytes a sample)."""
+        return 4 * self.frames * (self.channels + 2) + 24 * self.resampled(sample_rate)
+
+
+def audio_header(path_or_bytes: Union[str, Path, bytes], label: str = "audio") -> AudioHeader:
+    """A clip's header (WAV/FLAC/OGG, anything soundfile reads), refused (InputError naming `label`) when it
+    cannot be read or declares a rate outside [MIN_SAMPLE_RATE, MAX_SAMPLE_RATE] or more than MAX_CHANNELS
+    channels, before a sample is decoded."""
+    import soundfile
+
+    if isinstance(path_or_bytes, (bytes, bytearray)) and not path_or_bytes:
+        raise InputError(f"{label}: empty audio data; pass the bytes of a WAV/FLAC/OGG file")
+    try:
+        info = soundfile.info(_source(path_or_bytes))
+    except (RuntimeError, OSError, ValueError, TypeError) as exc:  # soundfile.LibsndfileError is a RuntimeError
+        raise InputError(f"{label}: cannot read the audio ({plain(str(exc))}); pass a WAV/FLAC/OGG file") from exc
+    header = AudioHeader(int(info.samplerate), int(info.channels), int(info.frames), str(info.subtype))
+    if not MIN_SAMPLE_RATE <= header.rate <= MAX_SAMPLE_RATE:
+        raise InputError(f"{label}: its header declares {header.rate} Hz; send audio sampled at {MIN_SAMPLE_RATE} to "
+                         f"{MAX_SAMPLE_RATE} Hz (16000 is what speech models hear)")
+    if not 1 <= header.channels <= MAX_CHANNELS:
+        raise InputError(f"{label}: its header declares {header.channels} channels; send mono or stereo audio")
+    return header
+
+
+def _source(path_or_bytes):
+    return io.BytesIO(path_or_bytes) if isinstance(path_or_bytes, (bytes, bytearray)) else str(path_or_bytes)
+
+
 def load_wav(path_or_bytes: Union[str, Path, bytes], sample_rate: int, name: str = None) -> np.ndarray:
     """Read an audio file (path or bytes: WAV/FLAC/OGG, anything soundfile reads) as float32 mono at
-    `sample_rate`, averaging channels and resampling as needed."""
+    `sample_rate`, averaging channels and resampling as needed; its header is checked first (audio_header)."""
+    is_bytes = isinstance(path_or_bytes, (bytes, bytearray))
+    label = name or ("audio" if is_bytes else f"audio {path_or_bytes}")
+    return _decoded(path_or_bytes, audio_header(path_or_bytes, label), sample_rate, label)
+
+
+def _decoded(path_or_bytes, header: AudioHeader, sample_rate: int, label: str) -> np.ndarray:
     import librosa
     import soundfile
 
-    is_bytes = isinstance(path_or_bytes, (bytes, bytearray))
-    label = name or ("audio" if is_bytes else f"audio {path_or_bytes}")
-    if is_bytes and not path_or_bytes:
-        raise InputError(f"{label}: empty audio data; pass the bytes of a WAV/FLAC/OGG file")
-    source = io.BytesIO(path_or_bytes) if is_bytes else str(path_or_bytes)
     try:
-        audio, rate = soundfile.read(source, dtype="float32", always_2d=True)  # (samples, channels)
+        audio, rate = soundfile.read(_source(path_or_bytes), dtype="float32", always_2d=True)  # (samples, channels)
     except (RuntimeError, OSError, ValueError) as exc:  # soundfile.LibsndfileError is a RuntimeError
-        raise InputError(f"{label}: cannot read the audio ({exc}); pass a WAV/FLAC/OGG file") from exc
+        raise InputError(f"{label}: cannot read the audio ({plain(str(exc))}); pass a WAV/FLAC/OGG file") from exc
     audio = audio.mean(axis=1)
     if rate != sample_rate and audio.size:
         audio = librosa.resample(audio, orig_sr=rate, target_sr=sample_rate)
@@ -131,6 +189,16 @@ def speech_features(audio: Union[str, Path, bytes, np.ndarray], pre: PreprocessC
                     name: str = "audio") -> Tuple[np.ndarray, np.ndarray]:
     """A clip as the model's audio input: (log-mel float32 (n_mels, max_audio_frames), frame mask float32
     (max_audio_frames,)). `audio`: a file's path or bytes (WAV/FLAC/OGG, loaded mono at pre.sample_rate), or
-    a float32 waveform already at pre.sample_rate. InputError names `name` when it cannot be used."""
-    waveform = audio if isinstance(audio, np.ndarray) else load_wav(audio, pre.sample_rate, name=name)
-    return pad_mel(log_mel(waveform, pre, name=name), pre, name=name)
+    a float32 waveform already at pre.sample_rate. InputError names `name` when it cannot be used. A file's
+    header is read first: a clip longer than max_audio_frames is refused before a sample is decoded, and the
+    decode holds its bytes in the decode budget (budget.py)."""
+    if isinstance(audio, np.ndarray):
+        return pad_mel(log_mel(audio, pre, name=name), pre, name=name)
+    header = audio_header(audio, name)
+    frames, limit = header.resampled(pre.sample_rate) // pre.hop_length, pre.max_audio_frames
+    if frames > limit:
+        raise InputError(f"{name}: the clip is {header.seconds:.2f} s ({header.frames} samples at {header.rate} Hz, "
+                         f"from its header) but at most {audio_seconds(limit, pre):.2f} s fit "
+                         f"(preprocess.max_audio_frames={limit}); trim the clip or raise preprocess.max_audio_frames")
+    with decoding(header.decode_bytes(pre.sample_rate)):
+        return pad_mel(log_mel(_decoded(audio, header, pre.sample_rate, name), pre, name=name), pre, name=name)

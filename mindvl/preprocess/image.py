@@ -1,66 +1,46 @@
 """Images: encoded bytes -> a normalised float32 (3, S, S) array, with the pixel limits every caller keeps.
 
 RGB, bicubic resize to (image_size, image_size), [0, 1], then (x - mean) / std. An image is refused from its
-header when it claims more than MAX_IMAGE_PIXELS (before a pixel is decoded), and `limit_decodes` bounds the
-pixels decoding at once in a process (a server's memory).
+header when it claims more than MAX_IMAGE_PIXELS or sides beyond MAX_ASPECT_RATIO (before a pixel is decoded),
+and the decode budget (budget.py) bounds the pixels decoding at once in a process (a server's memory).
 """
 from __future__ import annotations
 
 import contextlib
 import io
-import threading
 from functools import lru_cache
-from typing import TYPE_CHECKING, ContextManager, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, ContextManager, Iterator, Tuple
 
 import numpy as np
 
 from mindvl.config import PreprocessConfig
-from mindvl.errors import InputError
+from mindvl.errors import InputError, plain
+from mindvl.preprocess.budget import decoding
 
 if TYPE_CHECKING:  # PIL is imported lazily: the text-only paths never need it
     from PIL import Image
 
 MAX_IMAGE_SIDE = 4096
 MAX_IMAGE_PIXELS = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE  # 16.8 MP, refused from the header before decoding (_opened)
+BYTES_PER_PIXEL = 8  # what Pillow holds while decoding: the decoded image and its RGB copy, 4 bytes a pixel each
+# The longest side over the shortest, at most (Qwen2-VL's limit too). Resizing costs Pillow about 32 bytes per
+# pixel of the longest side in filter coefficients: a 1 x 16,000,000 PNG of 31 KB took +810 MB to decode and
+# resize; at 200:1 the largest image allowed (57,900 x 290) takes 2 MB of them.
+MAX_ASPECT_RATIO = 200
 MORE_PIXELS = f"more than the limit of {MAX_IMAGE_PIXELS:,} pixels"
 RESIZE = f"resize it to at most {MAX_IMAGE_SIDE}x{MAX_IMAGE_SIDE}"
 
 
-class _PixelBudget:
-    """The pixels being decoded at once, bounded: a decode waits until its image's pixels fit. Pillow's memory
-    goes with the pixels (about 8 bytes each), so the bound is on memory, and a small image never queues
-    behind large ones (a count of decodes made a 64x64 image wait for two 4096x4096 ones)."""
-
-    def __init__(self, pixels: int) -> None:
-        self.free = pixels
-        self.condition = threading.Condition()
-
-    @contextlib.contextmanager
-    def hold(self, pixels: int) -> Iterator[None]:
-        with self.condition:
-            self.condition.wait_for(lambda: self.free >= pixels)
-            self.free -= pixels
-        try:
-            yield
-        finally:
-            with self.condition:
-                self.free += pixels
-                self.condition.notify_all()
-
-
-_decode_budget: Optional[_PixelBudget] = None  # limit_decodes() bounds the pixels decoding in flight
-
-
 def _decoding(source: Image.Image) -> ContextManager:
-    """Hold the opened image's pixels in the decode budget while it decodes (nothing when unbounded)."""
+    """Hold the opened image's decoded bytes in the decode budget while it decodes (budget.py)."""
     width, height = source.size
-    return contextlib.nullcontext() if _decode_budget is None else _decode_budget.hold(width * height)
+    return decoding(width * height * BYTES_PER_PIXEL)
 
 
 def decode_image(data: bytes, pre: PreprocessConfig, name: str = "image") -> np.ndarray:
     """Encoded image bytes (PNG, JPEG, ...) -> normalised float32 (3, S, S), S = pre.image_size.
 
-    Decoded and resized holding its pixels in the decode budget (`limit_decodes`), released only once the
+    Decoded and resized holding its pixels in the decode budget (budget.py), released only once the
     full-size pixels are freed."""
     source = _opened(data, name)
     with _decoding(source):
@@ -90,6 +70,10 @@ def _opened(data: bytes, name: str) -> Image.Image:
     if width * height > MAX_IMAGE_PIXELS:
         source.close()
         raise InputError(f"{name}: the image is {width}x{height} pixels, {MORE_PIXELS}; {RESIZE}")
+    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+        source.close()
+        raise InputError(f"{name}: the image is {width}x{height} pixels, its sides more than {MAX_ASPECT_RATIO}:1; "
+                         f"crop or pad it to a ratio within {MAX_ASPECT_RATIO}:1")
     return source
 
 
@@ -109,18 +93,8 @@ def _mapped_errors(name: str) -> Iterator[None]:
     except Image.DecompressionBombError as exc:  # Pillow's own limit, should it be set below ours
         raise InputError(f"{name}: the image holds {MORE_PIXELS} (Pillow: {exc}); {RESIZE}") from exc
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise InputError(f"{name}: cannot decode the image ({exc}); pass a valid PNG or JPEG file") from exc
-
-
-def limit_decodes(slots: int) -> None:
-    """The images decoding at once in this process hold at most `slots` x MAX_IMAGE_PIXELS pixels, from now on
-    (`mindvl serve --decode-slots`: `slots` images of the largest size, or many small ones; the default is no
-    bound, as the training loader's threads need). Peak decode memory is then about slots x MAX_IMAGE_PIXELS x
-    8 bytes: Pillow holds 4 bytes a pixel, for the decoded image and its RGB copy."""
-    global _decode_budget
-    if slots < 1:
-        raise ValueError(f"decode slots: expected an integer >= 1, got {slots}")
-    _decode_budget = _PixelBudget(slots * MAX_IMAGE_PIXELS)
+        raise InputError(f"{name}: cannot decode the image ({plain(str(exc))}); pass a valid PNG or JPEG "
+                         f"file") from exc
 
 
 def resize_image(img: Image.Image, size: int) -> Image.Image:

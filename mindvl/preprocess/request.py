@@ -14,10 +14,17 @@ from mindvl.preprocess.text import TextTokenizer
 
 
 def expect(value, kind: type, name: str):
-    """`value` if it is a `kind` (str or bytes), else an InputError saying how to send one."""
+    """`value` if it is a `kind` (str or bytes), else an InputError saying how to send one; a str must be valid
+    Unicode (JSON can carry a lone surrogate, which no tokenizer takes)."""
     if not isinstance(value, kind):
         how = "a JSON string" if kind is str else 'base64 as {"b64": "..."}'
         raise InputError(f"{name}: expected {kind.__name__} ({how}), got {type(value).__name__}")
+    if kind is str:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise InputError(f"{name}: holds a lone surrogate (U+{ord(value[error.start]):04X} at character "
+                             f"{error.start}), which is not text; send valid Unicode") from None
     return value
 
 

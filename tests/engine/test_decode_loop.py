@@ -1,5 +1,10 @@
 """The one generation loop over a package's graphs (mindvl.engine.decode_loop): padded to a few batch sizes it
-gives exactly the unpadded tokens, and sequences joining a running batch get what they get alone."""
+gives exactly the unpadded tokens, sequences joining a running batch get what they get alone, and a sequence
+that fails its step fails alone."""
+from dataclasses import replace
+
+import pytest
+
 from mindvl.deploy.verify import stored_prompts
 from mindvl.engine.decode_loop import DecodeBatch, generate
 from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
@@ -29,7 +34,7 @@ def test_padded_batch_sizes_give_the_exact_tokens_and_bound_the_shapes(generativ
     rows = batch.prefill(prompts[:3], [greedy] * 3, owners=[0, 1, 2])
     tokens = [[] for _ in rows]
     while batch.rows:
-        for row, delta in batch.sample():
+        for row, delta in batch.sample_or_raise():
             tokens[row.owner].append(delta.token)
         batch.decode()
     assert tokens == exact
@@ -47,11 +52,32 @@ def test_a_sequence_joining_a_running_batch_gets_its_tokens_alone(generative_pac
     for step in range(8):
         if step == 3:  # the second joins three steps late, at other cache slots than the first's
             batch.prefill(prompts[1:2], [greedy], owners=[1])
-        for row, delta in batch.sample():
+        for row, delta in batch.sample_or_raise():
             tokens[row.owner].append(delta.token)
         batch.decode()
     while batch.rows:
-        for row, delta in batch.sample():
+        for row, delta in batch.sample_or_raise():
             tokens[row.owner].append(delta.token)
         batch.decode()
     assert [tokens[0], tokens[1]] == alone
+
+
+def test_a_sequence_whose_step_fails_fails_alone_and_its_neighbours_get_their_tokens(generative_package):
+    """A row whose sampling raises (a NaN temperature got past no check here: SamplingConfig built without
+    validate) gets the error and leaves the batch; the row beside it generates what it generates alone."""
+    spec, layout, graphs, prompts = _loaded(generative_package[1])
+    run = graph_caller(graphs)
+    greedy = sampling_config(max_new_tokens=8, ignore_eos=True)
+    alone = generate(layout, PackageGraphs(spec, run), prompts[1:2], greedy)[0].tokens
+    broken = replace(sampling_config(temperature=1.0, max_new_tokens=8), temperature=float("nan"))
+    batch = DecodeBatch(layout, PackageGraphs(spec, run), sizes=(1, 2))
+    batch.prefill(prompts[:2], [broken, greedy], owners=["broken", "fine"])
+    outcomes = {"broken": [], "fine": []}
+    while batch.rows:
+        for row, outcome in batch.sample():
+            outcomes[row.owner].append(outcome)
+        batch.decode()
+    assert len(outcomes["broken"]) == 1 and isinstance(outcomes["broken"][0], ValueError)
+    assert [delta.token for delta in outcomes["fine"]] == alone
+    with pytest.raises(ValueError):  # one request's own batch raises its failure
+        generate(layout, PackageGraphs(spec, run), prompts[:1], broken)

@@ -1,7 +1,12 @@
 """The host-side token choice: each setting against its definition on hand-made logits."""
-import numpy as np
+from pathlib import Path
 
-from mindvl.engine.sampling import SamplingConfig, next_tokens, penalise_repetition
+import numpy as np
+import pytest
+
+from mindvl.engine.sampling import (SamplingConfig, StopMatcher, TextSequence, next_tokens, penalise_repetition,
+                                    sampling_config)
+from mindvl.errors import ConfigError
 
 
 def test_greedy_is_argmax():
@@ -28,8 +33,6 @@ def test_top_k_and_top_p_only_draw_from_the_kept_tokens():
 
 
 def test_ignore_eos_generates_past_the_end_of_sequence_token_and_keeps_it_out_of_the_text():
-    from mindvl.engine.sampling import TextSequence, sampling_config
-
     class Words:
         def decode(self, ids, skip_special_tokens=True):
             return " ".join(str(i) for i in ids)
@@ -40,3 +43,89 @@ def test_ignore_eos_generates_past_the_end_of_sequence_token_and_keeps_it_out_of
     deltas = [going.add(token, last_step=index == 2) for index, token in enumerate((4, 9, 5))]
     assert [d.finish for d in deltas] == [None, None, "length"]
     assert "".join(d.text for d in deltas) == "4 5"
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"temperature": float("nan")}, "temperature: expected a finite number 0 \\(greedy\\) up to 2, got nan"),
+    ({"temperature": float("inf")}, "temperature: expected a finite number"),
+    ({"temperature": 2.5}, "temperature: expected a finite number 0 \\(greedy\\) up to 2, got 2.5"),
+    ({"repetition_penalty": float("nan")}, "repetition_penalty: expected a finite number > 0, got nan"),
+    ({"top_p": float("nan")}, "top_p: expected a finite number \\(0, 1\\]"),
+    ({"top_p": 0.0}, "top_p: expected a value in \\(0, 1\\]"),
+    ({"max_new_tokens": 1.5}, "max_new_tokens: expected an integer, got 1.5"),
+    ({"max_new_tokens": float("inf")}, "max_new_tokens: expected an integer, got inf"),
+    ({"max_new_tokens": True}, "max_new_tokens: expected an integer, got True"),
+    ({"top_k": -1}, "top_k: expected an integer >= 0, got -1"),
+    ({"seed": 2 ** 64}, "seed: expected an integer in \\[-9223372036854775808, 9223372036854775808\\)"),
+    ({"seed": "7"}, "seed: expected an integer, got '7'"),
+    ({"ignore_eos": "no"}, "ignore_eos: expected true or false, got 'no'"),
+    ({"stop_strings": ["a", "b", "c", "d", "e"]}, "stop_strings: 5 given, at most 4 are matched"),
+    ({"stop_strings": ["x" * 120000]}, "stop_strings: a string of 120000 characters, more than the limit of 256"),
+])
+def test_every_setting_the_sampler_cannot_use_is_refused_by_name(setting, message):
+    with pytest.raises(ConfigError, match=message):
+        sampling_config(**setting)
+
+
+def test_a_negative_seed_samples_reproducibly():
+    """OpenAI's seed is any 64-bit integer: a negative one is taken modulo 2^64."""
+    from mindvl.engine.decode_loop import _generator
+
+    assert _generator(-1).integers(1 << 30) == _generator(-1).integers(1 << 30) == \
+        np.random.default_rng(2 ** 64 - 1).integers(1 << 30)
+
+
+def naive_first_stop(text, strings):
+    return min((text.find(s) for s in strings if s in text), default=None)
+
+
+def test_the_stop_matcher_finds_what_a_search_of_the_whole_text_finds():
+    """Fed a piece at a time, the earliest stop string completed is where a search of the text so far finds the
+    first one, and the characters held back are the longest end of the text that starts one."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        strings = ["".join(rng.choice(list("ab"), rng.integers(1, 5))) for _ in range(rng.integers(1, 4))]
+        text = "".join(rng.choice(list("abc"), rng.integers(0, 30)))
+        matcher, fed = StopMatcher(strings), ""
+        for start in range(0, len(text), 3):
+            piece = text[start:start + 3]
+            found = matcher.feed(piece)
+            before = naive_first_stop(fed, strings)
+            fed += piece
+            if before is not None:
+                break
+            assert found == naive_first_stop(fed, strings), (strings, fed)
+            if found is None:
+                held = max((k for s in strings for k in range(1, len(s)) if fed.endswith(s[:k])), default=0)
+                assert matcher.held == held, (strings, fed)
+
+
+TOKENIZERS = Path(__file__).parents[1] / "references"
+
+
+@pytest.mark.parametrize("folder", ["tiny_gemma3_text", "tiny_qwen2", "tiny_llama"])
+def test_incremental_detokenisation_gives_what_decoding_the_whole_answer_gives(folder):
+    """Deltas decoded a window at a time concatenate to the whole answer's decoding, multi-byte characters (split
+    over byte tokens) included, and no delta holds half a character."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(TOKENIZERS / folder / "tokenizer.json"))
+    text = "Der Kreis ist rot — 円は赤い 🟥, the  shape's  colour:\n  RED?! "
+    tokens = tokenizer.encode(text, add_special_tokens=False).ids
+    sequence = TextSequence(0, tokenizer, sampling_config(), stop_ids=set())
+    deltas = [sequence.add(t, last_step=i == len(tokens) - 1).text for i, t in enumerate(tokens)]
+    assert "".join(deltas) == tokenizer.decode(tokens, skip_special_tokens=True)
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_a_stop_string_cuts_the_answer_and_what_may_start_one_is_held_back():
+    class Letters:
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(i) for i in ids)
+
+    sequence = TextSequence(0, Letters(), sampling_config(stop_strings=["cab", "abd"]), stop_ids=set())
+    deltas = [sequence.add(ord(c), last_step=False) for c in "xcacab"]
+    # "c", "ca" (a start of "cab"), "a" (of "abd") are held until the text shows they start no stop string
+    assert [d.text for d in deltas] == ["x", "", "", "ca", "", ""]
+    assert [d.finish for d in deltas] == [None] * 5 + ["stop"]  # "cab" completes at the 6th character
+    assert "".join(d.text for d in deltas) == "xca"  # cut before it
