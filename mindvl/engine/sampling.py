@@ -36,9 +36,9 @@ class SamplingConfig:
 
     def validate(self) -> None:
         _integer(self.max_new_tokens, "max_new_tokens", low=1)
-        _number(self.temperature, "temperature", 0.0, MAX_TEMPERATURE, "0 (greedy) up to 2")
+        _number(self.temperature, "temperature", 0.0, MAX_TEMPERATURE, "in [0, 2] (0: greedy)")
         _integer(self.top_k, "top_k", low=0)
-        _number(self.top_p, "top_p", 0.0, 1.0, "(0, 1]")
+        _number(self.top_p, "top_p", 0.0, 1.0, "in (0, 1]")
         if self.top_p == 0:
             raise ConfigError(f"top_p: expected a value in (0, 1], got {self.top_p}")
         _number(self.repetition_penalty, "repetition_penalty", 0.0, None, "> 0")
@@ -63,11 +63,11 @@ def _integer(value, name: str, low: int, high: Optional[int] = None) -> None:
 
 
 def _number(value, name: str, low: float, high: Optional[float], span: str) -> None:
-    """ConfigError unless `value` is a finite real number in [low, high] (NaN and infinities are refused)."""
+    """ConfigError unless `value` is a real number in [low, high] (NaN and infinities are refused)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ConfigError(f"{name}: expected a number, got {shown(value)}")
     if not np.isfinite(value) or value < low or (high is not None and value > high):
-        raise ConfigError(f"{name}: expected a finite number {span}, got {value}")
+        raise ConfigError(f"{name}: expected a value {span}, got {value}")
 
 
 def _check_stop_strings(strings) -> None:

@@ -46,11 +46,11 @@ def test_ignore_eos_generates_past_the_end_of_sequence_token_and_keeps_it_out_of
 
 
 @pytest.mark.parametrize("setting, message", [
-    ({"temperature": float("nan")}, "temperature: expected a finite number 0 \\(greedy\\) up to 2, got nan"),
-    ({"temperature": float("inf")}, "temperature: expected a finite number"),
-    ({"temperature": 2.5}, "temperature: expected a finite number 0 \\(greedy\\) up to 2, got 2.5"),
-    ({"repetition_penalty": float("nan")}, "repetition_penalty: expected a finite number > 0, got nan"),
-    ({"top_p": float("nan")}, "top_p: expected a finite number \\(0, 1\\]"),
+    ({"temperature": float("nan")}, "temperature: expected a value in \\[0, 2\\] \\(0: greedy\\), got nan"),
+    ({"temperature": float("inf")}, "temperature: expected a value in \\[0, 2\\] \\(0: greedy\\), got inf"),
+    ({"temperature": 2.5}, "temperature: expected a value in \\[0, 2\\] \\(0: greedy\\), got 2.5"),
+    ({"repetition_penalty": float("nan")}, "repetition_penalty: expected a value > 0, got nan"),
+    ({"top_p": float("nan")}, "top_p: expected a value in \\(0, 1\\], got nan"),
     ({"top_p": 0.0}, "top_p: expected a value in \\(0, 1\\]"),
     ({"max_new_tokens": 1.5}, "max_new_tokens: expected an integer, got 1.5"),
     ({"max_new_tokens": float("inf")}, "max_new_tokens: expected an integer, got inf"),

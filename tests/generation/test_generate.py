@@ -83,6 +83,12 @@ def test_bad_settings_and_prompts_are_refused(model):
         model.generate("the cat " * 40, max_new_tokens=1)
     with pytest.raises(ConfigError, match="stop_strings: an empty string"):
         model.generate("x", stop_strings=[""])
+    with pytest.raises(ConfigError, match=r"temperature: expected a value in \[0, 2\] \(0: greedy\), got nan"):  # every door validates alike
+        model.generate("x", temperature=float("nan"))
+    with pytest.raises(ConfigError, match="max_new_tokens: expected an integer, got 1.5"):
+        model.generate("x", max_new_tokens=1.5)
+    with pytest.raises(ConfigError, match="prompt: 4,000 characters; a prompt of this model holds at most"):
+        model.generate("x" * 4000, max_new_tokens=1)
 
 
 def test_cli_prints_the_answer(tiny_llms, capsys):
