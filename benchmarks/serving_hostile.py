@@ -19,7 +19,7 @@ hardening*), the attackers' answers by kind, and whether /health still answers.
 
     python benchmarks/serving_hostile.py [--package PKG] [--generative-package PKG] [--data mindvl_data]
                                          [--seconds 30] [--clients 8] [--generative-clients 16]
-                                         [--slow-clients 200] [--image-clients 8] [--json OUT]
+                                         [--slow-clients 200] [--image-clients 8] [--attack-rate 4] [--json OUT]
 """
 import argparse
 import asyncio
@@ -100,12 +100,12 @@ class Tally:
 
 
 def attack(kind: str, port: int, grpc_target: str, seconds: float, slow_clients: int, image_clients: int,
-           results) -> None:
+           attack_rate: float, results) -> None:
     """The attackers of a `kind` ("vqa", "vlm") run for `seconds`, in a process of their own (their threads would
     otherwise take the legit clients' GIL); their answers by kind go back through `results`."""
     tally, stop = Tally(), threading.Event()
     threads = attackers(port, grpc_target, stop, tally, slow_clients, image_clients) if kind == "vqa" \
-        else generative_attackers(port, grpc_target, stop, tally)
+        else generative_attackers(port, grpc_target, stop, tally, attack_rate)
     for thread in threads:
         thread.start()
     time.sleep(seconds)
@@ -145,15 +145,19 @@ def post_head(path: str, length: int, extra: str = "") -> bytes:
             f"Content-Length: {length}\r\n{extra}Connection: close\r\n\r\n").encode()
 
 
-def looping(attack: str, send, stop: threading.Event, tally: Tally) -> threading.Thread:
-    """A thread sending `attack` again and again until `stop`, tallying what comes back."""
+def looping(attack: str, send, stop: threading.Event, tally: Tally, rate: float = 0.0) -> threading.Thread:
+    """A thread sending `attack` again and again until `stop` (at most `rate` a second; 0: back to back), tallying
+    what comes back."""
     def run():
         while not stop.is_set():
+            start = time.perf_counter()
             try:
                 tally.add(attack, send())
             except OSError as error:
                 tally.add(attack, type(error).__name__)
                 time.sleep(0.05)
+            if rate:
+                stop.wait(max(0.0, 1 / rate - (time.perf_counter() - start)))
     return threading.Thread(target=run, name=attack, daemon=True)
 
 
@@ -246,8 +250,10 @@ def chat_body(content, **settings) -> bytes:
     return json.dumps({"model": "vlm", "messages": [{"role": "user", "content": content}], **settings}).encode()
 
 
-def generative_attackers(port: int, grpc_target: str, stop: threading.Event, tally: Tally) -> List[threading.Thread]:
-    """The generative server's attack threads (issue 48), one per attack; each loops until `stop`."""
+def generative_attackers(port: int, grpc_target: str, stop: threading.Event, tally: Tally,
+                         rate: float) -> List[threading.Thread]:
+    """The generative server's attack threads (issue 48), one per attack, each sending it `rate` times a second
+    (0: back to back) until `stop`."""
     def b64(data: bytes) -> str:
         return base64.b64encode(data).decode()
 
@@ -288,8 +294,8 @@ def generative_attackers(port: int, grpc_target: str, stop: threading.Event, tal
                 return f"gRPC {error.code().name}: {error.details()[:60]}"
         return "gRPC: answered"
 
-    return [looping(name, post(body), stop, tally) for name, body in bodies.items()] + \
-        [looping("fp32 NaN temperature over gRPC", grpc_nan, stop, tally)]
+    return [looping(name, post(body), stop, tally, rate) for name, body in bodies.items()] + \
+        [looping("fp32 NaN temperature over gRPC", grpc_nan, stop, tally, rate)]
 
 
 Request = Tuple[str, bytes, Callable[[dict], Optional[str]]]  # path, body, what makes its answer a failure
@@ -377,7 +383,7 @@ async def phases(kind: str, pid: int, url: str, grpc_target: str, port: int, exa
             context = multiprocessing.get_context("spawn")
             results = context.Queue()
             attacker = context.Process(target=attack, args=(kind, port, grpc_target, args.seconds, args.slow_clients,
-                                                             args.image_clients, results)) \
+                                                             args.image_clients, args.attack_rate, results)) \
                 if phase == "under attack" else None
             if attacker is not None:
                 attacker.start()
@@ -400,6 +406,14 @@ async def phases(kind: str, pid: int, url: str, grpc_target: str, port: int, exa
                 print(f"    {name}: " + ", ".join(f"{count} x {kind}" for kind, count in
                                                 sorted(kinds.items(), key=lambda item: -item[1])), flush=True)
     return rows, baseline
+
+
+def _traceback_ends(log: List[str]):
+    """The exception line ending each traceback in a log, with the message logged before it."""
+    for number, line in enumerate(log):
+        if line.startswith("Traceback"):
+            end = next((later for later in log[number + 1:] if not later.startswith((" ", "\t"))), "?")
+            yield f"{log[number - 1].strip()[-80:] if number else ''} | {end.strip()[:100]}"
 
 
 def served(kind: str, package: str, examples, bound: float, clients: int, args) -> dict:
@@ -429,9 +443,11 @@ def served(kind: str, package: str, examples, bound: float, clients: int, args) 
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=60)
-    tracebacks = sum(line.startswith("Traceback") for line in log)
+    tracebacks = collections.Counter(_traceback_ends(log))
     print(f"\nserver VmHWM {high_water:.0f} MB = baseline {baseline:.0f} + {high_water - baseline:.0f} MB "
-          f"(bound {bound:.0f} MB); tracebacks in its log: {tracebacks}")
+          f"(bound {bound:.0f} MB); tracebacks in its log: {sum(tracebacks.values())}")
+    for end, count in tracebacks.most_common(5):
+        print(f"    {count} x {end}")
     print("\n| phase | legit req/s | legit p99 (ms) | legit failures | server RSS peak (MB) | over baseline (MB) | "
           "at the end (MB) | bound (MB) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -440,7 +456,7 @@ def served(kind: str, package: str, examples, bound: float, clients: int, args) 
               f"{row['rss_peak_mb']:.0f} | {row['over_baseline_mb']:.0f} | {row['rss_end_mb'] - baseline:.0f} | "
               f"{bound:.0f} |")
     return {"package": str(package), "baseline_mb": baseline, "bound_mb": bound, "vmhwm_mb": high_water,
-            "tracebacks": tracebacks, "rows": rows}
+            "tracebacks": dict(tracebacks), "rows": rows}
 
 
 def main(argv=None) -> None:
@@ -453,6 +469,9 @@ def main(argv=None) -> None:
     parser.add_argument("--generative-clients", type=int, default=16, help="legit closed-loop OpenAI API clients")
     parser.add_argument("--slow-clients", type=int, default=200, help="connections dribbling a request head")
     parser.add_argument("--image-clients", type=int, default=8, help="clients sending 4096x4096 PNGs back to back")
+    parser.add_argument("--attack-rate", type=float, default=4.0,
+                        help="each generative attack sent this many times a second (0: back to back, a flood: what "
+                             "a refused request costs in CPU is a rate limiter's to bound)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
     if not args.package and not args.generative_package:

@@ -6,8 +6,11 @@ whose client went away, leaves it at the next step and frees its cache rows. Eve
 is one decode call of the engine (mindvl.engine.decode_loop.DecodeBatch), so 16 streams cost about one step of batch 16
 rather than 16 steps of batch 1. `max_streams` 1 turns it off: one request at a time, in arrival order.
 
-A request's deltas reach its caller on the caller's event loop (an asyncio.Queue), ending with None, or with
-the exception that failed it.
+A request arrives prepared (`prepare`, in a worker thread: its settings validated, its image and clip decoded, its
+question tokenised and checked against the graphs' limits), so the engine thread does only the graphs and the
+sampling, and a request's own size costs it nothing per token. A request's deltas reach its caller on the
+caller's event loop (an asyncio.Queue), ending with None, or with the exception that failed it: a sequence whose
+step fails gets its error alone, its neighbours in the batch go on.
 """
 import asyncio
 import logging

@@ -85,6 +85,9 @@ async def _read_body(server, request: web.Request) -> bytes:
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(server) from None
     except web.RequestPayloadError as error:
+        # Nothing more is read of a body that does not decode: aiohttp's lingering read after the answer would
+        # meet the same error and log it, with its traceback, as an unhandled exception (a client's mistake).
+        request.content.feed_eof()
         encoding = request.headers.get("Content-Encoding", "identity")
         raise ProtocolError(f"the body is not valid Content-Encoding {encoding} ({error.__cause__ or error}); "
                             "send it uncompressed or encoded as labelled") from None

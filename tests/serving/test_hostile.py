@@ -6,6 +6,7 @@ memory, and the server still answers /health."""
 import base64
 import io
 import json
+import logging
 import re
 import socket
 import struct
@@ -158,9 +159,11 @@ def raw_request(server, head: bytes, body: bytes = b""):
         return read_answer(connection)
 
 
-def test_oversize_undecodable_and_too_many_instance_bodies_are_refused_cheaply(server, monkeypatch):
-    """A declared gigabyte is refused before it is sent, bad gzip is a protocol error, and 170,000 instances are
-    refused without the JSON parser seeing the body."""
+def test_oversize_undecodable_and_too_many_instance_bodies_are_refused_cheaply(server, monkeypatch, caplog):
+    """A declared gigabyte is refused before it is sent, bad gzip is a protocol error (and no traceback in the log:
+    aiohttp's lingering read logged one for every such body), and 170,000 instances are refused without the JSON
+    parser seeing the body."""
+    caplog.set_level(logging.WARNING)
     parsed = []
     parse = protocol._load_json
     monkeypatch.setattr(protocol, "_load_json", lambda raw: parsed.append(len(raw)) or parse(raw))
@@ -182,6 +185,7 @@ def test_oversize_undecodable_and_too_many_instance_bodies_are_refused_cheaply(s
     assert counted(before, after, "too_large") == 1 and counted(before, after, "protocol") == 2
     assert total(after, "mindvl_inflight_body_bytes") == 0  # every request gave its share of the budget back
     assert healthy(server)
+    assert not [r for r in caplog.records if r.exc_info], "a client's bad body was logged with a traceback"
 
 
 def test_grpc_refuses_too_many_instances_and_a_shape_of_a_million_dims_before_converting_them(server):
