@@ -23,6 +23,7 @@ from mindvl.data.reading.examples import query_examples
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.servable import CONFIG_FILE, deploy
 from mindvl.serving.serve_config import ServeConfig
+from mindvl.serving.runtime import GRAPH_LOCK
 from mindvl.serving.server import BackgroundServer
 
 # A hand-written servable over the same package: typed tensors straight into the text_embed graph, a Python
@@ -543,13 +544,16 @@ def test_a_body_too_large_by_its_header_or_not_what_its_encoding_says_is_refused
 
 
 def test_a_request_past_timeout_s_gets_a_timeout_error(servables, examples):
-    """A request that outlives --timeout-s is answered (504 in strict mode) and counted, over both protocols."""
-    with BackgroundServer(config(servables, strict_http=True, batching=False, timeout_s=1e-4)) as hasty:
-        status, answer = call(f"{hasty.rest_url}/model/vqa:predict",
-                              {"instances": [rest_inputs(vqa_inputs(examples[0], "both"))]})
-        reply = grpc_predict(hasty, "vqa", "predict", [vqa_inputs(examples[0], "both")])
+    """A request that outlives --timeout-s is answered (504 in strict mode) and counted, over both protocols. The
+    graphs are held (the graph lock) so that the request outlives it on any machine, its body read in time (a
+    timeout of 0.1 ms let a loaded machine's body read time out first: 408)."""
+    with BackgroundServer(config(servables, strict_http=True, batching=False, timeout_s=0.5)) as hasty:
+        with GRAPH_LOCK:
+            status, answer = call(f"{hasty.rest_url}/model/vqa:predict",
+                                  {"instances": [rest_inputs(vqa_inputs(examples[0], "both"))]})
+            reply = grpc_predict(hasty, "vqa", "predict", [vqa_inputs(examples[0], "both")])
         counted = metrics(hasty)
-    assert (status, answer) == (504, {"error_msg": "request timed out after 0.0001 s (--timeout-s)"})
-    with pytest.raises(G.RequestFailed, match=r"request timed out after 0\.0001 s"):
+    assert (status, answer) == (504, {"error_msg": "request timed out after 0.5 s (--timeout-s)"})
+    with pytest.raises(G.RequestFailed, match=r"request timed out after 0\.5 s"):
         G.results_from_reply(reply)
     assert total(counted, "mindvl_errors_total", kind="timeout") == 2
