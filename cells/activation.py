@@ -58,6 +58,18 @@ class SiLU(nn.Cell):
         return self.mul(x, self.sigmoid(x))
 
 
+class QuickGELU(nn.Cell):
+    """x * sigmoid(1.702 x): OpenAI CLIP's GELU approximation, which Qwen2-VL's vision tower uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.sigmoid = ops.Sigmoid()
+        self.mul = ops.Mul()
+
+    def construct(self, x):
+        return self.mul(x, self.sigmoid(self.mul(x, 1.702)))
+
+
 class BiasActivation(nn.Cell):
     """activation(x + bias): the MLP's first projection hands its bias over, so that one fused kernel can
     add it, activate, and on the way back return the bias gradient (a column sum MindSpore would run as
@@ -98,5 +110,6 @@ class ScaledMaskedSoftmax(nn.Cell):
 
 
 def create_activation(name: str) -> nn.Cell:
-    """Return a new activation Cell for `name` ("gelu" exact erf, "gelu_tanh", "relu", "silu")."""
-    return {"gelu": GELU, "gelu_tanh": GELUTanh, "relu": ReLU, "silu": SiLU}[DECODER_ACTIVATIONS.check("activation", name)]()
+    """Return a new activation Cell for `name` ("gelu" exact erf, "gelu_tanh", "relu", "silu", "quick_gelu")."""
+    return {"gelu": GELU, "gelu_tanh": GELUTanh, "relu": ReLU, "silu": SiLU,
+            "quick_gelu": QuickGELU}[DECODER_ACTIVATIONS.check("activation", name)]()

@@ -51,3 +51,52 @@ class RotateHalf(nn.Cell):
     def construct(self, x, cos, sin):
         first, second = self.split(x)
         return self.add(self.mul(x, cos), self.mul(self.concat((self.neg(second), first)), sin))
+
+
+class AxialRotary(nn.Cell):
+    """Rotary embeddings over several position axes: positions (batch, seq, axes) -> (cos, sin), each (batch, seq,
+    1, head_dim) float32, for `RotateHalf`. Frequency k of the half head (inverse_frequencies[k]) turns with the
+    position on axis `axis_of[k]`: the native-resolution vision tower's 2D rotary (height, then width, each over
+    the same frequencies) and M-RoPE (time, height, width sections of one frequency ladder) are both this.
+
+    The angles are one MatMul of the positions by a (axes, head_dim / 2) table holding each frequency in its
+    axis' row (zero elsewhere), so each angle is exactly position x frequency."""
+
+    def __init__(self, inverse_frequencies, axis_of):
+        super().__init__()
+        inverse = np.asarray(inverse_frequencies, np.float64)
+        axis_of = np.asarray(axis_of, np.int64)
+        if inverse.shape != axis_of.shape or inverse.ndim != 1:
+            raise ValueError(f"axial rotary: {inverse.shape} frequencies for {axis_of.shape} axis choices")
+        self.axes = int(axis_of.max()) + 1
+        self.head_dim = 2 * len(inverse)
+        table = np.zeros((self.axes, len(inverse)), np.float32)
+        table[axis_of, np.arange(len(inverse))] = inverse
+        self.table = Tensor(table)  # a constant of the graph
+        self.cast = ops.Cast()
+        self.matmul = ops.MatMul()
+        self.reshape = ops.Reshape()
+        self.concat = ops.Concat(axis=-1)
+        self.cos = ops.Cos()
+        self.sin = ops.Sin()
+        self.expand = ops.ExpandDims()
+
+    def construct(self, positions):
+        batch, seq = positions.shape[0], positions.shape[1]
+        flat = self.reshape(self.cast(positions, mstype.float32), (batch * seq, self.axes))
+        angles = self.reshape(self.matmul(flat, self.table), (batch, seq, self.head_dim // 2))
+        angles = self.expand(self.concat((angles, angles)), 2)  # (batch, seq, 1, head_dim)
+        return self.cos(angles), self.sin(angles)
+
+    def extend_repr(self):
+        return f"axes={self.axes}, head_dim={self.head_dim}"
+
+
+def vision_rotary(head_dim: int, theta: float = 10000.0) -> AxialRotary:
+    """The native-resolution vision tower's 2D rotary: a ladder over head_dim / 2 (head_dim / 4 frequencies) for
+    the height, the same for the width."""
+    if head_dim % 4:
+        raise ValueError(f"2D rotary embeddings need a head_dim divisible by 4, got {head_dim}")
+    half = head_dim // 2
+    inverse = 1.0 / theta ** (np.arange(0, half, 2, dtype=np.float64) / half)
+    return AxialRotary(np.concatenate([inverse, inverse]), [0] * len(inverse) + [1] * len(inverse))

@@ -45,7 +45,7 @@ KERNELS = Choice(("auto", "standard", "fused"), "auto")
 
 # model.<encoder>.activation (cells/activation.py); a decoder also takes silu (SwiGLU's)
 ENCODER_ACTIVATIONS = Choice(("gelu", "gelu_tanh", "relu"), "gelu")
-DECODER_ACTIVATIONS = Choice(("gelu", "gelu_tanh", "relu", "silu"), "silu")
+DECODER_ACTIVATIONS = Choice(("gelu", "gelu_tanh", "relu", "silu", "quick_gelu"), "silu")
 NORMS = Choice(("rms", "layer"), "rms")  # model.decoder.norm: RMSNorm (weight only) or LayerNorm
 LAYER_TYPES = Choice(("global", "local"), "global")  # model.decoder.layer_types[]: full or sliding-window attention
 POOLINGS = Choice(("cls", "mean"), "cls")  # model.text.pooling: the [CLS] output (BERT) or the valid tokens' mean

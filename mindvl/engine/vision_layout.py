@@ -1,0 +1,102 @@
+"""Where each patch of a batch of native-resolution images goes, computed on the host: the graphs take a packed
+sequence of every image's patches and the integers below, never a padded image per slot.
+
+For images (or video clips) of patch grids (t, h, w), in the processor's merge-block order (the patches of each
+merge x merge block consecutive, `mindvl.preprocess.native_resolution.patches`):
+
+- **window order**: Qwen2.5-VL's windowed layers attend within windows of `window` x `window` merged blocks of a
+  frame (112 px: 4 x 4 blocks); the patches are reordered window by window (each window's blocks row by row, a
+  partial window at the right or bottom edge holding fewer), so that a window is a run of the sequence. Qwen2-VL
+  has no windows (window 0): the order is the processor's.
+- **positions** (h, w) of every patch in that order: the 2D rotary's.
+- **segments**: per patch, the frame it belongs to (the full-attention layers attend within a frame) and the
+  window (the windowed layers), numbered 1.. over the whole batch; 0 marks padding up to a bucket.
+- **restore**: for each merged token in the processor's order, its row in window order (the merger's output is
+  gathered back by it, so the language model sees every image's tokens row by row).
+"""
+from dataclasses import dataclass
+from typing import List, Sequence
+
+import numpy as np
+
+from mindvl.errors import InputError
+
+
+@dataclass
+class VisionLayout:
+    """A batch's packed patches laid out (see the module docstring); `order` (patches,): each window-order
+    patch's row in the processor's order (the patches are gathered by it before the graph)."""
+
+    order: np.ndarray
+    positions: np.ndarray  # (patches, 2) int32: (h, w)
+    frames: np.ndarray  # (patches,) int32: 1.. the frame a patch is in; 0 padding
+    windows: np.ndarray  # (patches,) int32: 1.. the window a patch is in; 0 padding
+    restore: np.ndarray  # (merged tokens,) int32
+    tokens_per_item: List[int]  # merged tokens of each image or clip, in order
+
+    @property
+    def patches(self) -> int:
+        return len(self.order)
+
+    def graph_inputs(self, patches: np.ndarray, bucket: int = 0):
+        """The tower's inputs for `patches` (the packed processor-order patches, (patches, values)): patches,
+        positions, frames, windows (each with a batch axis of 1) and restore, padded to `bucket` patches (0: as
+        many as there are) with zero patches of segment 0, which no real patch attends to."""
+        size = bucket or self.patches
+        if size < self.patches or size % 4:
+            raise InputError(f"a vision bucket of {size} patches for {self.patches}: expected a multiple of 4 at "
+                             f"least as large")
+        pad = size - self.patches
+        ordered = np.concatenate([patches[self.order], np.zeros((pad, patches.shape[1]), patches.dtype)])
+        return (ordered[None].astype(np.float32), np.pad(self.positions, ((0, pad), (0, 0)))[None],
+                np.pad(self.frames, (0, pad))[None], np.pad(self.windows, (0, pad))[None], self.restore)
+
+
+def _window_units(grid_h: int, grid_w: int, window: int) -> List[np.ndarray]:
+    """The merged blocks of one frame (row-major ids over grid_h x grid_w blocks) grouped by window, windows row by
+    row; without windows (window 0), one group of all of them."""
+    ids = np.arange(grid_h * grid_w).reshape(grid_h, grid_w)
+    if not window:
+        return [ids.reshape(-1)]
+    return [ids[top:top + window, left:left + window].reshape(-1)
+            for top in range(0, grid_h, window) for left in range(0, grid_w, window)]
+
+
+def vision_layout(grids: Sequence[Sequence[int]], merge: int = 2, window: int = 0) -> VisionLayout:
+    """The layout of images and clips of patch grids `grids` ((t, h, w) each, h and w multiples of `merge`),
+    packed in order; `window`: the windowed layers' side in merged blocks (window_size / merge / patch_size;
+    0: no windows)."""
+    unit = merge * merge
+    order, positions, frames, windows, restore, tokens = [], [], [], [], [], []
+    patch_offset = frame_id = window_id = 0
+    for number, grid in enumerate(grids):
+        grid_t, grid_h, grid_w = (int(v) for v in grid)
+        if grid_h % merge or grid_w % merge or min(grid_t, grid_h, grid_w) < 1:
+            raise InputError(f"image {number}: a patch grid of {grid_t}x{grid_h}x{grid_w}; its height and width must "
+                             f"be positive multiples of the merge size {merge}")
+        blocks_h, blocks_w = grid_h // merge, grid_w // merge
+        # each merged block's patches' (h, w), in the processor's order (block by block, row-major inside)
+        rows = np.arange(grid_h).reshape(blocks_h, merge, 1, 1).repeat(blocks_w, 2).repeat(merge, 3)
+        cols = np.arange(grid_w).reshape(1, 1, blocks_w, merge).repeat(blocks_h, 0).repeat(merge, 1)
+        block_rows = rows.transpose(0, 2, 1, 3).reshape(blocks_h * blocks_w, unit)
+        block_cols = cols.transpose(0, 2, 1, 3).reshape(blocks_h * blocks_w, unit)
+        item_restore = np.empty(grid_t * blocks_h * blocks_w, np.int64)
+        placed = 0
+        for t in range(grid_t):
+            frame_id += 1
+            for group in _window_units(blocks_h, blocks_w, window):
+                window_id += 1
+                for block in group:
+                    first = patch_offset + (t * blocks_h * blocks_w + block) * unit
+                    order.extend(range(first, first + unit))
+                    positions.extend(zip(block_rows[block], block_cols[block]))
+                    item_restore[t * blocks_h * blocks_w + block] = len(restore) + placed
+                    placed += 1
+                frames.extend([frame_id] * unit * len(group))
+                windows.extend([window_id] * unit * len(group))
+        restore.extend(item_restore.tolist())
+        tokens.append(grid_t * blocks_h * blocks_w)
+        patch_offset += grid_t * grid_h * grid_w
+    return VisionLayout(np.asarray(order, np.int64), np.asarray(positions, np.int32).reshape(-1, 2),
+                        np.asarray(frames, np.int32), np.asarray(windows, np.int32), np.asarray(restore, np.int32),
+                        tokens)
