@@ -26,7 +26,7 @@ from mindspore.common.initializer import Normal, initializer
 
 from .masks import MASK_VALUE
 from .norm import create_norm
-from .rotary import Rotary
+from .rotary import Rotary, sectioned_rotary
 from .transformer import TransformerBlock
 
 
@@ -64,8 +64,14 @@ class CausalLM(nn.Cell):
         if not self.tied:
             self.lm_head = nn.Cell()
             self.lm_head.weight = Parameter(initializer(Normal(0.02), (cfg.vocab_size, cfg.width)), name="weight")
-        self.rotary_global = Rotary(self.head_dim, cfg.rope_theta)
-        self.rotary_local = Rotary(self.head_dim, cfg.local_rope_theta or cfg.rope_theta)
+        self.position_axes = len(cfg.mrope_section) or 1
+        if cfg.mrope_section:  # M-RoPE: positions (batch, seq, 3); 1-D positions are broadcast to the three axes
+            self.rotary_global = sectioned_rotary(self.head_dim, cfg.rope_theta, cfg.mrope_section)
+            self.rotary_local = sectioned_rotary(self.head_dim, cfg.local_rope_theta or cfg.rope_theta,
+                                                 cfg.mrope_section)
+        else:
+            self.rotary_global = Rotary(self.head_dim, cfg.rope_theta)
+            self.rotary_local = Rotary(self.head_dim, cfg.local_rope_theta or cfg.rope_theta)
         self.gather = ops.Gather()
         self.head_matmul = ops.MatMul(transpose_b=True)
         self.mul = ops.Mul()
@@ -110,6 +116,10 @@ class CausalLM(nn.Cell):
         return self.relu(self.cumsum(self.cast(valid, mstype.int32), 1) - 1)
 
     def _rotaries(self, positions):
+        """(cos, sin) of the global and local layers; positions (batch, seq), or (batch, seq, 3) for M-RoPE, where
+        1-D positions mean the same place on every axis (text)."""
+        if self.position_axes > 1 and len(positions.shape) == 2:
+            positions = ops.tile(self.expand(positions, 2), (1, 1, self.position_axes))
         return self.rotary_global(positions), self.rotary_local(positions)
 
     def _packed_masks(self, segment):
@@ -129,9 +139,9 @@ class CausalLM(nn.Cell):
             keys, values = keys + (k,), values + (v,)
         return self.norm(x), keys, values
 
-    def _hidden(self, x, valid):
+    def _hidden(self, x, valid, positions=None):
         global_mask, local_mask = self._masks(valid)
-        return self._run(x, global_mask, local_mask, self._positions(valid))
+        return self._run(x, global_mask, local_mask, self._positions(valid) if positions is None else positions)
 
     # ------------------------------------------------------------------ what a multimodal model builds on
 
@@ -161,6 +171,13 @@ class CausalLM(nn.Cell):
         """ids (batch, seq) int32, valid (batch, seq) bool -> logits (batch, seq, vocab) float32."""
         hidden, _, _ = self._hidden(self.embed_tokens(ids), valid)
         batch, seq = ids.shape
+        return self.reshape(self._logits(self.reshape(hidden, (batch * seq, self.width))), (batch, seq, -1))
+
+    def logits_embedded(self, x, valid, positions):
+        """Every position's logits (batch, seq, vocab) of embedded sequences x (batch, seq, width) at explicit
+        positions (batch, seq), or (batch, seq, 3) for M-RoPE (an image's tokens at their grid places)."""
+        hidden, _, _ = self._hidden(x, valid, positions)
+        batch, seq = valid.shape
         return self.reshape(self._logits(self.reshape(hidden, (batch * seq, self.width))), (batch, seq, -1))
 
     def prefill(self, ids, valid):

@@ -100,3 +100,12 @@ def vision_rotary(head_dim: int, theta: float = 10000.0) -> AxialRotary:
     half = head_dim // 2
     inverse = 1.0 / theta ** (np.arange(0, half, 2, dtype=np.float64) / half)
     return AxialRotary(np.concatenate([inverse, inverse]), [0] * len(inverse) + [1] * len(inverse))
+
+
+def sectioned_rotary(head_dim: int, theta: float, sections) -> AxialRotary:
+    """M-RoPE: the 1-D ladder of head_dim / 2 frequencies, its first sections[0] turned by the time position, the
+    next sections[1] by the height, the last by the width (Qwen2-VL's mrope_section)."""
+    if sum(sections) * 2 != head_dim:
+        raise ValueError(f"M-RoPE sections {list(sections)} must sum to head_dim / 2 = {head_dim // 2}")
+    inverse = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    return AxialRotary(inverse, np.repeat(np.arange(len(sections)), sections))

@@ -110,9 +110,15 @@ class DecoderConfig(EncoderConfig):
     embed_scale: float = 1.0  # token embeddings are multiplied by it (Gemma: sqrt(width))
     tie_embeddings: bool = True  # the LM head is the embedding matrix
     max_positions: int = 8192  # the longest sequence (prompt + generated) the model was trained for
+    # M-RoPE (Qwen2-VL, Qwen2.5-VL): the half head's rotary frequencies in sections turned by the time, height and
+    # width positions of a token (an image token's grid place; a text token's three are equal: 1-D RoPE); empty: 1-D
+    mrope_section: List[int] = field(default_factory=list)
 
     def validate(self, path: str) -> None:
         _positive(self, path, ["width", "layers", "heads", "mlp_ratio", "max_positions"])
+        if self.mrope_section and sum(self.mrope_section) * 2 != (self.head_dim or self.width // self.heads):
+            raise ConfigError(f"{path}.mrope_section: {self.mrope_section} sums to {sum(self.mrope_section)}, not half "
+                              f"the head_dim ({(self.head_dim or self.width // self.heads) // 2})")
         if self.vocab_size < 0:
             raise ConfigError(f"{path}.vocab_size: expected 0 (the tokenizer's size) or more, got {self.vocab_size}")
         if not self.head_dim and self.width % self.heads:

@@ -15,7 +15,7 @@ merge x merge block consecutive, `mindvl.preprocess.native_resolution.patches`):
   gathered back by it, so the language model sees every image's tokens row by row).
 """
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
@@ -100,3 +100,42 @@ def vision_layout(grids: Sequence[Sequence[int]], merge: int = 2, window: int = 
     return VisionLayout(np.asarray(order, np.int64), np.asarray(positions, np.int32).reshape(-1, 2),
                         np.asarray(frames, np.int32), np.asarray(windows, np.int32), np.asarray(restore, np.int32),
                         tokens)
+
+
+def mrope_positions(ids: Sequence[int], grids: Sequence[Sequence[int]], vision_tokens: Sequence[int],
+                    merge: int = 2, time_steps: Sequence[float] = ()) -> Tuple[np.ndarray, int]:
+    """M-RoPE's positions of a prompt: (3, len(ids)) int32 (time, height, width) and the delta its generated
+    tokens add to their index (position = index + delta on every axis).
+
+    A text token's three positions are equal and count on from the largest position before it. Each run of a
+    vision token (`vision_tokens`: the image and video pad ids) is the next of `grids`, (t, h, w) in patches,
+    merged to (t, h / merge, w / merge) tokens placed at (time, row, column) from the run's start; time steps by
+    `time_steps[i]` per temporal patch (Qwen2.5-VL: seconds per temporal patch x tokens per second; Qwen2-VL and
+    images: 1)."""
+    ids = np.asarray(ids)
+    is_vision = np.isin(ids, list(vision_tokens))
+    positions = np.zeros((3, len(ids)), np.int64)
+    start, index, item = 0, 0, 0
+    while index < len(ids):
+        if not is_vision[index]:
+            positions[:, index] = start
+            start, index = start + 1, index + 1
+            continue
+        if item >= len(grids):
+            raise InputError(f"the prompt holds more vision token runs than the {len(grids)} images and videos given")
+        grid_t, grid_h, grid_w = (int(v) for v in grids[item])
+        rows, cols = grid_h // merge, grid_w // merge
+        count = grid_t * rows * cols
+        if not np.all(ids[index:index + count] == ids[index]) or index + count > len(ids):
+            raise InputError(f"image or video {item}: its grid {grid_t}x{grid_h}x{grid_w} makes {count} tokens, but "
+                             f"the prompt's run of its token is shorter; render the prompt for these grids")
+        step = time_steps[item] if item < len(time_steps) else 1.0
+        times = (np.arange(grid_t) * step).astype(np.int64)  # truncated, as transformers' .long()
+        positions[0, index:index + count] = start + np.repeat(times, rows * cols)
+        positions[1, index:index + count] = start + np.tile(np.repeat(np.arange(rows), cols), grid_t)
+        positions[2, index:index + count] = start + np.tile(np.arange(cols), grid_t * rows)
+        start = int(positions[:, index:index + count].max()) + 1
+        index, item = index + count, item + 1
+    if item != len(grids):
+        raise InputError(f"{len(grids)} images and videos given, but the prompt has vision token runs for {item}")
+    return positions.astype(np.int32), int(start - len(ids))

@@ -41,7 +41,7 @@ def rope_theta(hf: Dict, key: str = "rope_theta", default: float = 10000.0) -> f
     if "full_attention" in params:  # transformers 5 Gemma 3: one entry per attention kind
         params = params["full_attention" if key == "rope_theta" else "sliding_attention"]
     scaling = hf.get("rope_scaling") or params
-    if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
+    if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", "mrope", None):
         raise ConversionError(f"rope scaling {scaling.get('rope_type') or scaling.get('type')!r} is not supported "
                               f"(only unscaled rotary embeddings)")
     return float(params.get("rope_theta", hf.get(key, default)))
@@ -69,6 +69,14 @@ def _qwen2(hf: Dict, shared: Dict) -> Dict:
     return dict(attention_bias=True, rope_theta=rope_theta(hf))
 
 
+def _qwen2_vl(hf: Dict, shared: Dict) -> Dict:
+    """The language model of Qwen2-VL and Qwen2.5-VL: Qwen2 with M-RoPE (rope_scaling.mrope_section)."""
+    scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    if not scaling.get("mrope_section"):
+        raise ConversionError("a Qwen2-VL language model without rope_scaling.mrope_section")
+    return dict(_qwen2(hf, shared), mrope_section=[int(s) for s in scaling["mrope_section"]])
+
+
 def _gemma3(hf: Dict, shared: Dict) -> Dict:
     layer_types = hf.get("layer_types") or ["global" if (i + 1) % int(hf.get("sliding_window_pattern", 6)) == 0
                                             else "sliding_attention" for i in range(shared["layers"])]
@@ -85,6 +93,8 @@ FAMILIES: Dict[str, Family] = {  # by config.json's model_type
     "llama": Family(_llama, BLOCK_NAMES),
     "qwen2": Family(_qwen2, BLOCK_NAMES),
     "gemma3_text": Family(_gemma3, {**BLOCK_NAMES, **SANDWICH_NAMES}, norm_offset=1.0, tied_by_default=True),
+    "qwen2_5_vl": Family(_qwen2_vl, BLOCK_NAMES),  # the language model of these folders (text_config merged in)
+    "qwen2_vl": Family(_qwen2_vl, BLOCK_NAMES),
 }
 
 

@@ -1,6 +1,8 @@
-"""The native-resolution vision tower of Qwen2.5-VL and Qwen2-VL against transformers on tiny random checkpoints
-(tests/references/ref_qwen2_vl.py): one image (a partial window), two images of different sizes packed on one
-sequence, a video of two temporal patches; also padded to a static bucket; and the host layout's windows."""
+"""Qwen2.5-VL and Qwen2-VL against transformers on tiny random checkpoints (tests/references/ref_qwen2_vl.py): the
+native-resolution vision tower on one image (a partial window), two images of different sizes packed on one
+sequence, a video of two temporal patches, also padded to a static bucket; the whole model's logits (the tower's
+tokens in the prompt, M-RoPE positions) and 32 greedy tokens for those and for text alone; the host layout's
+windows and M-RoPE positions."""
 import json
 from pathlib import Path
 
@@ -9,9 +11,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from mindvl.cells.decoder import CausalLM
 from mindvl.cells.native_vision import NativeVisionTower
-from mindvl.engine.vision_layout import vision_layout
-from mindvl.errors import ConversionError
+from mindvl.engine.vision_layout import mrope_positions, vision_layout
+from mindvl.errors import ConversionError, InputError
+from mindvl.pretrained.families import BLOCK_NAMES, FAMILIES, decoder_config
 from mindvl.pretrained.qwen2_vl import vision_settings, vision_tensors
 
 REFERENCES = Path(__file__).parents[1] / "references"
@@ -37,6 +41,43 @@ def tower(request):
     return request.param, cell, window
 
 
+@pytest.fixture(scope="module")
+def language_model(tower):
+    """The checkpoint's language model (Qwen2 with M-RoPE) as a CausalLM, its tensors set by name."""
+    family = tower[0]
+    config, tensors = checkpoint(family)
+    cfg = decoder_config({**config, **config.get("text_config", {}), "model_type": family}, FAMILIES[family],
+                         REFERENCES / f"tiny_{family}")
+    assert cfg.mrope_section == [2, 1, 1]
+    lm = CausalLM(cfg)
+    names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+             "lm_head.weight": "lm_head.weight"}
+    for layer in range(cfg.layers):
+        names.update({f"blocks.{layer}.{ours}": f"model.layers.{layer}.{theirs}" for ours, theirs in BLOCK_NAMES.items()})
+    for name, param in lm.parameters_and_names():
+        param.set_data(ms.Tensor(tensors[names[name]]))
+    return lm, config, tensors["model.embed_tokens.weight"]
+
+
+def prompt(tower, language_model, case):
+    """The stored prompt's embeddings with the tower's tokens written over its image or video tokens, and its
+    M-RoPE positions (3, L) and generation delta."""
+    family, cell, window = tower
+    _, config, embedding = language_model
+    ids = STORED[f"{family}_ids_{case}"]
+    x = embedding[ids].copy()
+    grids, steps = [], []
+    if case != "text":
+        pixels, grids = case_inputs(case)
+        # Qwen2.5-VL's video time: 1 s per temporal patch (2 frames at 2 fps) x 2 tokens a second
+        steps = [2.0 if family == "qwen2_5_vl" else 1.0] if case == "video" else [1.0] * len(grids)
+        layout = vision_layout(grids, 2, window)
+        x[np.isin(ids, [config["image_token_id"], config["video_token_id"]])] = \
+            cell(*map(ms.Tensor, layout.graph_inputs(pixels))).asnumpy()[0]
+    positions, delta = mrope_positions(ids, grids, [config["image_token_id"], config["video_token_id"]], 2, steps)
+    return ids, x, positions, delta
+
+
 def case_inputs(case):
     if CASES[case] is None:
         return STORED["video_pixels"], [STORED["video_grid"][0]]
@@ -60,6 +101,43 @@ def test_padding_to_a_bucket_changes_no_token(tower):
     layout = vision_layout(grids, 2, window)
     padded = cell(*map(ms.Tensor, layout.graph_inputs(pixels, bucket=512))).asnumpy()[0]
     np.testing.assert_allclose(padded, STORED[f"{family}_vision_two_images"], atol=1e-5)
+
+
+@pytest.mark.parametrize("case", [*CASES, "text"])
+def test_the_whole_model_gives_transformers_logits_and_greedy_tokens(tower, language_model, case):
+    """Every position's logits within 1e-4; then 32 greedy tokens, each step the whole sequence again (one graph:
+    the tokens to come are masked by causality), generated tokens at index + delta on every axis."""
+    family = tower[0]
+    lm = language_model[0]
+    ids, x, positions, delta = prompt(tower, language_model, case)
+    length, steps = len(ids), len(STORED[f"{family}_greedy_{case}"])
+    valid = ms.Tensor(np.ones((1, length + steps), bool))
+    every = np.concatenate([positions, np.tile(np.arange(length, length + steps) + delta, (3, 1))], 1).T[None]
+    embedding = language_model[2]
+    sequence = np.concatenate([x, np.zeros((steps, x.shape[1]), np.float32)])
+    greedy = []
+    for step in range(steps):
+        logits = lm.logits_embedded(ms.Tensor(sequence[None]), valid, ms.Tensor(every.astype(np.int32))).asnumpy()[0]
+        if step == 0:
+            np.testing.assert_allclose(logits[:length], STORED[f"{family}_logits_{case}"], atol=1e-4)
+        greedy.append(int(logits[length + step - 1].argmax()))
+        sequence[length + step] = embedding[greedy[-1]]
+    assert greedy == STORED[f"{family}_greedy_{case}"].tolist()
+
+
+def test_mrope_positions_place_text_after_the_largest_position_and_check_the_runs():
+    """Text counts on; an image of 1 x 4 x 6 patches (2 x 3 merged) sits at its grid from the run's start; a video
+    of 2 temporal patches steps time by its time step; a run shorter than its grid is refused."""
+    ids = [7, 7, 5, 5, 5, 5, 5, 5, 7, 6, 6, 6, 6, 7]
+    positions, delta = mrope_positions(ids, [(1, 4, 6), (2, 2, 4)], [5, 6], merge=2, time_steps=[1.0, 2.5])
+    assert positions[:, :2].tolist() == [[0, 1]] * 3
+    assert positions[:, 2:8].tolist() == [[2] * 6, [2, 2, 2, 3, 3, 3], [2, 3, 4, 2, 3, 4]]
+    assert positions[:, 8].tolist() == [5, 5, 5]
+    assert positions[:, 9:13].tolist() == [[6, 6, 8, 8], [6, 6, 6, 6], [6, 7, 6, 7]]  # time 0, 2.5 -> 0, 2
+    assert positions[:, 13].tolist() == [9, 9, 9] and delta == 10 - len(ids)
+    with pytest.raises(InputError, match="its grid 1x4x8 makes 8 tokens, but the prompt's run of its token is "
+                                         "shorter"):
+        mrope_positions(ids, [(1, 4, 8), (2, 2, 4)], [5, 6])
 
 
 def test_windows_stay_inside_a_frame_hold_at_most_window_squared_blocks_and_cover_every_patch():
