@@ -9,7 +9,9 @@ sequence, through the one block family, merged 2 x 2 into the language model's t
 
 Attention never crosses an image (a frame, for video) or, in windowed layers, a window: the masks are
 block-diagonal over the host's segment ids (mindvl.engine.vision_layout), which also hold the positions and the
-order, so the graph has static shapes for any mix of image sizes within its bucket.
+order, so the graph has static shapes for any mix of image sizes within its bucket. With `window_row` (the host
+laid each window out as a full row: vision_layout(window_rows=True)) a windowed layer runs over (windows, row)
+rows, each attending within itself, and only the full-attention layers pay for the whole sequence.
 """
 from mindspore import nn, ops
 
@@ -49,7 +51,7 @@ class NativeVisionTower(nn.Cell):
 
     def __init__(self, width: int, layers: int, heads: int, mlp_width: int, out_width: int, patch_values: int = 1176,
                  merge: int = 2, full_layers=(), family: str = "qwen2_5_vl", norm_eps: float = 1e-6,
-                 theta: float = 10000.0):
+                 theta: float = 10000.0, window_row: int = 0):
         super().__init__()
         if family not in ("qwen2_5_vl", "qwen2_vl"):
             raise ValueError(f"vision tower family: expected 'qwen2_5_vl' or 'qwen2_vl', got {family!r}")
@@ -63,12 +65,28 @@ class NativeVisionTower(nn.Cell):
                              norm_eps=norm_eps, norm=norm, gated_mlp=windowed, rotary=True)
             for _ in range(layers)])
         self.merger = PatchMerger(width, out_width, merge, norm, norm_eps)
+        self.window_row = window_row if windowed else 0
+        self.width = width
         self.gather = ops.Gather()
+        self.reshape = ops.Reshape()
+
+    def _rows(self, x):
+        """(1, S, ...) -> (S / window_row, window_row, ...): one window a row."""
+        return self.reshape(x, (x.shape[1] // self.window_row, self.window_row) + x.shape[2:])
 
     def construct(self, patches, positions, frames, windows, restore):
         x = self.patch_embed(patches)
         rotary = self.rotary(positions)
-        full, windowed = segment_mask(frames), segment_mask(windows)
+        full = segment_mask(frames)
+        if self.window_row:
+            windowed, window_rotary = segment_mask(self._rows(windows)), (self._rows(rotary[0]), self._rows(rotary[1]))
+        else:
+            windowed, window_rotary = segment_mask(windows), rotary
         for index, block in enumerate(self.blocks):
-            x = block(x, full if index in self.full_layers else windowed, rotary)
+            if index in self.full_layers:
+                x = block(x, full, rotary)
+            elif self.window_row:
+                x = self.reshape(block(self._rows(x), windowed, window_rotary), x.shape)
+            else:
+                x = block(x, windowed, rotary)
         return self.gather(self.merger(x), restore, 1)

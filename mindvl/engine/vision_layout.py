@@ -13,6 +13,10 @@ merge x merge block consecutive, `mindvl.preprocess.native_resolution.patches`):
   window (the windowed layers), numbered 1.. over the whole batch; 0 marks padding up to a bucket.
 - **restore**: for each merged token in the processor's order, its row in window order (the merger's output is
   gathered back by it, so the language model sees every image's tokens row by row).
+- **window rows** (`window_rows=True`): each window padded to window x window blocks with empty patches (order
+  -1, segment 0), so that a windowed layer runs over (windows, window^2 x merge^2) rows, each attending within
+  itself, instead of one (patches x patches) masked product: the windowed layers (28 of Qwen2.5-VL-7B's 32) then
+  cost what their windows cost.
 """
 from dataclasses import dataclass
 from typing import List, Sequence, Tuple
@@ -33,6 +37,7 @@ class VisionLayout:
     windows: np.ndarray  # (patches,) int32: 1.. the window a patch is in; 0 padding
     restore: np.ndarray  # (merged tokens,) int32
     tokens_per_item: List[int]  # merged tokens of each image or clip, in order
+    row: int = 0  # patches per window row (window_rows), 0: the windows are not padded to rows
 
     @property
     def patches(self) -> int:
@@ -42,12 +47,13 @@ class VisionLayout:
         """The tower's inputs for `patches` (the packed processor-order patches, (patches, values)): patches,
         positions, frames, windows (each with a batch axis of 1) and restore, padded to `bucket` patches (0: as
         many as there are) with zero patches of segment 0, which no real patch attends to."""
-        size = bucket or self.patches
-        if size < self.patches or size % 4:
-            raise InputError(f"a vision bucket of {size} patches for {self.patches}: expected a multiple of 4 at "
-                             f"least as large")
+        size, multiple = bucket or self.patches, self.row or 4
+        if size < self.patches or size % multiple:
+            raise InputError(f"a vision bucket of {size} patches for {self.patches}: expected a multiple of {multiple} "
+                             f"at least as large")
         pad = size - self.patches
-        ordered = np.concatenate([patches[self.order], np.zeros((pad, patches.shape[1]), patches.dtype)])
+        with_empty = np.concatenate([patches, np.zeros((1, patches.shape[1]), patches.dtype)])  # order -1: empty
+        ordered = np.concatenate([with_empty[self.order], np.zeros((pad, patches.shape[1]), patches.dtype)])
         return (ordered[None].astype(np.float32), np.pad(self.positions, ((0, pad), (0, 0)))[None],
                 np.pad(self.frames, (0, pad))[None], np.pad(self.windows, (0, pad))[None], self.restore)
 
@@ -62,13 +68,15 @@ def _window_units(grid_h: int, grid_w: int, window: int) -> List[np.ndarray]:
             for top in range(0, grid_h, window) for left in range(0, grid_w, window)]
 
 
-def vision_layout(grids: Sequence[Sequence[int]], merge: int = 2, window: int = 0) -> VisionLayout:
+def vision_layout(grids: Sequence[Sequence[int]], merge: int = 2, window: int = 0,
+                  window_rows: bool = False) -> VisionLayout:
     """The layout of images and clips of patch grids `grids` ((t, h, w) each, h and w multiples of `merge`),
     packed in order; `window`: the windowed layers' side in merged blocks (window_size / merge / patch_size;
-    0: no windows)."""
+    0: no windows); `window_rows`: each window padded to a full row (see the module docstring)."""
     unit = merge * merge
+    window_rows = bool(window_rows and window)
     order, positions, frames, windows, restore, tokens = [], [], [], [], [], []
-    patch_offset = frame_id = window_id = 0
+    patch_offset = frame_id = window_id = slots = 0
     for number, grid in enumerate(grids):
         grid_t, grid_h, grid_w = (int(v) for v in grid)
         if grid_h % merge or grid_w % merge or min(grid_t, grid_h, grid_w) < 1:
@@ -81,7 +89,6 @@ def vision_layout(grids: Sequence[Sequence[int]], merge: int = 2, window: int = 
         block_rows = rows.transpose(0, 2, 1, 3).reshape(blocks_h * blocks_w, unit)
         block_cols = cols.transpose(0, 2, 1, 3).reshape(blocks_h * blocks_w, unit)
         item_restore = np.empty(grid_t * blocks_h * blocks_w, np.int64)
-        placed = 0
         for t in range(grid_t):
             frame_id += 1
             for group in _window_units(blocks_h, blocks_w, window):
@@ -90,16 +97,22 @@ def vision_layout(grids: Sequence[Sequence[int]], merge: int = 2, window: int = 
                     first = patch_offset + (t * blocks_h * blocks_w + block) * unit
                     order.extend(range(first, first + unit))
                     positions.extend(zip(block_rows[block], block_cols[block]))
-                    item_restore[t * blocks_h * blocks_w + block] = len(restore) + placed
-                    placed += 1
+                    item_restore[t * blocks_h * blocks_w + block] = slots
+                    slots += 1
                 frames.extend([frame_id] * unit * len(group))
                 windows.extend([window_id] * unit * len(group))
+                empty = window * window - len(group) if window_rows else 0
+                order.extend([-1] * unit * empty)
+                positions.extend([(0, 0)] * unit * empty)
+                frames.extend([0] * unit * empty)
+                windows.extend([0] * unit * empty)
+                slots += empty
         restore.extend(item_restore.tolist())
         tokens.append(grid_t * blocks_h * blocks_w)
         patch_offset += grid_t * grid_h * grid_w
     return VisionLayout(np.asarray(order, np.int64), np.asarray(positions, np.int32).reshape(-1, 2),
                         np.asarray(frames, np.int32), np.asarray(windows, np.int32), np.asarray(restore, np.int32),
-                        tokens)
+                        tokens, window * window * unit if window_rows else 0)
 
 
 def mrope_positions(ids: Sequence[int], grids: Sequence[Sequence[int]], vision_tokens: Sequence[int],

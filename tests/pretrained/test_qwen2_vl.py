@@ -95,6 +95,29 @@ def test_the_tower_gives_transformers_merged_tokens(tower, case):
     assert layout.tokens_per_item == [int(np.prod(g)) // 4 for g in grids]
 
 
+@pytest.fixture(scope="module")
+def row_tower():
+    """Qwen2.5-VL's tower whose windowed layers run one window a row (64 patches: 4 x 4 blocks of 2 x 2)."""
+    config, tensors = checkpoint("qwen2_5_vl")
+    settings = vision_settings(config)
+    window = settings.pop("window")
+    cell = NativeVisionTower(**settings, window_row=window * window * 4)
+    ms.load_param_into_net(cell, {k: ms.Parameter(ms.Tensor(v), name=k) for k, v in vision_tensors(tensors, config).items()})
+    return cell, window
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_windows_laid_out_as_rows_give_the_same_tokens(row_tower, case):
+    """Each window padded to a full row of empty patches (partial windows included), the windowed layers over
+    rows, padded further to a bucket: transformers' tokens still."""
+    cell, window = row_tower
+    pixels, grids = case_inputs(case)
+    layout = vision_layout(grids, 2, window, window_rows=True)
+    assert layout.row == 64 and layout.patches % 64 == 0 and layout.patches > len(pixels)
+    out = cell(*map(ms.Tensor, layout.graph_inputs(pixels, bucket=layout.patches + 128))).asnumpy()[0]
+    np.testing.assert_allclose(out, STORED[f"qwen2_5_vl_vision_{case}"], atol=1e-5)
+
+
 def test_padding_to_a_bucket_changes_no_token(tower):
     family, cell, window = tower
     pixels, grids = case_inputs("two_images")
