@@ -185,10 +185,10 @@ class CausalLM(nn.Cell):
         The prompt occupies cache slots 0..seq-1; later slots are zeros for decode to fill."""
         return self.prefill_embedded(self.embed_tokens(ids), valid)
 
-    def prefill_embedded(self, x, valid):
+    def prefill_embedded(self, x, valid, positions=None):
         """`prefill` from embedded prompts x (batch, seq, width): a multimodal prompt's image and audio
-        tokens already written in."""
-        hidden, keys, values = self._hidden(x, valid)
+        tokens already written in; positions (batch, seq, 3) for M-RoPE prompts (None: counted from `valid`)."""
+        hidden, keys, values = self._hidden(x, valid, positions)
         batch, seq = valid.shape
         last = self.reshape(hidden[:, seq - 1:seq, :], (batch, self.width))
         empty = ops.zeros((batch, self.cache_len - seq, self.kv_width), mstype.float32)

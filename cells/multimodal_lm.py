@@ -17,6 +17,7 @@ from .activation import create_activation
 from .audio import AudioEncoder
 from .decoder import CausalLM
 from .linear import dense
+from .slots import SlotWriter
 from .vision import VisionEncoder
 
 
@@ -82,9 +83,8 @@ class MultimodalLM(nn.Cell):
         self.width = dec.width
         self.reshape = ops.Reshape()
         self.concat = ops.Concat(axis=0)
-        self.gather = ops.Gather()
-        self.select = ops.Select()
         self.expand = ops.ExpandDims()
+        self.slots = SlotWriter()
 
     # -- each modality's tokens in the decoder's width ----------------------------------------------
     def image_states(self, image_tokens):
@@ -116,11 +116,7 @@ class MultimodalLM(nn.Cell):
     def embed(self, ids, slot_index, image_tokens, audio_tokens):
         """Token embeddings with the modality tokens written into their slots -> (R, S, width)."""
         table = self.concat((self.reshape(image_tokens, (-1, self.width)), self.reshape(audio_tokens, (-1, self.width))))
-        slots = table.shape[0]
-        table = self.concat((table, ops.zeros((1, self.width), table.dtype)))
-        is_slot = self.expand(slot_index < slots, 2)
-        text = self.decoder.embed_tokens(ids)
-        return self.select(ops.broadcast_to(is_slot, text.shape), self.gather(table, slot_index, 0), text)
+        return self.slots(self.decoder.embed_tokens(ids), table, slot_index)
 
     # -- training graph ------------------------------------------------------------------------------
     def construct(self, ids, segment, positions, slot_index, label_index, image, mel, frame_mask):

@@ -108,8 +108,9 @@ class DecodeBatch:
             seen[np.asarray(encoded, np.int64)] = True
             stop_ids = set(self.layout.stop_ids) | set(config.stop_tokens)
             length = int(batch.valid[index].sum())
+            position = length + (int(batch.deltas[index]) if batch.deltas is not None else 0)  # M-RoPE's delta
             rows.append(Running(TextSequence(index, self.layout.tokenizer, config, stop_ids), config,
-                                _generator(config.seed), seen, valid, bucket, length, length,
+                                _generator(config.seed), seen, valid, bucket, position, length,
                                 logits[index], owners[index] if owners is not None else index))
         self._append(rows, [self.graphs.to_numpy(c)[:len(rows)] for c in caches])
         return rows

@@ -118,6 +118,11 @@ class PromptBatch:
     image: Optional[np.ndarray] = None
     mel: Optional[np.ndarray] = None
     frame_mask: Optional[np.ndarray] = None
+    # a native-resolution batch (engine.native_prompts): M-RoPE positions (batch, bucket, 3), each prompt's delta
+    # (its generated tokens sit at index + delta), the packed images' vision inputs (vision_layout.graph_inputs)
+    positions: Optional[np.ndarray] = None
+    deltas: Optional[np.ndarray] = None
+    vision: Optional[tuple] = None
 
     @property
     def multimodal(self) -> bool:

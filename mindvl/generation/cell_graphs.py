@@ -17,8 +17,9 @@ def _tensor(value: Any) -> Tensor:
 
 
 class CellGraphs:
-    """prefill: cells.decoder.Prefill (ids, valid) or cells.multimodal_lm.MultimodalPrefill (ids, valid,
-    slot_index, image, mel, frame_mask); decode: cells.decoder.Decode. The caches stay MindSpore tensors
+    """prefill: cells.decoder.Prefill (ids, valid), cells.multimodal_lm.MultimodalPrefill (ids, valid,
+    slot_index, image, mel, frame_mask) or cells.native_vlm.NativePrefill (ids, valid, positions, slot_index,
+    the vision inputs); decode: cells.decoder.Decode. The caches stay MindSpore tensors
     between steps; rows the engine joined or dropped come back as arrays and go in as tensors."""
 
     to_numpy = staticmethod(to_numpy)
@@ -29,7 +30,9 @@ class CellGraphs:
 
     def prefill(self, batch: PromptBatch) -> Tuple[np.ndarray, List[Any]]:
         inputs = [batch.ids, batch.valid]
-        if batch.multimodal:
+        if batch.positions is not None:  # a native-resolution VLM's (cells.native_vlm.NativePrefill)
+            inputs += [batch.positions, batch.slot_index, *batch.vision]
+        elif batch.multimodal:
             inputs += [batch.slot_index, batch.image, batch.mel, batch.frame_mask]
         logits, keys, values = self.prefill_cell(*(Tensor(a) for a in inputs))
         return logits.asnumpy(), [*keys, *values]

@@ -84,3 +84,27 @@ def vision_tensors(tensors: Dict[str, np.ndarray], config: dict) -> Dict[str, np
         raise ConversionError(f"vision tower: {len(source)} tensors this converter does not know, e.g. "
                               f"{sorted(source)[0]!r}; the checkpoint is of another architecture")
     return {name: np.ascontiguousarray(value, np.float32) for name, value in out.items()}
+
+
+SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def language_config(config: dict, path) -> "DecoderConfig":
+    """The language model's DecoderConfig (Qwen2 with M-RoPE) from a checkpoint's config.json (text_config merged)."""
+    from mindvl.pretrained.families import FAMILIES, decoder_config
+
+    family = family_of(config)
+    return decoder_config({**config, **config.get("text_config", {}), "model_type": family}, FAMILIES[family], path)
+
+
+def language_tensors(tensors: Dict[str, np.ndarray], layers: int) -> Dict[str, np.ndarray]:
+    """The language model's tensors under CausalLM's names (both key layouts)."""
+    from mindvl.pretrained.families import BLOCK_NAMES
+
+    text = {name.replace("model.language_model.", "model.", 1): value for name, value in tensors.items()
+            if not name.startswith(VISION_PREFIXES)}
+    names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+             "lm_head.weight": "lm_head.weight"}
+    for layer in range(layers):
+        names.update({f"blocks.{layer}.{ours}": f"model.layers.{layer}.{theirs}" for ours, theirs in BLOCK_NAMES.items()})
+    return {ours: np.ascontiguousarray(text[theirs], np.float32) for ours, theirs in names.items() if theirs in text}

@@ -1,0 +1,40 @@
+"""A native-resolution VLM (Qwen2-VL, Qwen2.5-VL): the vision tower's merged tokens written into the prompt's
+image and video slots, a CausalLM with M-RoPE over them.
+
+Children (and so checkpoint keys): tower. (cells.native_vision.NativeVisionTower's), decoder. (CausalLM's).
+`NativePrefill` is the prefill graph of a batch of left-padded prompts (one per row) whose images are packed on
+one vision sequence; the decode steps are the decoder's own (cells.decoder.Decode), each token at its index plus
+the prompt's M-RoPE delta on every axis.
+"""
+from mindspore import nn
+
+from .decoder import CausalLM
+from .native_vision import NativeVisionTower
+from .slots import SlotWriter
+
+
+class NativeVLM(nn.Cell):
+    def __init__(self, tower: NativeVisionTower, decoder: CausalLM):
+        super().__init__()
+        self.tower = tower
+        self.decoder = decoder
+        self.slots = SlotWriter()
+
+    def embed(self, ids, slot_index, patches, vision_positions, frames, windows, restore):
+        """ids (rows, seq) embedded, each slot (slot_index < the batch's vision tokens) holding its vision token."""
+        vision = self.tower(patches, vision_positions, frames, windows, restore)
+        return self.slots(self.decoder.embed_tokens(ids), vision[0], slot_index)
+
+
+class NativePrefill(nn.Cell):
+    """construct(ids, valid, positions, slot_index, patches, vision_positions, frames, windows, restore) ->
+    CausalLM.prefill's outputs: positions (rows, seq, 3) M-RoPE, slot_index (rows, seq) into the packed images'
+    tokens (their count: not a slot), the vision inputs of engine.vision_layout's graph_inputs."""
+
+    def __init__(self, model: NativeVLM):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, ids, valid, positions, slot_index, patches, vision_positions, frames, windows, restore):
+        x = self.model.embed(ids, slot_index, patches, vision_positions, frames, windows, restore)
+        return self.model.decoder.prefill_embedded(x, valid, positions)
