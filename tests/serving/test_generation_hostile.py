@@ -25,9 +25,9 @@ from mindvl.preprocess.budget import SLOT_BYTES
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.serve_config import ServeConfig
 
-STREAMS = 4  # valid streams generating while each attack runs
-TOKENS = 48  # each valid stream's length (greedy, ignore_eos: fixed)
-ATTACKS = 3  # each attack sent this many times at once
+STREAMS = 3  # valid streams generating while each attack runs
+TOKENS = 32  # each valid stream's length (greedy, ignore_eos: fixed)
+ATTACKS = 2  # each attack sent this many times at once
 HEALTH_S = 1.0  # /health must answer within this during an attack
 MB = 2 ** 20
 # What an attack may make this process hold: the decode budget (every slot full) and 64 MB for the clients'

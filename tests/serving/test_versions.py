@@ -140,7 +140,9 @@ def test_a_new_version_takes_over_under_load_without_a_failed_request(servables,
         state = servables_page(server)
 
     assert not same_answers(first, second)  # other weights: the switch is visible in the answers
-    assert all(any(a[0] == "loading 2" for a in got) for got in answers.values())  # answered while loading
+    # the server answered while it loaded version 2 (not necessarily each client: on a loaded 2-core machine a
+    # client's one request can outlast the load, which failed this test once)
+    assert any(a[0] == "loading 2" for got in answers.values() for a in got)
     assert [a[3] for key in answers for a in answers[key] if a[3] is not None] == []
     for (protocol, version), got in answers.items():
         sent = [a[0] for a in got]
