@@ -1,8 +1,9 @@
 """Hugging Face Qwen2-VL and Qwen2.5-VL checkpoints as mindvl's cells: the vision tower's settings and tensors
-(cells.native_vision.NativeVisionTower).
+(cells.native_vision.NativeVisionTower), the language model's DecoderConfig (Qwen2 with M-RoPE: the family entries
+in mindvl.pretrained.families) and tensors (cells.decoder.CausalLM), and the chat's special tokens.
 
 transformers saves the tower's keys as `visual.*` (before 4.52, and 5.x's save_pretrained) or `model.visual.*`
-(4.52-4.5x): both are read. The Conv3d patch embedding (out, 3, 2, 14, 14) is the MatMul's (out, 1176) weight
+(4.52-4.5x), the language model's `model.layers.*` or `model.language_model.layers.*`: both are read. The Conv3d patch embedding (out, 3, 2, 14, 14) is the MatMul's (out, 1176) weight
 flattened in the processor's patch order (channel, time, row, column); the fused qkv projection is split into
 q, k and v.
 """
@@ -10,6 +11,7 @@ from typing import Dict
 
 import numpy as np
 
+from mindvl.config import DecoderConfig
 from mindvl.errors import ConversionError
 
 FAMILIES = ("qwen2_5_vl", "qwen2_vl")
@@ -89,7 +91,7 @@ def vision_tensors(tensors: Dict[str, np.ndarray], config: dict) -> Dict[str, np
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
 
-def language_config(config: dict, path) -> "DecoderConfig":
+def language_config(config: dict, path) -> DecoderConfig:
     """The language model's DecoderConfig (Qwen2 with M-RoPE) from a checkpoint's config.json (text_config merged)."""
     from mindvl.pretrained.families import FAMILIES, decoder_config
 
