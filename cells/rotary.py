@@ -9,6 +9,11 @@ from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 
 
+def frequency_ladder(dim: int, theta: float) -> np.ndarray:
+    """RoPE's dim / 2 inverse frequencies 1 / theta^(2i / dim), float64."""
+    return 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+
+
 class Rotary(nn.Cell):
     """positions (batch, seq) int32 -> (cos, sin), each (batch, seq, 1, head_dim) float32, for `rotate`."""
 
@@ -18,8 +23,7 @@ class Rotary(nn.Cell):
             raise ValueError(f"rotary embeddings need an even head_dim, got {head_dim}")
         self.head_dim = head_dim
         self.theta = theta
-        inverse = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-        self.inverse_frequencies = Tensor(inverse.astype(np.float32))  # a constant of the graph
+        self.inverse_frequencies = Tensor(frequency_ladder(head_dim, theta).astype(np.float32))  # a graph constant
         self.cast = ops.Cast()
         self.mul = ops.Mul()
         self.concat = ops.Concat(axis=-1)
@@ -97,8 +101,7 @@ def vision_rotary(head_dim: int, theta: float = 10000.0) -> AxialRotary:
     the height, the same for the width."""
     if head_dim % 4:
         raise ValueError(f"2D rotary embeddings need a head_dim divisible by 4, got {head_dim}")
-    half = head_dim // 2
-    inverse = 1.0 / theta ** (np.arange(0, half, 2, dtype=np.float64) / half)
+    inverse = frequency_ladder(head_dim // 2, theta)
     return AxialRotary(np.concatenate([inverse, inverse]), [0] * len(inverse) + [1] * len(inverse))
 
 
@@ -107,5 +110,4 @@ def sectioned_rotary(head_dim: int, theta: float, sections) -> AxialRotary:
     next sections[1] by the height, the last by the width (Qwen2-VL's mrope_section)."""
     if sum(sections) * 2 != head_dim:
         raise ValueError(f"M-RoPE sections {list(sections)} must sum to head_dim / 2 = {head_dim // 2}")
-    inverse = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    return AxialRotary(inverse, np.repeat(np.arange(len(sections)), sections))
+    return AxialRotary(frequency_ladder(head_dim, theta), np.repeat(np.arange(len(sections)), sections))

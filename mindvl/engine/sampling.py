@@ -38,12 +38,8 @@ class SamplingConfig:
         _integer(self.max_new_tokens, "max_new_tokens", low=1)
         _number(self.temperature, "temperature", 0.0, MAX_TEMPERATURE, "in [0, 2] (0: greedy)")
         _integer(self.top_k, "top_k", low=0)
-        _number(self.top_p, "top_p", 0.0, 1.0, "in (0, 1]")
-        if self.top_p == 0:
-            raise ConfigError(f"top_p: expected a value in (0, 1], got {self.top_p}")
-        _number(self.repetition_penalty, "repetition_penalty", 0.0, None, "> 0")
-        if self.repetition_penalty == 0:
-            raise ConfigError(f"repetition_penalty: expected a value > 0, got {self.repetition_penalty}")
+        _number(self.top_p, "top_p", 0.0, 1.0, "in (0, 1]", low_open=True)
+        _number(self.repetition_penalty, "repetition_penalty", 0.0, None, "> 0", low_open=True)
         if self.seed is not None:
             _integer(self.seed, "seed", *SEED_RANGE)
         if not isinstance(self.ignore_eos, (bool, np.bool_)):
@@ -62,11 +58,12 @@ def _integer(value, name: str, low: int, high: Optional[int] = None) -> None:
         raise ConfigError(f"{name}: expected an integer {span}, got {value}")
 
 
-def _number(value, name: str, low: float, high: Optional[float], span: str) -> None:
-    """ConfigError unless `value` is a real number in [low, high] (NaN and infinities are refused)."""
+def _number(value, name: str, low: float, high: Optional[float], span: str, low_open: bool = False) -> None:
+    """ConfigError unless `value` is a real number in [low, high] ((low, high] when low_open; NaN and infinities
+    are refused)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ConfigError(f"{name}: expected a number, got {shown(value)}")
-    if not np.isfinite(value) or value < low or (high is not None and value > high):
+    if not np.isfinite(value) or value < low or (low_open and value == low) or (high is not None and value > high):
         raise ConfigError(f"{name}: expected a value {span}, got {value}")
 
 

@@ -98,6 +98,16 @@ FAMILIES: Dict[str, Family] = {  # by config.json's model_type
 }
 
 
+def hf_names(layers: int, block_names: Dict[str, str]) -> Dict[str, str]:
+    """CausalLM's tensor names -> a Llama-style checkpoint's: the embedding, final norm, LM head and each of
+    `layers` blocks' tensors (`block_names`: a family's)."""
+    names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+             "lm_head.weight": "lm_head.weight"}
+    for index in range(layers):
+        names.update({f"blocks.{index}.{ours}": f"model.layers.{index}.{theirs}" for ours, theirs in block_names.items()})
+    return names
+
+
 def hf_family(hf: Dict, path: Path) -> Family:
     """The family of a Hugging Face config.json, or ConversionError naming the supported ones."""
     if hf.get("model_type") not in FAMILIES:

@@ -32,7 +32,7 @@ from mindvl.errors import ConfigError, ConversionError
 from mindvl.files import sha256_file, swap_folder, temporary_name, work_folder
 from mindvl.version import __version__
 
-from .families import decoder_config, hf_family
+from .families import decoder_config, hf_family, hf_names
 from .store import TensorSource, current_sha256, package_file, read_json, verify_files
 
 FORMAT = "mindvl-llm/1"
@@ -253,11 +253,7 @@ def convert_hf(folder: Union[str, Path], out: Union[str, Path], log=print) -> Pa
                        for name, value in load_file(str(file)).items()})
     log(f"{folder.name}: {hf['model_type']}, {cfg.layers} layers, width {cfg.width}, {len(arrays)} tensors")
     source = TensorSource(files[0] if len(files) == 1 else folder, arrays)
-    block = family.block_names
-    names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-             "lm_head.weight": "lm_head.weight"}
-    for index in range(cfg.layers):
-        names.update({f"blocks.{index}.{ours}": f"model.layers.{index}.{theirs}" for ours, theirs in block.items()})
+    names = hf_names(cfg.layers, family.block_names)
     shapes = expected_shapes(cfg)
     tensors = {name: source.take(names[name], shape) for name, shape in shapes.items()}
     if cfg.tie_embeddings:

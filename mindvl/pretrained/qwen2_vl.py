@@ -27,18 +27,26 @@ def family_of(config: dict) -> str:
     return family
 
 
+def vision_window(config: dict) -> int:
+    """The windowed layers' side in merged blocks (window_size / merge / patch: 4), 0 for Qwen2-VL (no windows):
+    what the host's vision_layout takes."""
+    vision = config.get("vision_config") or {}
+    if family_of(config) != "qwen2_5_vl":
+        return 0
+    return vision.get("window_size", 112) // vision.get("spatial_merge_size", 2) // vision.get("patch_size", 14)
+
+
 def vision_settings(config: dict) -> dict:
     """NativeVisionTower's keyword settings from a checkpoint's config.json."""
     family = family_of(config)
     vision = config.get("vision_config") or {}
     if family == "qwen2_5_vl":
-        window = vision.get("window_size", 112) // vision.get("spatial_merge_size", 2) // vision.get("patch_size", 14)
         width, mlp_width = vision["hidden_size"], vision["intermediate_size"]
         out_width, full_layers = vision["out_hidden_size"], tuple(vision.get("fullatt_block_indexes", ()))
         if vision.get("hidden_act", "silu") != "silu":
             raise ConversionError(f"vision_config.hidden_act {vision['hidden_act']!r}: only silu is supported")
     else:
-        window, full_layers = 0, ()
+        full_layers = ()
         width, out_width = vision["embed_dim"], vision["hidden_size"]
         mlp_width = int(width * vision.get("mlp_ratio", 4))
         if vision.get("hidden_act", "quick_gelu") != "quick_gelu":
@@ -47,7 +55,7 @@ def vision_settings(config: dict) -> dict:
                               vision.get("temporal_patch_size", 2))
     return {"width": width, "layers": vision["depth"], "heads": vision["num_heads"], "mlp_width": mlp_width,
             "out_width": out_width, "patch_values": vision.get("in_channels", 3) * temporal * patch * patch,
-            "merge": merge, "full_layers": full_layers, "family": family, "window": window}
+            "merge": merge, "full_layers": full_layers, "family": family}
 
 
 def _vision_part(tensors: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -101,12 +109,9 @@ def language_config(config: dict, path) -> DecoderConfig:
 
 def language_tensors(tensors: Dict[str, np.ndarray], layers: int) -> Dict[str, np.ndarray]:
     """The language model's tensors under CausalLM's names (both key layouts)."""
-    from mindvl.pretrained.families import BLOCK_NAMES
+    from mindvl.pretrained.families import BLOCK_NAMES, hf_names
 
     text = {name.replace("model.language_model.", "model.", 1): value for name, value in tensors.items()
             if not name.startswith(VISION_PREFIXES)}
-    names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-             "lm_head.weight": "lm_head.weight"}
-    for layer in range(layers):
-        names.update({f"blocks.{layer}.{ours}": f"model.layers.{layer}.{theirs}" for ours, theirs in BLOCK_NAMES.items()})
-    return {ours: np.ascontiguousarray(text[theirs], np.float32) for ours, theirs in names.items() if theirs in text}
+    return {ours: np.ascontiguousarray(text[theirs], np.float32)
+            for ours, theirs in hf_names(layers, BLOCK_NAMES).items() if theirs in text}

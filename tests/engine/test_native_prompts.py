@@ -20,7 +20,7 @@ from mindvl.engine.prompts import GenerationLimits
 from mindvl.engine.sampling import sampling_config
 from mindvl.generation.cell_graphs import CellGraphs
 from mindvl.pretrained.qwen2_vl import (SPECIAL_TOKENS, language_config, language_tensors, vision_settings,
-                                        vision_tensors)
+                                        vision_tensors, vision_window)
 
 FOLDER = Path(__file__).parents[1] / "references" / "tiny_qwen2_5_vl"
 STORED = np.load(FOLDER.parent / "qwen2_vl.npz")
@@ -33,10 +33,10 @@ def engine():
     ms.set_context(mode=ms.GRAPH_MODE)
     config = json.loads((FOLDER / "config.json").read_text())
     tensors = load_file(str(FOLDER / "model.safetensors"))
-    settings = vision_settings(config)
-    window = settings.pop("window")
+    window = vision_window(config)
     cfg = language_config(config, FOLDER)
-    model = NativeVLM(NativeVisionTower(**settings, window_row=window * window * 4), CausalLM(cfg, CACHE))
+    model = NativeVLM(NativeVisionTower(**vision_settings(config), window_row=window * window * 4),
+                      CausalLM(cfg, CACHE))
     weights = {**{f"tower.{k}": v for k, v in vision_tensors(tensors, config).items()},
                **{f"decoder.{k}": v for k, v in language_tensors(tensors, cfg.layers).items()}}
     for name, param in model.parameters_and_names():

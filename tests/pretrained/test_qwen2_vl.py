@@ -15,8 +15,7 @@ from mindvl.cells.decoder import CausalLM
 from mindvl.cells.native_vision import NativeVisionTower
 from mindvl.engine.vision_layout import mrope_positions, vision_layout
 from mindvl.errors import ConversionError, InputError
-from mindvl.pretrained.families import BLOCK_NAMES, FAMILIES, decoder_config
-from mindvl.pretrained.qwen2_vl import vision_settings, vision_tensors
+from mindvl.pretrained.qwen2_vl import language_config, language_tensors, vision_settings, vision_tensors, vision_window
 
 REFERENCES = Path(__file__).parents[1] / "references"
 STORED = np.load(REFERENCES / "qwen2_vl.npz")
@@ -32,13 +31,11 @@ def checkpoint(family):
 def tower(request):
     ms.set_context(mode=ms.GRAPH_MODE)
     config, tensors = checkpoint(request.param)
-    settings = vision_settings(config)
-    window = settings.pop("window")
-    cell = NativeVisionTower(**settings)
+    cell = NativeVisionTower(**vision_settings(config))
     unloaded = ms.load_param_into_net(cell, {k: ms.Parameter(ms.Tensor(v), name=k)
                                              for k, v in vision_tensors(tensors, config).items()}, strict_load=True)
     assert unloaded == ([], [])
-    return request.param, cell, window
+    return request.param, cell, vision_window(config)
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +43,12 @@ def language_model(tower):
     """The checkpoint's language model (Qwen2 with M-RoPE) as a CausalLM, its tensors set by name."""
     family = tower[0]
     config, tensors = checkpoint(family)
-    cfg = decoder_config({**config, **config.get("text_config", {}), "model_type": family}, FAMILIES[family],
-                         REFERENCES / f"tiny_{family}")
+    cfg = language_config(config, REFERENCES / f"tiny_{family}")
     assert cfg.mrope_section == [2, 1, 1]
     lm = CausalLM(cfg)
-    names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-             "lm_head.weight": "lm_head.weight"}
-    for layer in range(cfg.layers):
-        names.update({f"blocks.{layer}.{ours}": f"model.layers.{layer}.{theirs}" for ours, theirs in BLOCK_NAMES.items()})
+    weights = language_tensors(tensors, cfg.layers)
     for name, param in lm.parameters_and_names():
-        param.set_data(ms.Tensor(tensors[names[name]]))
+        param.set_data(ms.Tensor(weights[name]))
     return lm, config, tensors["model.embed_tokens.weight"]
 
 
@@ -99,9 +92,8 @@ def test_the_tower_gives_transformers_merged_tokens(tower, case):
 def row_tower():
     """Qwen2.5-VL's tower whose windowed layers run one window a row (64 patches: 4 x 4 blocks of 2 x 2)."""
     config, tensors = checkpoint("qwen2_5_vl")
-    settings = vision_settings(config)
-    window = settings.pop("window")
-    cell = NativeVisionTower(**settings, window_row=window * window * 4)
+    window = vision_window(config)
+    cell = NativeVisionTower(**vision_settings(config), window_row=window * window * 4)
     ms.load_param_into_net(cell, {k: ms.Parameter(ms.Tensor(v), name=k) for k, v in vision_tensors(tensors, config).items()})
     return cell, window
 
