@@ -52,6 +52,8 @@ setup(
         "protobuf>=4.21",  # gRPC messages, built from descriptors at import (no generated code)
         "pycocoevalcap==1.2",  # BLEU-4 and CIDEr-D of the generative model's descriptions (mindvl eval)
         "matplotlib>=3.8,<4",  # the pictures (mindvl plot, plan --plot, the quickstart's plots), Agg only
+        "jinja2>=3.1,<4",  # renders a checkpoint's chat template to check it against the family's (convert vlm)
+        "av>=14,<19",  # decodes video files (PyAV, FFmpeg's libraries in the wheel) for native-resolution VLMs
     ],
     # onnxruntime: the peer runtime the ONNX export is checked against (tests only; mindvl never imports it)
     # import-linter: the import contracts in .importlinter, checked by tests/test_imports.py

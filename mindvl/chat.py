@@ -1,5 +1,5 @@
 """The chat template of the generative model: a conversation -> decoder token ids, which positions hold
-image and audio tokens, and which tokens the model learns to say.
+image, video and audio tokens, and which tokens the model learns to say.
 
 One module for training data, generation and serving, so what the model is trained on is exactly what it
 is prompted with (no train/serve skew). A conversation is the LLaVA convention: alternating user and
@@ -8,7 +8,9 @@ where a sample's image and spoken clip go. Each placeholder becomes a fixed numb
 (the projector's token count: `image_tokens`, `audio_tokens`), whose embeddings the model replaces by
 the projected encoder states (cells/multimodal_lm.py); the slot count always equals the token count the
 encoder gives, and a conversation whose placeholders do not match its attachments is refused naming
-both counts.
+both counts. A native-resolution model (Qwen2-VL, Qwen2.5-VL) gives each image or video as many tokens as its
+patch grid makes: its prompts pass those counts (`sizes`), its slots hold the family's pad tokens
+(<|image_pad|>, <|video_pad|>) and VIDEO ("<video>") marks a video's place.
 
 Text is never parsed for control tokens: a user's text that spells a placeholder or a control token
 ("<start_of_turn>", "<image>") is encoded as the literal characters, so it can neither be bound to an
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -27,14 +29,19 @@ from mindvl.errors import InputError
 
 IMAGE = "<image>"
 AUDIO = "<audio>"
+VIDEO = "<video>"
 ROLES = ("user", "assistant")
-TEXT, IMAGE_SLOT, AUDIO_SLOT = 0, 1, 2  # Rendered.kinds values
+TEXT, IMAGE_SLOT, AUDIO_SLOT, VIDEO_SLOT = 0, 1, 2, 3  # Rendered.kinds values
+PLACEHOLDERS = {IMAGE: IMAGE_SLOT, AUDIO: AUDIO_SLOT, VIDEO: VIDEO_SLOT}
 
 
 @dataclass(frozen=True)
 class ChatTemplate:
-    """Control strings around turns (encoded with the tokenizer's special tokens recognised), the image's
-    and the audio's delimiters, and the string generation stops at (the assistant turn's end)."""
+    """Control strings around turns (encoded with the tokenizer's special tokens recognised), the image's, the
+    video's and the audio's delimiters, and the string generation stops at (the assistant turn's end).
+    system: a system turn's opening ("" where the family has none); default_system: the text of the system turn
+    put first when a conversation has none (None: no turn); image_pad / video_pad: the token each slot holds
+    (""; the encoder's pad id)."""
 
     name: str
     bos: str
@@ -46,6 +53,12 @@ class ChatTemplate:
     image_close: str = ""
     audio_open: str = ""
     audio_close: str = ""
+    video_open: str = ""
+    video_close: str = ""
+    system: str = ""
+    default_system: Optional[str] = None
+    image_pad: str = ""
+    video_pad: str = ""
 
 
 TEMPLATES: Dict[str, ChatTemplate] = {
@@ -57,6 +70,13 @@ TEMPLATES: Dict[str, ChatTemplate] = {
     # a data set's word tokenizer (mindvl.preprocess.build_word_tokenizer, what a decoder trained from scratch
     # reads): its special tokens mark the roles, so no role word needs to be in its vocabulary
     "word": ChatTemplate("word", "[BOS]", "[CLS]", "[SEP]", "[EOS]", "[EOS]"),
+    # Qwen2-VL / Qwen2.5-VL (ChatML): no BOS, every image or video between <|vision_start|> and <|vision_end|>;
+    # the published checkpoints' templates add the system turn "You are a helpful assistant."
+    # (mindvl.pretrained.qwen2_vl.checkpoint_template reads a checkpoint's own)
+    "qwen": ChatTemplate("qwen", "", "<|im_start|>user\n", "<|im_start|>assistant\n", "<|im_end|>\n", "<|im_end|>",
+                         image_open="<|vision_start|>", image_close="<|vision_end|>", video_open="<|vision_start|>",
+                         video_close="<|vision_end|>", system="<|im_start|>system\n", image_pad="<|image_pad|>",
+                         video_pad="<|video_pad|>"),
 }
 AUTO = "auto"  # model.chat_template: the template of the decoder's family (recipe_template)
 
@@ -103,7 +123,7 @@ def recipe_chat(cfg, image_tokens: int, audio_tokens: int) -> "ChatEncoder":
                        audio_tokens)
 
 
-Part = Union[str, int]  # text, or IMAGE_SLOT / AUDIO_SLOT
+Part = Union[str, int]  # text, or IMAGE_SLOT / AUDIO_SLOT / VIDEO_SLOT
 
 
 @dataclass(frozen=True)
@@ -113,31 +133,34 @@ class Turn:
 
 
 def parse_content(text: str) -> Tuple[Part, ...]:
-    """A data set's turn text -> parts, IMAGE and AUDIO placeholders turned into markers ("<image>\\nWhat
+    """A data set's turn text -> parts, IMAGE, AUDIO and VIDEO placeholders turned into markers ("<image>\\nWhat
     color?" -> (IMAGE_SLOT, "\\nWhat color?")). Only data goes through this; a live user's text is one
     literal part."""
     parts: List[Part] = []
     rest = text
     while rest:
-        found = [(rest.find(p), p) for p in (IMAGE, AUDIO) if p in rest]
+        found = [(rest.find(p), p) for p in PLACEHOLDERS if p in rest]
         if not found:
             parts.append(rest)
             break
         at, placeholder = min(found)
         if at:
             parts.append(rest[:at])
-        parts.append(IMAGE_SLOT if placeholder == IMAGE else AUDIO_SLOT)
+        parts.append(PLACEHOLDERS[placeholder])
         rest = rest[at + len(placeholder):]
     return tuple(parts)
 
 
 def conversation_turns(conversations: Sequence[dict], name: str = "conversations") -> List[Turn]:
     """LLaVA-style [{"from"|"role": "human"|"user"|"gpt"|"assistant", "value"|"content": text}, ...] ->
-    turns, checked: alternating, starting with the user, ending with the assistant."""
-    aliases = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+    turns, checked: alternating, starting with the user, ending with the assistant; a "system" turn may come
+    first (for a template that has system turns)."""
+    aliases = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
     if not isinstance(conversations, (list, tuple)) or not conversations:
         raise InputError(f"{name}: expected a non-empty list of turns, got {conversations!r:.80}")
     turns = []
+    first = 1 if isinstance(conversations[0], dict) and conversations[0].get("from", conversations[0].get("role")) \
+        == "system" else 0
     for index, turn in enumerate(conversations):
         where = f"{name}[{index}]"
         if not isinstance(turn, dict):
@@ -148,9 +171,10 @@ def conversation_turns(conversations: Sequence[dict], name: str = "conversations
             raise InputError(f"{where}: 'from' must be one of {sorted(aliases)}, got {turn.get('from', turn.get('role'))!r}")
         if not isinstance(text, str) or not text.strip():
             raise InputError(f"{where}: 'value' must be non-empty text, got {text!r:.80}")
-        if role != ROLES[index % 2]:
-            raise InputError(f"{where}: expected the {ROLES[index % 2]}'s turn (turns alternate, the user first), "
-                             f"got {role}")
+        expected = "system" if index < first else ROLES[(index - first) % 2]
+        if role != expected:
+            raise InputError(f"{where}: expected the {expected}'s turn (turns alternate, the user first, a system "
+                             f"turn only before them), got {role}")
         turns.append(Turn(role, parse_content(text) if role == "user" else (text,)))
     if turns[-1].role != "assistant":
         raise InputError(f"{name}: the last turn must be the assistant's (its answer is what the model learns)")
@@ -160,8 +184,8 @@ def conversation_turns(conversations: Sequence[dict], name: str = "conversations
 def conversations_of(turns: Sequence[Turn]) -> List[dict]:
     """Turns back in the LLaVA convention, markers as their placeholders: conversation_turns of the result
     gives the same turns (a data set's text holds no literal placeholder: parse_content reads them all)."""
-    return [{"from": turn.role, "value": "".join(part if isinstance(part, str) else
-                                                 IMAGE if part == IMAGE_SLOT else AUDIO for part in turn.parts)}
+    spelled = {slot: placeholder for placeholder, slot in PLACEHOLDERS.items()}
+    return [{"from": turn.role, "value": "".join(part if isinstance(part, str) else spelled[part] for part in turn.parts)}
             for turn in turns]
 
 
@@ -183,7 +207,7 @@ def question_turn(question: str, image: bool = False, audio: bool = False) -> Tu
 @dataclass
 class Rendered:
     """One conversation as decoder input: ids (n,) int32 (pad at modality slots), kinds (n,) int8 (TEXT,
-    IMAGE_SLOT, AUDIO_SLOT), learn (n,) bool (the token is one the assistant says: the label of the
+    IMAGE_SLOT, AUDIO_SLOT, VIDEO_SLOT), learn (n,) bool (the token is one the assistant says: the label of the
     position before it)."""
 
     ids: np.ndarray
@@ -209,22 +233,30 @@ def modality_slots(sample: Rendered, index: int, count: int, image_tokens: int, 
 
 class ChatEncoder:
     """Renders turns with a tokenizer (a `tokenizers.Tokenizer`) and a template; `image_tokens` and
-    `audio_tokens`: the slots one image and one clip take (the model's projector counts)."""
+    `audio_tokens`: the slots one image and one clip take (the model's projector counts; a native-resolution
+    model's prompts give each attachment's count as `sizes` instead)."""
 
     def __init__(self, tokenizer, template: ChatTemplate, image_tokens: int, audio_tokens: int, pad_id: int = 0):
         self.tokenizer = tokenizer
         self.template = template
-        self.slots = {IMAGE_SLOT: int(image_tokens), AUDIO_SLOT: int(audio_tokens)}
+        self.slots = {IMAGE_SLOT: int(image_tokens), AUDIO_SLOT: int(audio_tokens), VIDEO_SLOT: 0}
         self.pad_id = int(pad_id)
         special = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special),
                          key=len, reverse=True)
         self._special_pattern = re.compile("|".join(map(re.escape, special))) if special else None
         self._cache: Dict[str, List[int]] = {}
-        stop = self._control(template.stop)
-        if len(stop) != 1:
-            raise InputError(f"chat template {template.name!r}: its stop string {template.stop!r} is {len(stop)} "
-                             f"tokens in this tokenizer; pick a template whose turn end is one token")
-        self.stop_id = stop[0]
+        self.stop_id = self._one_token(template.stop, "stop string")
+        self.slot_ids = {IMAGE_SLOT: self.pad_id, AUDIO_SLOT: self.pad_id, VIDEO_SLOT: self.pad_id}
+        for kind, spelling in ((IMAGE_SLOT, template.image_pad), (VIDEO_SLOT, template.video_pad)):
+            if spelling:
+                self.slot_ids[kind] = self._one_token(spelling, "slot token")
+
+    def _one_token(self, text: str, what: str) -> int:
+        ids = self._control(text)
+        if len(ids) != 1:
+            raise InputError(f"chat template {self.template.name!r}: its {what} {text!r} is {len(ids)} tokens in this "
+                             f"tokenizer; pick the template of the tokenizer's family (one token each)")
+        return ids[0]
 
     def _control(self, text: str) -> List[int]:
         if text not in self._cache:
@@ -244,24 +276,25 @@ class ChatEncoder:
         encoded = self.tokenizer.encode_batch(pieces, add_special_tokens=False) if pieces else []
         return [token for encoding in encoded for token in encoding.ids]
 
-    def _slots(self, kind: int) -> Tuple[List[int], List[int]]:
-        open_, close = ((self.template.image_open, self.template.image_close) if kind == IMAGE_SLOT
-                        else (self.template.audio_open, self.template.audio_close))
+    def _slots(self, kind: int, count: int) -> Tuple[List[int], List[int]]:
+        t = self.template
+        open_, close = {IMAGE_SLOT: (t.image_open, t.image_close), AUDIO_SLOT: (t.audio_open, t.audio_close),
+                        VIDEO_SLOT: (t.video_open, t.video_close)}[kind]
         head, tail = self._control(open_), self._control(close)
-        ids = head + [self.pad_id] * self.slots[kind] + tail
-        kinds = [TEXT] * len(head) + [kind] * self.slots[kind] + [TEXT] * len(tail)
+        ids = head + [self.slot_ids[kind]] * count + tail
+        kinds = [TEXT] * len(head) + [kind] * count + [TEXT] * len(tail)
         return ids, kinds
 
-    def _turn(self, turn: Turn, answer_open: bool = False) -> Tuple[List[int], List[int], List[bool]]:
+    def _turn(self, turn: Turn, sizes, answer_open: bool = False) -> Tuple[List[int], List[int], List[bool]]:
         t = self.template
-        ids = list(self._control(t.user if turn.role == "user" else t.assistant))
+        ids = list(self._control({"user": t.user, "assistant": t.assistant, "system": t.system}[turn.role]))
         kinds = [TEXT] * len(ids)
         learn = [False] * len(ids)
         for part in turn.parts:
             if isinstance(part, str):
                 piece, piece_kinds = self._literal(part), None
             else:
-                piece, piece_kinds = self._slots(part)
+                piece, piece_kinds = self._slots(part, next(sizes) if sizes is not None else self.slots[part])
             ids += piece
             kinds += piece_kinds or [TEXT] * len(piece)
             learn += [turn.role == "assistant"] * len(piece)
@@ -273,59 +306,89 @@ class ChatEncoder:
         return ids, kinds, learn
 
     def render(self, turns: Sequence[Turn], images: int = 0, audios: int = 0, max_length: int = 0,
-               name: str = "conversation") -> Rendered:
-        """Training input: whole exchanges (a user turn and its answer) in order, after `bos`. With
-        max_length > 0 the exchanges past the limit are dropped, never the ones holding the attachments
-        (if those do not fit the conversation is refused). `images`/`audios`: how many the sample has,
-        which must equal its placeholders."""
-        self._check_attachments(turns, images, audios, name)
+               name: str = "conversation", videos: int = 0, sizes: Optional[Sequence[int]] = None) -> Rendered:
+        """Training input: whole exchanges (a user turn and its answer) in order, after `bos` and the system
+        turn. With max_length > 0 the exchanges past the limit are dropped, never the ones holding the
+        attachments (if those do not fit the conversation is refused). `images`/`audios`/`videos`: how many the
+        sample has, which must equal its placeholders; `sizes`: each attachment's token count, in order (a
+        native-resolution model's)."""
+        slots = self._check_attachments(turns, images, audios, videos, sizes, name)
+        head, turns = self._start(turns, slots)
         last_attached = max([i for i, turn in enumerate(turns) if any(not isinstance(p, str) for p in turn.parts)],
                             default=-1)
-        pieces = [self._start()]
-        length = len(pieces[0][0])
+        pieces = [head]
+        length = len(head[0])
         for index in range(0, len(turns), 2):
-            exchange = [self._turn(turn) for turn in turns[index:index + 2]]
+            exchange = [self._turn(turn, slots) for turn in turns[index:index + 2]]
             size = sum(len(piece[0]) for piece in exchange)
             if max_length and length + size > max_length:
                 if index <= last_attached or index == 0:
                     what = "attachments" if index <= last_attached else "first answer"
                     raise InputError(f"{name}: {length + size} tokens up to its {what} (with "
-                                     f"{self.slots[IMAGE_SLOT] * images} image and {self.slots[AUDIO_SLOT] * audios} "
-                                     f"audio tokens), more than the {max_length} allowed; shorten it or raise the "
-                                     f"length")
+                                     f"{self._slot_count(images, audios, sizes)}), more than the {max_length} "
+                                     f"allowed; shorten it or raise the length")
                 break
             pieces += exchange
             length += size
         return self._join(pieces)
 
-    def prompt(self, turns: Sequence[Turn], images: int = 0, audios: int = 0, max_length: int = 0) -> Rendered:
+    def prompt(self, turns: Sequence[Turn], images: int = 0, audios: int = 0, max_length: int = 0,
+               videos: int = 0, sizes: Optional[Sequence[int]] = None) -> Rendered:
         """Generation input: the turns so far, the last one the user's, and the opened assistant turn the
         model continues. Refused past max_length (a prompt is never cut)."""
         if not turns or turns[-1].role != "user":
             raise InputError("prompt: the last turn must be the user's")
-        self._check_attachments(turns, images, audios, "prompt")
-        pieces = [self._start()] + [self._turn(turn) for turn in turns]
-        pieces.append(self._turn(Turn("assistant", ()), answer_open=True))
+        slots = self._check_attachments(turns, images, audios, videos, sizes, "prompt")
+        head, turns = self._start(turns, slots)
+        pieces = [head] + [self._turn(turn, slots) for turn in turns]
+        pieces.append(self._turn(Turn("assistant", ()), None, answer_open=True))
         rendered = self._join(pieces)
         if max_length and len(rendered) > max_length:
-            raise InputError(f"prompt: {len(rendered)} tokens (with {self.slots[IMAGE_SLOT] * images} image and "
-                             f"{self.slots[AUDIO_SLOT] * audios} audio tokens), more than the {max_length} allowed; "
-                             f"shorten the question or the conversation")
+            raise InputError(f"prompt: {len(rendered)} tokens (with {self._slot_count(images, audios, sizes)}), "
+                             f"more than the {max_length} allowed; shorten the question or the conversation")
         return rendered
 
-    def _start(self):
+    def _slot_count(self, images: int, audios: int, sizes: Optional[Sequence[int]]) -> str:
+        if sizes is not None:
+            return f"{sum(sizes)} vision tokens"
+        return f"{self.slots[IMAGE_SLOT] * images} image and {self.slots[AUDIO_SLOT] * audios} audio tokens"
+
+    def _start(self, turns: Sequence[Turn], sizes):
+        """The pieces before the exchanges (BOS, the system turn: the conversation's own or the template's
+        default) and the exchanges."""
         ids = list(self._control(self.template.bos))
-        return ids, [TEXT] * len(ids), [False] * len(ids)
+        pieces = [(ids, [TEXT] * len(ids), [False] * len(ids))]
+        system = turns[0] if turns and turns[0].role == "system" else None
+        if system is None and self.template.default_system is not None:
+            system = Turn("system", (self.template.default_system,))
+        if system is not None:
+            if not self.template.system:
+                raise InputError(f"chat template {self.template.name!r} has no system turn; put the instructions "
+                                 f"in the first user turn")
+            pieces.append(self._turn(system, sizes))
+        head = self._join(pieces)
+        rest = list(turns[1:] if turns and turns[0].role == "system" else turns)
+        return (list(head.ids), list(head.kinds), list(head.learn)), rest
 
     @staticmethod
     def _join(pieces) -> Rendered:
         ids, kinds, learn = ([x for piece in pieces for x in piece[field]] for field in range(3))
         return Rendered(np.asarray(ids, np.int32), np.asarray(kinds, np.int8), np.asarray(learn, bool))
 
-    @staticmethod
-    def _check_attachments(turns: Sequence[Turn], images: int, audios: int, name: str) -> None:
-        for kind, given, what, placeholder in ((IMAGE_SLOT, images, "image", IMAGE), (AUDIO_SLOT, audios, "audio", AUDIO)):
+    def _check_attachments(self, turns: Sequence[Turn], images: int, audios: int, videos: int,
+                           sizes: Optional[Sequence[int]], name: str):
+        """Placeholders against attachments; the iterator over `sizes` the turns take their slot counts from
+        (None: the encoder's fixed counts)."""
+        for kind, given, what, placeholder in ((IMAGE_SLOT, images, "image", IMAGE), (AUDIO_SLOT, audios, "audio", AUDIO),
+                                               (VIDEO_SLOT, videos, "video", VIDEO)):
             placed = placeholder_count(turns, kind)
             if placed != given:
                 raise InputError(f"{name}: {placed} {what} placeholder(s) for {given} {what} attachment(s); put one "
                                  f"{placeholder!r} in a user turn per attachment")
+        if sizes is None:
+            if videos:
+                raise InputError(f"{name}: a video's token count depends on its frames; this model takes no video")
+            return None
+        if len(sizes) != images + audios + videos:
+            raise InputError(f"{name}: {len(sizes)} token counts for {images + audios + videos} attachments")
+        return iter([int(size) for size in sizes])

@@ -4,6 +4,7 @@ It looks at what the folder holds, says what it found (`describe`, and one line 
 opens it as the object that uses it:
 
     a converted LLM (mindvl convert llm)                  -> mindvl.generation.LanguageModel
+    a converted VLM (mindvl convert vlm: Qwen2(.5)-VL)    -> mindvl.generation.NativeGenerator
     a trained generative run (its folder, a step_*, ...)  -> mindvl.generation.MultimodalGenerator
     a trained classifier run                              -> its MultimodalModel cell, in eval mode
     a converted encoder (mindvl convert minilm|dinov2|whisper-base) -> the encoder cell with its weights
@@ -27,6 +28,7 @@ LOG = logging.getLogger("mindvl")
 PathLike = Union[str, Path]
 
 LLM = "a converted LLM"
+VLM = "a converted VLM"
 GENERATIVE_RUN = "a trained generative run"
 CLASSIFIER_RUN = "a trained classifier run"
 ENCODER = "a converted encoder"
@@ -35,6 +37,7 @@ PACKAGE = "a model package"
 # the options each kind takes, with their defaults
 OPTIONS = {
     LLM: {"cache_len": 1024, "kernels": KERNELS.default},
+    VLM: {"cache_len": 1024, "kernels": KERNELS.default},
     GENERATIVE_RUN: {"cache_len": 256, "kernels": KERNELS.default},
     CLASSIFIER_RUN: {},
     ENCODER: {"image_size": None},
@@ -57,6 +60,7 @@ def describe(path: PathLike) -> Found:
     from mindvl.pretrained.store import FORMAT as ENCODER_FORMAT
     from mindvl.pretrained.store import KINDS as ENCODER_KINDS
     from mindvl.pretrained.store import read_config, read_json
+    from mindvl.pretrained.vlm import is_vlm_folder
     from mindvl.runs import is_run_folder, read_run_config, resolve_checkpoint
 
     path = Path(path)
@@ -66,6 +70,10 @@ def describe(path: PathLike) -> Found:
         config = json.loads((path / "config.json").read_text())
         return Found(LLM, f"{LLM} ({config.get('architecture', 'decoder')}, "
                           f"{config.get('decoder', {}).get('layers', '?')} layers) written by `mindvl convert llm`")
+    if is_vlm_folder(path):
+        config = json.loads((path / "config.json").read_text())
+        return Found(VLM, f"{VLM} ({config.get('architecture')}, vision {config['vision'].get('layers', '?')} layers, "
+                          f"language {config['decoder'].get('layers', '?')} layers) written by `mindvl convert vlm`")
     if (path / MANIFEST).is_file():
         manifest = json.loads((path / MANIFEST).read_text())
         kind = "generative" if manifest.get("kind") == "generative" else "classifier"
@@ -86,7 +94,7 @@ def describe(path: PathLike) -> Found:
                 read_config(path)  # raises, naming what the folder's config.json says
             return Found(ENCODER, f"{ENCODER} ({config['kind']}, {config['encoder'].get('layers', '?')} layers) "
                                   f"written by `mindvl convert`")
-    raise ConfigError(f"{path}: not a folder mindvl opens; expected a converted LLM or encoder (`mindvl convert`), "
+    raise ConfigError(f"{path}: not a folder mindvl opens; expected a converted LLM, VLM or encoder (`mindvl convert`), "
                       f"a training run (`mindvl train`) or a model package (`mindvl export`)")
 
 
@@ -105,7 +113,7 @@ def from_pretrained(path: PathLike, *, cache_len: Optional[int] = None, kernels:
                     threads: Optional[int] = None) -> Any:
     """Open whatever `path` holds (see the module docstring) and log what it found.
 
-    cache_len: prompt + new tokens at most (an LLM: 1024, a generative run: 256); kernels: mindvl.choices.
+    cache_len: prompt + new tokens at most (an LLM or VLM: 1024, a generative run: 256); kernels: mindvl.choices.
     KERNELS (a generator's; "auto"); image_size: a converted vision encoder built for another resolution;
     backend and threads: a package's device runtime (LiteModel's backend, workers per modality)."""
     found = describe(path)
@@ -119,6 +127,12 @@ def _open_llm(path: Path, cache_len: int, kernels: str):
     from mindvl.generation.language_model import LanguageModel
 
     return LanguageModel(path, cache_len, kernels)
+
+
+def _open_vlm(path: Path, cache_len: int, kernels: str):
+    from mindvl.generation.native_generator import NativeGenerator
+
+    return NativeGenerator(path, cache_len, kernels)
 
 
 def _open_generative_run(path: Path, cache_len: int, kernels: str):
@@ -149,6 +163,6 @@ def _open_package(path: Path, backend: str, threads: int):
     return DevicePipeline(path, backend=backend, threads=threads)
 
 
-_OPEN = {LLM: _open_llm, GENERATIVE_RUN: _open_generative_run, CLASSIFIER_RUN: _open_classifier_run,
+_OPEN = {LLM: _open_llm, VLM: _open_vlm, GENERATIVE_RUN: _open_generative_run, CLASSIFIER_RUN: _open_classifier_run,
          ENCODER: _open_encoder, PACKAGE: _open_package}
 

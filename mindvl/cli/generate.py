@@ -1,4 +1,4 @@
-"""`mindvl generate`: text from a converted LLM folder, printed as it is generated."""
+"""`mindvl generate`: text from a converted LLM or VLM folder or a generative run, printed as it is generated."""
 import argparse
 import sys
 
@@ -8,10 +8,19 @@ from mindvl.errors import ConfigError
 
 def _generate(args) -> None:
     from mindvl.generation.multimodal_generator import prompt_from_files
-    from mindvl.loading import GENERATIVE_RUN, LLM, describe, from_pretrained
+    from mindvl.loading import GENERATIVE_RUN, LLM, VLM, describe, from_pretrained
 
     found = describe(args.model)
-    if found.kind == LLM:
+    if found.kind != VLM and (args.video or args.fps is not None or len(args.image) > 1):
+        raise ConfigError(f"--model {args.model}: {found.description}; several --image, --video and --fps need a "
+                          f"converted VLM (mindvl convert vlm)")
+    if found.kind == VLM:
+        if args.audio:
+            raise ConfigError(f"--model {args.model}: a converted VLM reads images and video; --audio needs a "
+                              f"trained generative run")
+        model = from_pretrained(args.model, cache_len=args.cache_len, kernels=args.kernels)
+        prompt = model.prompt(args.prompt, images=args.image, video=args.video, fps=args.fps)
+    elif found.kind == LLM:
         if args.image or args.audio:
             raise ConfigError(f"--model {args.model}: a converted LLM reads text only; --image and --audio need "
                               f"a trained generative run (mindvl train --config vlm-tiny)")
@@ -20,10 +29,10 @@ def _generate(args) -> None:
         print(args.prompt, end="", flush=True)
     elif found.kind == GENERATIVE_RUN:  # the question, with the image and the spoken question if given
         model = from_pretrained(args.model, cache_len=args.cache_len, kernels=args.kernels)
-        prompt = prompt_from_files(args.prompt, model.pre, args.image, args.audio)
+        prompt = prompt_from_files(args.prompt, model.pre, args.image[0] if args.image else None, args.audio)
     else:
         raise ConfigError(f"--model {args.model}: {found.description}; `mindvl generate` answers with a converted "
-                          f"LLM or a generative run (train a generative recipe, e.g. vlm-tiny); a classifier answers "
+                          f"LLM or VLM or a generative run (train a generative recipe, e.g. vlm-tiny); a classifier answers "
                           f"with `mindvl serve` or `mindvl eval`")
     finish = None
     for delta in model.stream(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -40,12 +49,18 @@ def register(commands: argparse._SubParsersAction) -> None:
                                    description="Greedy by default (temperature 0); the answer is printed token by "
                                                "token, the reason it ended ([stop] or [length]) on stderr. With a "
                                                "trained generative run: the question about --image, typed or "
-                                               "spoken (--audio, a WAV file; the text may then be empty).")
+                                               "spoken (--audio, a WAV file; the text may then be empty). With a "
+                                               "converted VLM: the question about any number of --image and a "
+                                               "--video, each at its own resolution.")
     generate.add_argument("prompt", help="the prompt (a converted LLM) or the question (a generative run)")
     generate.add_argument("--model", required=True,
-                          help="a folder written by `mindvl convert llm`, or a generative run (its folder or a "
-                               "step_* checkpoint)")
-    generate.add_argument("--image", help="an image file the question is about (a generative run)")
+                          help="a folder written by `mindvl convert llm` or `mindvl convert vlm`, or a generative "
+                               "run (its folder or a step_* checkpoint)")
+    generate.add_argument("--image", action="append", default=[],
+                          help="an image file the question is about (a generative run: one; a VLM: repeatable, in "
+                               "order)")
+    generate.add_argument("--video", help="a video file the question is about (a converted VLM)")
+    generate.add_argument("--fps", type=float, help="frames a second sampled from --video (default: the folder's, 2)")
     generate.add_argument("--audio", help="the question spoken, a WAV file (a generative run)")
     generate.add_argument("--max-new-tokens", type=int, default=64)
     generate.add_argument("--temperature", type=float, default=0.0, help="0: greedy")

@@ -2,9 +2,9 @@
 takes as many tokens as its patch grid makes, the images of a whole batch are packed on one vision sequence, and
 every token gets its M-RoPE positions.
 
-A prompt renders as the family's chat turn, `<|im_start|>user\\n` + per image `<|vision_start|>` + its
-`<|image_pad|>` tokens + `<|vision_end|>` + the question + `<|im_end|>\\n<|im_start|>assistant\\n` (video:
-`<|video_pad|>`); a batch is left-padded to its bucket like every prompt (engine.prompts), the padding at
+A prompt renders through the chat encoder (mindvl.chat, the "qwen" template: `<|im_start|>user\\n` + per image
+`<|vision_start|>` + its `<|image_pad|>` tokens + `<|vision_end|>` + the question + `<|im_end|>\\n<|im_start|>
+assistant\\n`, video with `<|video_pad|>`, after the checkpoint's default system turn where it has one); a batch is left-padded to its bucket like every prompt (engine.prompts), the padding at
 position 0, and `slot_index` points each pad token at its row of the packed vision tokens (the batch's images
 in order, each in the processor's order).
 """
@@ -15,6 +15,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from mindvl.chat import IMAGE_SLOT, VIDEO_SLOT, ChatEncoder, Turn
 from mindvl.engine.prompts import GenerationLimits, PromptBatch, _Layout
 from mindvl.engine.vision_layout import mrope_positions, vision_layout
 from mindvl.errors import ConfigError
@@ -32,37 +33,35 @@ class NativePrompt:
 
 
 class NativePromptLayout(_Layout):
-    """Renders NativePrompts with the family's chat tokens and lays a batch out for NativePrefill. `special`: the
-    ids of <|im_start|>, <|im_end|>, <|vision_start|>, <|vision_end|>, <|image_pad|>, <|video_pad|> by name;
-    window: the tower's windows in merged blocks (0: none); window_rows: pad windows to rows (the tower's
-    window_row); vision_bucket: the packed patches are padded to a multiple of it."""
+    """Renders NativePrompts with a chat encoder (its template has image and video slot tokens) and lays a batch
+    out for NativePrefill. window: the tower's windows in merged blocks (0: none); window_rows: pad windows to
+    rows (the tower's window_row); vision_bucket: the packed patches are padded to a multiple of it; stop_ids: ids
+    that end an answer besides the template's turn end (a checkpoint's end-of-text)."""
 
-    def __init__(self, tokenizer, limits: GenerationLimits, special: dict, merge: int = 2, window: int = 0,
-                 window_rows: bool = False, vision_bucket: int = 64, pad_id: int = 0, patch_values: int = 1176):
-        super().__init__(tokenizer, limits, pad_id, [special["<|im_end|>"]])
-        self.special = special
+    def __init__(self, chat: ChatEncoder, limits: GenerationLimits, merge: int = 2, window: int = 0,
+                 window_rows: bool = False, vision_bucket: int = 64, patch_values: int = 1176,
+                 stop_ids: Sequence[int] = ()):
+        super().__init__(chat.tokenizer, limits, chat.pad_id, [chat.stop_id, *stop_ids])
+        self.chat = chat
         self.patch_values = patch_values
         self.merge, self.window, self.window_rows, self.vision_bucket = merge, window, window_rows, vision_bucket
-        self.pads = {IMAGE: special["<|image_pad|>"], VIDEO: special["<|video_pad|>"]}
+        self.pads = {IMAGE: chat.slot_ids[IMAGE_SLOT], VIDEO: chat.slot_ids[VIDEO_SLOT]}
 
     @staticmethod
     def is_single(prompts) -> bool:
         return isinstance(prompts, NativePrompt)
 
-    def _text(self, text: str) -> List[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids if text else []
-
     def encode(self, prompt: NativePrompt) -> np.ndarray:
+        """The user turn: the attachments in order, then the question (as the family's processors place a
+        message's content parts: nothing between them)."""
         if not prompt.question.strip() and not prompt.attachments:
             raise ConfigError("generate: no question: give the question as text")
         self.check_text(prompt.question)
-        ids = [self.special["<|im_start|>"], *self._text("user\n")]
-        for kind, _, grid, _ in prompt.attachments:
-            count = int(np.prod(grid)) // self.merge ** 2
-            ids += [self.special["<|vision_start|>"], *[self.pads[kind]] * count, self.special["<|vision_end|>"]]
-        ids += [*self._text(prompt.question), self.special["<|im_end|>"], *self._text("\n"),
-                self.special["<|im_start|>"], *self._text("assistant\n")]
-        return np.asarray(ids, np.int32)
+        kinds = [IMAGE_SLOT if kind == IMAGE else VIDEO_SLOT for kind, *_ in prompt.attachments]
+        turn = Turn("user", (*kinds, *([prompt.question] if prompt.question else [])))
+        sizes = [int(np.prod(grid)) // self.merge ** 2 for _, _, grid, _ in prompt.attachments]
+        return self.chat.prompt([turn], images=kinds.count(IMAGE_SLOT), videos=kinds.count(VIDEO_SLOT),
+                                sizes=sizes).ids
 
     def batch(self, prompts: Sequence[NativePrompt], max_new_tokens: int) -> PromptBatch:
         bucket, encoded = self.admit(prompts, max_new_tokens)

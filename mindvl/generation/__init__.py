@@ -4,5 +4,7 @@
 from mindvl.engine.sampling import Delta, Generation, SamplingConfig
 from mindvl.generation.language_model import LanguageModel
 from mindvl.generation.multimodal_generator import MultimodalGenerator, MultimodalPrompt
+from mindvl.generation.native_generator import NativeGenerator
 
-__all__ = ["Delta", "Generation", "LanguageModel", "MultimodalGenerator", "MultimodalPrompt", "SamplingConfig"]
+__all__ = ["Delta", "Generation", "LanguageModel", "MultimodalGenerator", "MultimodalPrompt", "NativeGenerator",
+           "SamplingConfig"]

@@ -143,3 +143,88 @@ def video_patches(frames: Union[np.ndarray, Sequence], config: PatchConfig = Pat
     if len(sizes) != 1:
         raise InputError(f"{name}: frames of several sizes ({sorted(sizes)}); give every frame the same size")
     return patches(normalised(np.stack(pictures), config), config)
+
+
+@dataclass(frozen=True)
+class VideoSampling:
+    """How a video becomes frames (the family's video rule, qwen-vl-utils): `fps` frames a second, their count
+    even and between min_frames and max_frames (and at most the video's), spread evenly over it; each frame's
+    pixels between min_pixels and the larger of 1.05 x min_pixels and min(max_pixels, 2 x total_pixels / frames):
+    a long video gets smaller frames, so its tokens stay bounded."""
+
+    fps: float = 2.0
+    min_frames: int = 4
+    max_frames: int = 768
+    min_pixels: int = 128 * 28 * 28
+    max_pixels: int = 768 * 28 * 28
+    total_pixels: int = int(128000 * 28 * 28 * 0.9)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.fps, (int, float)) and not isinstance(self.fps, bool) and 0 < self.fps <= 60):
+            raise ConfigError(f"video fps: expected a number in (0, 60], got {self.fps!r}")
+        if not 2 <= self.min_frames <= self.max_frames:
+            raise ConfigError(f"video frames: expected 2 <= min_frames ({self.min_frames}) <= max_frames "
+                              f"({self.max_frames})")
+
+    @classmethod
+    def from_processor(cls, recorded: dict) -> "VideoSampling":
+        """From a Hugging Face video_preprocessor_config.json (fps, frame bounds, pixel bounds, the latter also as
+        `size`'s shortest_edge / longest_edge); absent keys keep the family's defaults."""
+        size = recorded.get("size") or {}
+        values = {"fps": recorded.get("fps"), "min_frames": recorded.get("min_frames"),
+                  "max_frames": recorded.get("max_frames"),
+                  "min_pixels": recorded.get("min_pixels", size.get("shortest_edge")),
+                  "max_pixels": recorded.get("max_pixels", size.get("longest_edge"))}
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+    def frame_count(self, total: int, source_fps: float) -> int:
+        """How many of a video's `total` frames (at `source_fps`) are kept: even, at least 2."""
+        lowest = math.ceil(self.min_frames / 2) * 2
+        highest = math.floor(min(self.max_frames, total) / 2) * 2
+        wanted = min(max(total / source_fps * self.fps, lowest), highest, total)
+        count = math.floor(wanted / 2) * 2
+        if count < 2:
+            raise InputError(f"video: {total} frame(s); the model takes at least 2 (a temporal patch)")
+        return count
+
+    def indices(self, total: int, source_fps: float) -> np.ndarray:
+        """The kept frames' indices: evenly spaced from the first to the last, rounded."""
+        return np.round(np.linspace(0, total - 1, self.frame_count(total, source_fps))).astype(np.int64)
+
+    def patch_config(self, frames: int, config: PatchConfig) -> PatchConfig:
+        """`config` with the pixel bounds of a video of `frames` frames."""
+        import dataclasses
+
+        highest = max(min(self.max_pixels, self.total_pixels / frames * 2), self.min_pixels * 1.05)
+        return dataclasses.replace(config, min_pixels=self.min_pixels, max_pixels=int(highest))
+
+
+def read_video(path, sampling: VideoSampling = VideoSampling(), name: str = "video") -> Tuple[np.ndarray, float]:
+    """A video file's kept frames, uint8 (n, H, W, 3), and the rate they were kept at (frames a second): PyAV
+    decodes it once, converting only the kept frames. InputError naming `name` for a file it cannot read."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise InputError(f"{name}: {path} holds no video stream")
+            stream = container.streams.video[0]
+            source_fps = float(stream.average_rate or stream.guessed_rate or sampling.fps)
+            total = stream.frames or 0
+            if total <= 0:  # the container does not say: count them
+                total = sum(1 for _ in container.decode(stream))
+                container.seek(0)
+            keep = sampling.indices(total, source_fps)
+            wanted, frames = set(keep.tolist()), {}
+            for index, frame in enumerate(container.decode(stream)):
+                if index in wanted:
+                    frames[index] = frame.to_ndarray(format="rgb24")
+                if index >= keep[-1]:
+                    break
+    except (av.error.FFmpegError, OSError) as exc:
+        raise InputError(f"{name}: {path} is not a readable video ({exc})") from exc
+    if not frames:
+        raise InputError(f"{name}: {path} has no decodable frame")
+    found = [frames[i] for i in keep if i in frames]
+    kept_fps = len(keep) / (total / source_fps) if total else sampling.fps
+    return np.stack(found), kept_fps

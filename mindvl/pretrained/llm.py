@@ -22,6 +22,7 @@ import dataclasses
 import json
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -87,8 +88,9 @@ def _norm_names(shapes: Dict[str, Tuple[int, ...]]) -> List[str]:
             or name.endswith("norm2.weight")]
 
 
-def _write(out: Union[str, Path], architecture: str, cfg: DecoderConfig, tensors: Dict[str, np.ndarray],
-           tokens: Dict[str, object], source: Dict[str, object], tokenizer) -> Path:
+def write_folder(out: Union[str, Path], fields: Dict[str, object], tensors: Dict[str, np.ndarray], tokenizer) -> Path:
+    """A converted folder, whole or not at all: model.safetensors (float32), tokenizer.json and config.json (`fields`
+    with every file's sha256, the parameter count and mindvl's version), written aside and swapped in."""
     from safetensors.numpy import save_file
 
     out = Path(out)
@@ -97,14 +99,18 @@ def _write(out: Union[str, Path], architecture: str, cfg: DecoderConfig, tensors
         save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))
         tokenizer.save(str(tmp / TOKENIZER_FILE))
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
-        config = {"format": FORMAT, "architecture": architecture, "decoder": dataclasses.asdict(cfg),
-                  "tokens": tokens, "source": source, "files": files,
-                  "parameters": int(sum(v.size for v in tensors.values())), "mindvl": __version__}
+        config = {**fields, "files": files, "parameters": int(sum(v.size for v in tensors.values())),
+                  "mindvl": __version__}
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         swap_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _fields(architecture: str, cfg: DecoderConfig, tokens: Dict[str, object], source: Dict[str, object]) -> dict:
+    return {"format": FORMAT, "architecture": architecture, "decoder": dataclasses.asdict(cfg), "tokens": tokens,
+            "source": source}
 
 
 # ----------------------------------------------------------------------------- GGUF
@@ -222,13 +228,27 @@ def convert_gguf(path: Union[str, Path, None], out: Union[str, Path], log=print)
               "pad": metadata.get("pad_token_id"), "stop": [metadata.get("eos_token_id")]}
     source_info = {"name": _field(reader, "general.name"), "license": _field(reader, "general.license"),
                    "format": "gguf", "files": {str(path): sha256_file(path)}}
-    return _write(out, architecture, cfg, tensors, tokens, source_info, tokenizer)
+    return write_folder(out, _fields(architecture, cfg, tokens, source_info), tensors, tokenizer)
 
 
 # ----------------------------------------------------------------------------- Hugging Face folders
 
-def convert_hf(folder: Union[str, Path], out: Union[str, Path], log=print) -> Path:
-    """A Hugging Face folder (config.json, *.safetensors, tokenizer.json) into a mindvl LLM folder."""
+@dataclass
+class HFFolder:
+    """What a Hugging Face model folder holds for conversion: config.json, every *.safetensors tensor (float32),
+    the fast tokenizer, the ids generation stops at (generation_config.json's eos, else config.json's) and where
+    it all came from."""
+
+    path: Path
+    config: dict
+    tensors: Dict[str, np.ndarray]
+    tokenizer: object
+    tokens: Dict[str, object]
+    source: Dict[str, object]
+
+
+def read_hf_folder(folder: Union[str, Path]) -> HFFolder:
+    """A Hugging Face folder read whole, or ConversionError naming the missing or unreadable part."""
     from safetensors.numpy import load_file
     from tokenizers import Tokenizer
 
@@ -239,40 +259,52 @@ def convert_hf(folder: Union[str, Path], out: Union[str, Path], log=print) -> Pa
     except (OSError, ValueError) as exc:
         raise ConversionError(f"{config_file}: not a Hugging Face model folder ({exc}); pass the folder that "
                               f"holds config.json and the safetensors weights") from exc
-    hf = {**hf, **hf.get("text_config", {})} if hf.get("model_type") == "gemma3" else hf
-    if hf.get("model_type") == "gemma3":
-        hf["model_type"] = "gemma3_text"
-    family = hf_family(hf, folder)
-    cfg = decoder_config(hf, family, folder)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ConversionError(f"{folder}: no *.safetensors weights (PyTorch .bin files are not read)")
-    arrays: Dict[str, np.ndarray] = {}
-    for file in files:
-        arrays.update({name.replace("language_model.", "", 1): value.astype(np.float32)
-                       for name, value in load_file(str(file)).items()})
-    log(f"{folder.name}: {hf['model_type']}, {cfg.layers} layers, width {cfg.width}, {len(arrays)} tensors")
-    source = TensorSource(files[0] if len(files) == 1 else folder, arrays)
-    names = hf_names(cfg.layers, family.block_names)
-    shapes = expected_shapes(cfg)
-    tensors = {name: source.take(names[name], shape) for name, shape in shapes.items()}
-    if cfg.tie_embeddings:
-        source.taken.add("lm_head.weight")  # a tied checkpoint may still store the head
-    source.check_all_taken()
-    if family.norm_offset:  # Gemma's RMSNorm scales by (1 + weight)
-        tensors.update({name: tensors[name] + family.norm_offset for name in _norm_names(shapes)})
     if not (folder / TOKENIZER_FILE).is_file():
         raise ConversionError(f"{folder / TOKENIZER_FILE}: missing; the converted folder needs the fast tokenizer")
-    tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+    tensors: Dict[str, np.ndarray] = {}
+    for file in files:
+        tensors.update({name: value.astype(np.float32) for name, value in load_file(str(file)).items()})
     generation = json.loads((folder / "generation_config.json").read_text()) \
         if (folder / "generation_config.json").is_file() else {}
     eos = generation.get("eos_token_id", hf.get("eos_token_id"))
     stop = eos if isinstance(eos, list) else [eos] if eos is not None else []
     tokens = {"bos": hf.get("bos_token_id"), "eos": stop[0] if stop else None,
               "pad": hf.get("pad_token_id", generation.get("pad_token_id")), "stop": stop}
-    source_info = {"name": hf.get("_name_or_path") or folder.name, "license": None, "format": "hf",
-                   "files": {str(f): sha256_file(f) for f in files}}
-    return _write(out, hf["model_type"], cfg, tensors, tokens, source_info, tokenizer)
+    source = {"name": hf.get("_name_or_path") or folder.name, "license": None, "format": "hf",
+              "files": {str(f): sha256_file(f) for f in files}}
+    return HFFolder(folder, hf, tensors, Tokenizer.from_file(str(folder / TOKENIZER_FILE)), tokens, source)
+
+
+def hf_decoder_tensors(tensors: Dict[str, np.ndarray], cfg: DecoderConfig, family, path: Path) -> Dict[str, np.ndarray]:
+    """A Hugging Face decoder's tensors (transformers' names, `model.layers.*`) under CausalLM's names, every
+    shape checked and none left over; Gemma's norms get their "+ 1"."""
+    source = TensorSource(path, tensors)
+    names = hf_names(cfg.layers, family.block_names)
+    shapes = expected_shapes(cfg)
+    converted = {name: source.take(names[name], shape) for name, shape in shapes.items()}
+    if cfg.tie_embeddings:
+        source.taken.add("lm_head.weight")  # a tied checkpoint may still store the head
+    source.check_all_taken()
+    if family.norm_offset:  # Gemma's RMSNorm scales by (1 + weight)
+        converted.update({name: converted[name] + family.norm_offset for name in _norm_names(shapes)})
+    return converted
+
+
+def convert_hf(folder: Union[str, Path], out: Union[str, Path], log=print) -> Path:
+    """A Hugging Face folder (config.json, *.safetensors, tokenizer.json) into a mindvl LLM folder."""
+    read = read_hf_folder(folder)
+    hf = read.config
+    if hf.get("model_type") == "gemma3":
+        hf = {**hf, **hf.get("text_config", {}), "model_type": "gemma3_text"}
+    family = hf_family(hf, read.path)
+    cfg = decoder_config(hf, family, read.path)
+    arrays = {name.replace("language_model.", "", 1): value for name, value in read.tensors.items()}
+    log(f"{read.path.name}: {hf['model_type']}, {cfg.layers} layers, width {cfg.width}, {len(arrays)} tensors")
+    tensors = hf_decoder_tensors(arrays, cfg, family, read.path)
+    return write_folder(out, _fields(hf["model_type"], cfg, read.tokens, read.source), tensors, read.tokenizer)
 
 
 # ----------------------------------------------------------------------------- reading back
@@ -295,8 +327,8 @@ def read_llm_config(path: Union[str, Path]) -> Tuple[Dict, DecoderConfig]:
 
 
 def load_llm_weights(path: Union[str, Path], cell) -> None:
-    """Set every parameter of `cell` (a CausalLM of the folder's config) from model.safetensors, one tensor at
-    a time (reading the whole file first would hold the weights twice: +2 GB at Gemma 3 270M's peak). LoRA
+    """Set every parameter of `cell` (a CausalLM of the folder's config, or a converted VLM's NativeVLM) from
+    model.safetensors, one tensor at a time (reading the whole file first would hold the weights twice: +2 GB at Gemma 3 270M's peak). LoRA
     adapters the cell was built with (DecoderConfig.lora_rank) are not in the file and keep their init."""
     from mindspore import Tensor
     from safetensors import safe_open

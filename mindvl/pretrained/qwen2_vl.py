@@ -7,7 +7,9 @@ transformers saves the tower's keys as `visual.*` (before 4.52, and 5.x's save_p
 flattened in the processor's patch order (channel, time, row, column); the fused qkv projection is split into
 q, k and v.
 """
-from typing import Dict
+import json
+from pathlib import Path
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -96,9 +98,6 @@ def vision_tensors(tensors: Dict[str, np.ndarray], config: dict) -> Dict[str, np
     return {name: np.ascontiguousarray(value, np.float32) for name, value in out.items()}
 
 
-SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
-
-
 def language_config(config: dict, path) -> DecoderConfig:
     """The language model's DecoderConfig (Qwen2 with M-RoPE) from a checkpoint's config.json (text_config merged)."""
     from mindvl.pretrained.families import FAMILIES, decoder_config
@@ -107,11 +106,92 @@ def language_config(config: dict, path) -> DecoderConfig:
     return decoder_config({**config, **config.get("text_config", {}), "model_type": family}, FAMILIES[family], path)
 
 
-def language_tensors(tensors: Dict[str, np.ndarray], layers: int) -> Dict[str, np.ndarray]:
-    """The language model's tensors under CausalLM's names (both key layouts)."""
-    from mindvl.pretrained.families import BLOCK_NAMES, hf_names
+def language_tensors(tensors: Dict[str, np.ndarray], cfg: DecoderConfig, path) -> Dict[str, np.ndarray]:
+    """The language model's tensors under CausalLM's names (both key layouts), shapes checked, none left over."""
+    from mindvl.pretrained.families import FAMILIES
+    from mindvl.pretrained.llm import hf_decoder_tensors
 
     text = {name.replace("model.language_model.", "model.", 1): value for name, value in tensors.items()
             if not name.startswith(VISION_PREFIXES)}
-    return {ours: np.ascontiguousarray(text[theirs], np.float32)
-            for ours, theirs in hf_names(layers, BLOCK_NAMES).items() if theirs in text}
+    return hf_decoder_tensors(text, cfg, FAMILIES["qwen2_5_vl"], path)  # both families name it alike
+
+
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
+SYSTEM_OPEN, TURN_END = "<|im_start|>system\n", "<|im_end|>\n"
+
+
+def _jinja_template(folder: Path) -> Tuple[Optional[str], Optional[Path]]:
+    """The checkpoint's chat template (Jinja) and the file it is in: chat_template.jinja (transformers >= 4.52),
+    chat_template.json (the processor's) or tokenizer_config.json's "chat_template" (a string, or named
+    templates: "default")."""
+    for name in TEMPLATE_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        if name.endswith(".jinja"):
+            return path.read_text(), path
+        template = json.loads(path.read_text()).get("chat_template")
+        if isinstance(template, list):
+            template = {entry.get("name"): entry.get("template") for entry in template}.get("default")
+        if template:
+            return template, path
+    return None, None
+
+
+def _probes():
+    """Conversations that exercise every part of a template (the messages transformers' processors take, and
+    the same as mindvl turns): an image and text; then a system turn, a video, an answer and two images."""
+    from mindvl.chat import IMAGE_SLOT, VIDEO_SLOT, Turn
+
+    image, video = {"type": "image"}, {"type": "video"}
+    first = ([{"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]}],
+             [Turn("user", (IMAGE_SLOT, "What is it?"))], (1, 0))
+    second = ([{"role": "system", "content": "Be brief."},
+               {"role": "user", "content": [video, {"type": "text", "text": "And this?"}]},
+               {"role": "assistant", "content": "A cat."},
+               {"role": "user", "content": [image, image, {"type": "text", "text": "Which is red?"}]}],
+              [Turn("system", ("Be brief.",)), Turn("user", (VIDEO_SLOT, "And this?")), Turn("assistant", ("A cat.",)),
+               Turn("user", (IMAGE_SLOT, IMAGE_SLOT, "Which is red?"))], (2, 1))
+    return first, second
+
+
+def checkpoint_template(folder: Path, tokenizer) -> Tuple[Optional[str], str]:
+    """(the default system text of the checkpoint's chat template, None when it adds no system turn; a line
+    saying where it came from). The template is rendered by Jinja (as transformers renders it, sandboxed) on
+    probe conversations and must give the ids mindvl's "qwen" template gives; ConversionError showing where
+    they part otherwise. A folder with no template gets the family's turns without a system turn."""
+    import dataclasses
+
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from mindvl.chat import ChatEncoder, chat_template
+
+    source, path = _jinja_template(Path(folder))
+    if source is None:
+        return None, "no chat template in the folder: the family's turns, no system turn"
+    jinja = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+    def render(messages) -> str:
+        try:
+            return jinja.from_string(source).render(messages=messages, add_generation_prompt=True,
+                                                    add_vision_id=False)
+        except TemplateError as exc:
+            raise ConversionError(f"{path}: the chat template does not render ({exc})") from exc
+
+    default = render([{"role": "user", "content": "x"}])
+    system = None
+    if default.startswith(SYSTEM_OPEN) and TURN_END in default:
+        system = default[len(SYSTEM_OPEN):default.index(TURN_END)]
+    chat = ChatEncoder(tokenizer, dataclasses.replace(chat_template("qwen"), default_system=system), 0, 0)
+    for messages, turns, (images, videos) in _probes():
+        theirs = tokenizer.encode(render(messages), add_special_tokens=False).ids
+        ours = chat.prompt(turns, images=images, videos=videos, sizes=[1] * (images + videos)).ids.tolist()
+        if theirs != ours:
+            at = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
+            raise ConversionError(
+                f"{path}: its chat template renders {tokenizer.decode(theirs[at:at + 12], skip_special_tokens=False)!r} "
+                f"where the family's renders {tokenizer.decode(ours[at:at + 12], skip_special_tokens=False)!r} (token "
+                f"{at}); mindvl prompts with the family's ChatML turns only, so a changed template would be trained "
+                f"and served differently from what the checkpoint expects")
+    return system, f"chat template of {path.name}" + (f", default system turn {system!r}" if system else "")

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from mindvl.errors import ConfigError, InputError
-from mindvl.preprocess.native_resolution import PatchConfig, image_patches, smart_resize, video_patches
+from mindvl.preprocess.native_resolution import (PatchConfig, VideoSampling, image_patches, read_video, smart_resize,
+                                                 video_patches)
 
 REFERENCES = Path(__file__).parents[1] / "references"
 STORED = np.load(REFERENCES / "qwen2_vl.npz")
@@ -61,3 +62,45 @@ def test_a_processor_config_that_changes_the_pixels_otherwise_is_refused_by_key(
         PatchConfig.from_processor({**PROCESSOR, "resample": 2})
     with pytest.raises(ConfigError, match="patches.min_pixels \\(5000\\) exceeds patches.max_pixels \\(4000\\)"):
         PatchConfig(min_pixels=5000, max_pixels=4000)
+
+
+def test_a_video_keeps_an_even_count_of_frames_at_the_rate_within_the_bounds():
+    sampling = VideoSampling()  # 2 frames a second, 4 to 768
+    assert sampling.frame_count(300, 30.0) == 20  # 10 s
+    assert sampling.frame_count(30, 30.0) == 4  # 1 s: at least 4
+    assert sampling.frame_count(3, 30.0) == 2  # fewer frames than 4: all it has, even
+    assert sampling.frame_count(30000, 30.0) == 768
+    assert sampling.frame_count(25, 1.0) == 24  # odd -> even
+    np.testing.assert_array_equal(sampling.indices(300, 30.0), np.round(np.linspace(0, 299, 20)))
+    with pytest.raises(InputError, match="1 frame"):
+        sampling.frame_count(1, 30.0)
+    with pytest.raises(ConfigError, match="video fps"):
+        VideoSampling(fps=0)
+    # a long video's frames get fewer pixels: 2 x total / frames, never under 1.05 x the least
+    assert sampling.patch_config(20, PatchConfig()).max_pixels == 768 * 28 * 28
+    assert sampling.patch_config(768, PatchConfig()).max_pixels == int(128000 * 28 * 28 * 0.9 / 768 * 2)
+    assert sampling.patch_config(768, PatchConfig()).min_pixels == 128 * 28 * 28
+    assert VideoSampling.from_processor({"fps": 1, "size": {"shortest_edge": 3136, "longest_edge": 47040}}) == \
+        VideoSampling(fps=1, min_pixels=3136, max_pixels=47040)
+
+
+def test_a_video_file_is_decoded_once_keeping_the_sampled_frames(tmp_path):
+    """A real MPEG-4 file (3 s at 10 fps, each frame a different grey) read back at 2 fps: 6 frames, each the grey
+    of the frame its index names."""
+    import av
+
+    greys = np.linspace(20, 235, 30).astype(np.uint8)
+    path = tmp_path / "clip.mp4"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for grey in greys:
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), grey, np.uint8), format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    frames, rate = read_video(path, VideoSampling(fps=2))
+    kept = VideoSampling(fps=2).indices(30, 10.0)
+    assert frames.shape == (6, 48, 64, 3) and rate == pytest.approx(2.0)
+    assert np.abs(frames.mean(axis=(1, 2, 3)) - greys[kept]).max() < 4
+    with pytest.raises(InputError, match="is not a readable video"):
+        read_video(tmp_path / "none.mp4")

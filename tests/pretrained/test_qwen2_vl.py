@@ -46,7 +46,7 @@ def language_model(tower):
     cfg = language_config(config, REFERENCES / f"tiny_{family}")
     assert cfg.mrope_section == [2, 1, 1]
     lm = CausalLM(cfg)
-    weights = language_tensors(tensors, cfg.layers)
+    weights = language_tensors(tensors, cfg, REFERENCES / f"tiny_{family}")
     for name, param in lm.parameters_and_names():
         param.set_data(ms.Tensor(weights[name]))
     return lm, config, tensors["model.embed_tokens.weight"]

@@ -1,0 +1,137 @@
+"""`mindvl convert vlm`: the tiny Qwen2-VL and Qwen2.5-VL checkpoints (tests/references/ref_qwen2_vl.py) converted
+from either key layout, opened by `mindvl.from_pretrained` and asked about the stored photos and video as a user
+would (files, frames): transformers' 32 greedy tokens; the checkpoint's chat template checked and followed."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from safetensors.numpy import load_file, save_file
+
+import mindvl
+from mindvl.cli import main
+from mindvl.errors import ConversionError
+from mindvl.generation.native_generator import NativeGenerator
+from mindvl.loading import VLM, describe
+from mindvl.pretrained.vlm import convert_vlm
+
+REFERENCES = Path(__file__).parents[1] / "references"
+STORED = np.load(REFERENCES / "qwen2_vl.npz")
+QUIET = {"log": lambda line: None}
+
+# the published Qwen2-VL chat template's format (ChatML, a default system turn, each image or video between
+# vision tokens), written here for the tests
+TEMPLATE = ("{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
+            "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
+            "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n{% else %}"
+            "{% for content in message['content'] %}{% if content['type'] == 'image' %}"
+            "<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] == 'video' %}"
+            "<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
+            "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+            "{% endif %}")
+
+
+def checkpoint_copy(family: str, folder: Path, **files) -> Path:
+    """The tiny checkpoint copied into `folder`, with `files` (name -> JSON-able) added."""
+    shutil.copytree(REFERENCES / f"tiny_{family}", folder)
+    for name, content in files.items():
+        (folder / name).write_text(json.dumps(content))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def generators(tmp_path_factory):
+    """Each family converted and opened through the one door; the frames' pixel bounds are the image
+    processor's, as the reference patchified its video."""
+    out = {}
+    for family in ("qwen2_5_vl", "qwen2_vl"):
+        root = tmp_path_factory.mktemp(family)
+        source = checkpoint_copy(family, root / "hf", **{
+            "video_preprocessor_config.json": {"min_pixels": 3136, "max_pixels": 47040, "fps": 2.0}})
+        folder = convert_vlm(source, root / "converted", **QUIET)
+        out[family] = mindvl.from_pretrained(folder, cache_len=256)
+    return out
+
+
+def photo(index: int, folder: Path) -> str:
+    path = folder / f"photo_{index}.png"
+    Image.fromarray(STORED[f"photo_{index}"]).save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
+def test_the_converted_model_answers_photos_files_and_frames_as_transformers(generators, family, tmp_path):
+    generator = generators[family]
+    assert isinstance(generator, NativeGenerator) and describe(generator.folder).kind == VLM
+    question = "what is in it?"
+    prompts = {"one_image": generator.prompt(question, images=photo(0, tmp_path)),
+               "two_images": generator.prompt(question, images=[STORED["photo_2"], photo(1, tmp_path)]),
+               "video": generator.prompt(question, video=list(STORED["video_frames"])),  # taken 0.5 s apart
+               "text": generator.prompt(question)}
+    for case, prompt in prompts.items():
+        assert generator.layout.encode(prompt).tolist() == STORED[f"{family}_ids_{case}"].tolist(), case
+    answers = generator.generate(list(prompts.values()), max_new_tokens=32, ignore_eos=True)
+    for case, answer in zip(prompts, answers):
+        assert answer.tokens == STORED[f"{family}_greedy_{case}"].tolist(), case
+
+
+def test_both_key_layouts_convert_to_the_same_folder(tmp_path):
+    source = checkpoint_copy("qwen2_5_vl", tmp_path / "new_layout")
+    tensors = load_file(str(source / "model.safetensors"))
+    moved = {name.replace("visual.", "model.visual.", 1) if name.startswith("visual.") else
+             name.replace("model.", "model.language_model.", 1) if name.startswith("model.") else name: value
+             for name, value in tensors.items()}
+    assert any(k.startswith("model.language_model.layers.") for k in moved)
+    save_file(moved, str(source / "model.safetensors"))
+    old = load_file(str(convert_vlm(REFERENCES / "tiny_qwen2_5_vl", tmp_path / "a", **QUIET) / "model.safetensors"))
+    new = load_file(str(convert_vlm(source, tmp_path / "b", **QUIET) / "model.safetensors"))
+    assert old.keys() == new.keys() and all(np.array_equal(old[k], new[k]) for k in old)
+    assert {k.split(".")[0] for k in old} == {"tower", "decoder"}
+
+
+def test_the_checkpoints_chat_template_is_followed_and_a_changed_one_refused(tmp_path):
+    source = checkpoint_copy("qwen2_5_vl", tmp_path / "hf", **{"chat_template.json": {"chat_template": TEMPLATE}})
+    folder = convert_vlm(source, tmp_path / "converted", **QUIET)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["chat"] == {"template": "qwen", "default_system": "You are a helpful assistant."}
+    generator = NativeGenerator(folder, 256)
+    ids = generator.layout.encode(generator.prompt("what is in it?", images=[STORED["photo_0"]]))
+    system = generator.tokenizer.encode("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n",
+                                        add_special_tokens=False).ids
+    assert ids.tolist() == system + STORED["qwen2_5_vl_ids_one_image"].tolist()
+    changed = checkpoint_copy("qwen2_5_vl", tmp_path / "changed", **{"tokenizer_config.json": {
+        "chat_template": TEMPLATE.replace("<|im_start|>{{ message['role'] }}\n", "<|im_start|>{{ message['role'] }}:")}})
+    with pytest.raises(ConversionError, match="tokenizer_config.json: its chat template renders .* where the family's"):
+        convert_vlm(changed, tmp_path / "x", **QUIET)
+
+
+def test_bad_checkpoints_and_attachments_are_refused_by_name(generators, tmp_path):
+    other = checkpoint_copy("qwen2_5_vl", tmp_path / "llama")
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    with pytest.raises(ConversionError, match="model_type 'llama' is not a native-resolution VLM"):
+        convert_vlm(other, tmp_path / "x", **QUIET)
+    (other / "config.json").write_text(json.dumps(config))
+    (other / "tokenizer.json").unlink()
+    with pytest.raises(ConversionError, match="tokenizer.json: missing"):
+        convert_vlm(other, tmp_path / "x", **QUIET)
+    generator = generators["qwen2_5_vl"]
+    with pytest.raises(mindvl.errors.InputError, match=r"images\[0\]: .* is not a readable image"):
+        generator.prompt("q", images=[str(other / "config.json")])
+    with pytest.raises(mindvl.errors.InputError, match=r"images\[0\]: the image is 600x2 pixels, its sides more"):
+        generator.prompt("q", images=[np.zeros((2, 600, 3), np.uint8)])
+    with pytest.raises(mindvl.errors.InputError, match="is not a readable video"):
+        generator.prompt("q", video=str(other / "config.json"))
+
+
+def test_cli_converts_and_answers_about_two_images(tmp_path, capsys):
+    out = tmp_path / "vlm"
+    assert main(["convert", "vlm", "--hf", str(REFERENCES / "tiny_qwen2_vl"), "--out", str(out)]) == 0
+    assert "qwen2_vl:" in capsys.readouterr().out
+    assert main(["generate", "--model", str(out), "what is in it?", "--image", photo(2, tmp_path), "--image",
+                 photo(1, tmp_path), "--max-new-tokens", "4"]) == 0
+    printed = capsys.readouterr()
+    assert "[length]" in printed.err or "[stop]" in printed.err
+    assert main(["convert", "vlm", "--gguf", "x.gguf"]) == 2
