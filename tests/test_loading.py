@@ -36,7 +36,7 @@ def test_an_option_of_another_kind_and_an_unknown_folder_are_refused(tiny_llms, 
         mindvl.from_pretrained(tiny_llms["llama"], image_size=224)
     with pytest.raises(ConfigError, match="cache_len: not an option of a converted encoder"):
         mindvl.from_pretrained(converted("minilm"), cache_len=64)
-    with pytest.raises(ConfigError, match="not a folder mindvl opens; expected a converted LLM or encoder"):
+    with pytest.raises(ConfigError, match="not a folder mindvl opens; expected a converted LLM, VLM or encoder"):
         mindvl.from_pretrained(tmp_path)
     with pytest.raises(ConfigError, match="no such file or folder"):
         mindvl.from_pretrained(tmp_path / "absent")

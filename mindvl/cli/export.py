@@ -1,5 +1,5 @@
 """`mindvl export`: write and verify a model package, and its subcommands verify, evaluate, compare, quantize,
-prune, distill and onnx."""
+prune, distill, hf (a converted VLM back to a Hugging Face folder) and onnx."""
 import argparse
 import json
 from pathlib import Path
@@ -160,6 +160,11 @@ def _add_package_args(parser: argparse.ArgumentParser) -> None:
     add_key_args(parser)
 
 
+def _export_hf(args) -> None:
+    from mindvl.pretrained.vlm import write_hf
+    write_hf(args.model, args.out)
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser(
         "export", help="write a model package (MindIR graphs + manifest.json + samples), verify, compress",
@@ -168,7 +173,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     _add_source_args(export, required=False)
     export.add_argument("--evaluate", action="store_true", help="also evaluate the package (its table row)")
     export.set_defaults(func=_export, export_command=None)
-    sub = export.add_subparsers(dest="export_command", metavar="{verify,evaluate,compare,quantize,prune,distill,onnx}")
+    sub = export.add_subparsers(dest="export_command", metavar="{verify,evaluate,compare,quantize,prune,distill,hf,onnx}")
 
     verify = sub.add_parser("verify", help="check hashes, load every graph, compare the stored samples' outputs")
     verify.add_argument("package", metavar="PKG")
@@ -206,6 +211,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     for parser, func in ((quantize, _export_quantize), (prune, _export_prune), (distill, _export_distill)):
         parser.add_argument("--no-eval", action="store_true", help="skip the evaluation (the table row)")
         parser.set_defaults(func=func)
+
+    hf = sub.add_parser("hf", help="write a converted VLM back as a Hugging Face folder of its family (transformers, "
+                                   "vLLM, vllm-mindspore load it)")
+    hf.add_argument("model", metavar="FOLDER", help="a folder written by `mindvl convert vlm`")
+    hf.add_argument("--out", required=True, metavar="DIR", help="the Hugging Face folder to write")
+    hf.set_defaults(func=_export_hf)
 
     onnx = sub.add_parser("onnx", help="export the same graphs to ONNX where MindSpore can; report failing ops")
     onnx.add_argument("--checkpoint", required=True, metavar="CKPT", help="run folder, step_* folder or model.safetensors")

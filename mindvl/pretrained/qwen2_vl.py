@@ -68,34 +68,60 @@ def _vision_part(tensors: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     raise ConversionError(f"the checkpoint holds no vision tower (no key starts with {' or '.join(VISION_PREFIXES)})")
 
 
+def _vision_names(settings: dict, present) -> Dict[str, str]:
+    """NativeVisionTower's names -> the checkpoint's (after the tower's prefix), for every tensor taken whole
+    (the fused qkv and the patch embedding are reshaped, not renamed). `present`: a checkpoint name's test, for
+    the norms one family has and the other has not."""
+    mlp = ({"gate": "gate_proj", "fc1": "up_proj", "fc2": "down_proj"} if settings["family"] == "qwen2_5_vl"
+           else {"fc1": "fc1", "fc2": "fc2"})
+    names = {}
+    for kind in ("weight", "bias"):
+        for layer in range(settings["layers"]):
+            block = f"blocks.{layer}."
+            names[f"{block}attn.out_proj.{kind}"] = f"{block}attn.proj.{kind}"
+            names.update({f"{block}mlp.{ours}.{kind}": f"{block}mlp.{theirs}.{kind}" for ours, theirs in mlp.items()})
+            names.update({f"{block}{norm}.{kind}": f"{block}{norm}.{kind}" for norm in ("norm1", "norm2")
+                          if present(f"{block}{norm}.{kind}")})
+        names.update({f"merger.fc1.{kind}": f"merger.mlp.0.{kind}", f"merger.fc2.{kind}": f"merger.mlp.2.{kind}"})
+        if present(f"merger.ln_q.{kind}"):
+            names[f"merger.norm.{kind}"] = f"merger.ln_q.{kind}"
+    return names
+
+
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
 def vision_tensors(tensors: Dict[str, np.ndarray], config: dict) -> Dict[str, np.ndarray]:
     """The tower's tensors under NativeVisionTower's names, float32."""
     settings = vision_settings(config)
     source = _vision_part(tensors)
     out = {"patch_embed.weight": source.pop("patch_embed.proj.weight").reshape(settings["width"], -1)}
-    mlp = ({"gate_proj": "gate", "up_proj": "fc1", "down_proj": "fc2"} if settings["family"] == "qwen2_5_vl"
-           else {"fc1": "fc1", "fc2": "fc2"})
+    for ours, theirs in _vision_names(settings, source.__contains__).items():
+        out[ours] = source.pop(theirs)
     for layer in range(settings["layers"]):
-        theirs, ours = f"blocks.{layer}.", f"blocks.{layer}."
         for kind in ("weight", "bias"):
-            qkv = source.pop(f"{theirs}attn.qkv.{kind}")
-            for name, part in zip(("q_proj", "k_proj", "v_proj"), np.split(qkv, 3)):
-                out[f"{ours}attn.{name}.{kind}"] = part
-            out[f"{ours}attn.out_proj.{kind}"] = source.pop(f"{theirs}attn.proj.{kind}")
-            for their_name, our_name in mlp.items():
-                out[f"{ours}mlp.{our_name}.{kind}"] = source.pop(f"{theirs}mlp.{their_name}.{kind}")
-            for norm in ("norm1", "norm2"):
-                if f"{theirs}{norm}.{kind}" in source:
-                    out[f"{ours}{norm}.{kind}"] = source.pop(f"{theirs}{norm}.{kind}")
-    for kind in ("weight", "bias"):
-        if f"merger.ln_q.{kind}" in source:
-            out[f"merger.norm.{kind}"] = source.pop(f"merger.ln_q.{kind}")
-        out[f"merger.fc1.{kind}"] = source.pop(f"merger.mlp.0.{kind}")
-        out[f"merger.fc2.{kind}"] = source.pop(f"merger.mlp.2.{kind}")
+            fused = source.pop(f"blocks.{layer}.attn.qkv.{kind}")
+            out.update({f"blocks.{layer}.attn.{name}.{kind}": part for name, part in zip(QKV, np.split(fused, 3))})
     if source:
         raise ConversionError(f"vision tower: {len(source)} tensors this converter does not know, e.g. "
                               f"{sorted(source)[0]!r}; the checkpoint is of another architecture")
     return {name: np.ascontiguousarray(value, np.float32) for name, value in out.items()}
+
+
+def hf_vision_tensors(tower: Dict[str, np.ndarray], config: dict, prefix: str) -> Dict[str, np.ndarray]:
+    """NativeVisionTower's tensors back under the checkpoint's names (`prefix`: "visual." or "model.visual."): the
+    Conv3d patch embedding (out, channels, time, patch, patch), the fused qkv."""
+    settings = vision_settings(config)
+    vision = config.get("vision_config") or {}
+    side, temporal = vision.get("patch_size", 14), vision.get("temporal_patch_size", 2)
+    out = {"patch_embed.proj.weight": tower["patch_embed.weight"].reshape(settings["width"], -1, temporal, side, side)}
+    out.update({theirs: tower[ours] for ours, theirs in _vision_names(settings, lambda name: True).items()
+                if ours in tower})  # the norms this family has
+    for layer in range(settings["layers"]):
+        for kind in ("weight", "bias"):
+            out[f"blocks.{layer}.attn.qkv.{kind}"] = np.concatenate([tower[f"blocks.{layer}.attn.{name}.{kind}"]
+                                                                     for name in QKV])
+    return {prefix + name: value for name, value in out.items()}
 
 
 def language_config(config: dict, path) -> DecoderConfig:
@@ -114,6 +140,24 @@ def language_tensors(tensors: Dict[str, np.ndarray], cfg: DecoderConfig, path) -
     text = {name.replace("model.language_model.", "model.", 1): value for name, value in tensors.items()
             if not name.startswith(VISION_PREFIXES)}
     return hf_decoder_tensors(text, cfg, FAMILIES["qwen2_5_vl"], path)  # both families name it alike
+
+
+LANGUAGE_PREFIXES = ("model.", "model.language_model.")  # before 4.52 (and 5.x's save), 4.52-4.5x
+
+
+def hf_language_tensors(decoder: Dict[str, np.ndarray], cfg: DecoderConfig, prefix: str) -> Dict[str, np.ndarray]:
+    """CausalLM's tensors back under the checkpoint's names, the blocks under `prefix` (LANGUAGE_PREFIXES)."""
+    from mindvl.pretrained.families import BLOCK_NAMES, hf_names
+
+    return {theirs.replace("model.", prefix, 1): decoder[ours]
+            for ours, theirs in hf_names(cfg.layers, BLOCK_NAMES).items() if ours in decoder}
+
+
+def key_layout(tensors) -> Tuple[str, str]:
+    """(the tower's prefix, the language model's) a checkpoint's names use."""
+    vision = next(p for p in VISION_PREFIXES if any(name.startswith(p) for name in tensors))
+    language = LANGUAGE_PREFIXES[any(name.startswith("model.language_model.") for name in tensors)]
+    return vision, language
 
 
 TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")

@@ -135,3 +135,27 @@ def test_cli_converts_and_answers_about_two_images(tmp_path, capsys):
     printed = capsys.readouterr()
     assert "[length]" in printed.err or "[stop]" in printed.err
     assert main(["convert", "vlm", "--gguf", "x.gguf"]) == 2
+
+
+@pytest.mark.parametrize("family,layout", [("qwen2_5_vl", "new"), ("qwen2_vl", "old")])
+def test_written_back_the_folder_is_the_checkpoint_transformers_saved(tmp_path, family, layout, capsys):
+    """convert -> export hf gives back every tensor bit for bit under the names it was read with (either layout),
+    the config (dtype float32), processor, generation and template files: what transformers loaded for the stored
+    logits (tests/references/ref_qwen2_vl.py --written-back loads such a folder with transformers and compares)."""
+    source = checkpoint_copy(family, tmp_path / "hf", **{"chat_template.json": {"chat_template": TEMPLATE}})
+    if layout == "new":
+        tensors = load_file(str(source / "model.safetensors"))
+        save_file({("model." + k if k.startswith("visual.") else
+                    k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k): v
+                   for k, v in tensors.items()}, str(source / "model.safetensors"))
+    converted = convert_vlm(source, tmp_path / "converted", **QUIET)
+    assert main(["export", "hf", str(converted), "--out", str(tmp_path / "back")]) == 0
+    back = tmp_path / "back"
+    original, written = load_file(str(source / "model.safetensors")), load_file(str(back / "model.safetensors"))
+    assert original.keys() == written.keys()
+    assert all(np.array_equal(original[k], written[k]) and written[k].dtype == np.float32 for k in original)
+    for name in ("preprocessor_config.json", "generation_config.json", "chat_template.json"):
+        assert json.loads((back / name).read_text()) == json.loads((source / name).read_text()), name
+    config = json.loads((back / "config.json").read_text())
+    assert config == {**json.loads((source / "config.json").read_text()), "torch_dtype": "float32", "dtype": "float32"}
+    assert (back / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()

@@ -173,3 +173,31 @@ def generate(out: Path) -> None:
             arrays[f"{family}_logits_{case}"] = logits
             arrays[f"{family}_greedy_{case}"] = greedy[0, len(ids):].numpy().astype(np.int32)
     np.savez_compressed(out, **arrays)
+
+
+def check_written_back(folder: Path) -> float:
+    """Loads a folder `mindvl export hf` wrote with transformers and returns the largest logit difference from the
+    stored references over the two-image case (the issue's round trip, run by hand: it needs PyTorch)."""
+    import json
+
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    family = json.loads((folder / "config.json").read_text())["model_type"]
+    stored = np.load(HERE / "qwen2_vl.npz")
+    net = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    pixels = np.concatenate([stored["processed_2_pixels"], stored["processed_1_pixels"]])
+    grids = np.concatenate([stored["processed_2_grid"], stored["processed_1_grid"]])
+    with torch.no_grad():
+        logits = net(input_ids=torch.tensor(stored[f"{family}_ids_two_images"][None].astype(np.int64)),
+                     pixel_values=torch.tensor(pixels), image_grid_thw=torch.tensor(grids)).logits[0].numpy()
+    return float(np.abs(logits - stored[f"{family}_logits_two_images"]).max())
+
+
+if __name__ == "__main__":  # python tests/references/ref_qwen2_vl.py --written-back DIR...
+    import sys
+
+    if sys.argv[1:2] != ["--written-back"] or len(sys.argv) < 3:
+        raise SystemExit("usage: ref_qwen2_vl.py --written-back DIR... (references: make_references.py qwen2_vl)")
+    for path in sys.argv[2:]:
+        print(f"{path}: transformers' logits differ from the stored ones by at most {check_written_back(Path(path)):.2e}")
