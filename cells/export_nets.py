@@ -170,3 +170,34 @@ class DecodeNet(nn.Cell):
         logits, keys, values = self.lm.decode(token, position, slot, self.cast(slot_valid, mstype.bool_),
                                               caches[:self.layers], caches[self.layers:])
         return (logits,) + keys + values
+
+
+# ----------------------------------------------------------------------------- a NativeVLM's generation graphs
+
+class NativeVisionNet(nn.Cell):
+    """(patches (1, V, patch_values), vision_positions (1, V, 2), frames, windows (1, V) int32, restore (T,) int32)
+    -> vision_tokens (T, width): a batch's images packed in V patches (engine.vision_layout.graph_inputs), their
+    merged tokens in the processor's order, padded to the package's token capacity T."""
+
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.tower = model.tower
+
+    def construct(self, patches, vision_positions, frames, windows, restore):
+        return self.tower(patches, vision_positions, frames, windows, restore)[0]
+
+
+class NativePrefillNet(nn.Cell):
+    """(ids, valid (B, L) int32, positions (B, L, 3) int32 M-RoPE, slot_index (B, L) int32, vision_tokens (T,
+    width)) -> (last logits, every layer's key cache, then every value cache): one prompt-length bucket; slot_index
+    T marks text."""
+
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.cast = ops.Cast()
+
+    def construct(self, ids, valid, positions, slot_index, vision_tokens):
+        x = self.model.fill(ids, vision_tokens, slot_index)
+        logits, keys, values = self.model.decoder.prefill_embedded(x, self.cast(valid, mstype.bool_), positions)
+        return (logits,) + keys + values

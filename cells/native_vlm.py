@@ -22,8 +22,11 @@ class NativeVLM(nn.Cell):
 
     def embed(self, ids, slot_index, patches, vision_positions, frames, windows, restore):
         """ids (rows, seq) embedded, each slot (slot_index < the batch's vision tokens) holding its vision token."""
-        vision = self.tower(patches, vision_positions, frames, windows, restore)
-        return self.slots(self.decoder.embed_tokens(ids), vision[0], slot_index)
+        return self.fill(ids, self.tower(patches, vision_positions, frames, windows, restore)[0], slot_index)
+
+    def fill(self, ids, vision_tokens, slot_index):
+        """ids (rows, seq) embedded, slot (r, s) holding vision_tokens[slot_index[r, s]] (T, width) where it is < T."""
+        return self.slots(self.decoder.embed_tokens(ids), vision_tokens, slot_index)
 
 
 class NativePrefill(nn.Cell):

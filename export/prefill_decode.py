@@ -17,8 +17,9 @@ buckets, the chat template, the stop tokens and the request limit; the tokenizer
 """
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -42,14 +43,12 @@ from mindvl.progress import progress_bar
 SAMPLE_QUESTIONS = 4  # stored test questions, alternately typed and spoken
 SAMPLE_TOKENS = 16  # tokens generated for each at export (greedy) and again by `export verify`
 MAX_NEW_TOKENS = 64  # the most tokens one request may ask for (the cache holds the longest bucket + these)
+VISION = "vision_"  # a native package's vision graphs: vision_<patches>
 
 
-def generation_spec(model, chat, cache_len: int, max_new_tokens: int,
-                    buckets: Sequence[int] = ()) -> GenerationSpec:
-    """buckets: the prompt lengths to export a prefill graph for (default: every prompt_buckets size that leaves
-    room for max_new_tokens). Each prefill graph holds the decoder: a server or device keeps one copy of its
-    weights in memory per graph, so a large decoder wants few buckets."""
-    lm = model.decoder
+def prefill_buckets(cache_len: int, max_new_tokens: int, buckets: Sequence[int] = ()) -> List[int]:
+    """The prompt lengths to export a prefill graph for: `buckets` checked, or every prompt_buckets size that
+    leaves room for max_new_tokens."""
     fitting = [b for b in prompt_buckets(cache_len) if b + max_new_tokens <= cache_len]
     if not fitting:
         raise PackageError(f"a cache of {cache_len} tokens leaves no prompt bucket with room for {max_new_tokens} "
@@ -58,16 +57,36 @@ def generation_spec(model, chat, cache_len: int, max_new_tokens: int,
     if wrong:
         raise PackageError(f"--prompt-bucket {wrong[0]}: expected 1..{cache_len - max_new_tokens} (the cache of "
                            f"{cache_len} tokens holds the prompt and {max_new_tokens} new tokens)")
-    buckets = sorted(set(buckets)) or fitting
-    return GenerationSpec(cache_len=cache_len, buckets=buckets, layers=lm.layers, vocab_size=lm.cfg.vocab_size,
+    return sorted(set(buckets)) or fitting
+
+
+def generation_spec(model, chat, cache_len: int, max_new_tokens: int,
+                    buckets: Sequence[int] = ()) -> GenerationSpec:
+    """buckets: the prompt lengths to export a prefill graph for (default: every prompt_buckets size that leaves
+    room for max_new_tokens). Each prefill graph holds the decoder: a server or device keeps one copy of its
+    weights in memory per graph, so a large decoder wants few buckets."""
+    lm = model.decoder
+    return GenerationSpec(cache_len=cache_len, buckets=prefill_buckets(cache_len, max_new_tokens, buckets), layers=lm.layers, vocab_size=lm.cfg.vocab_size,
                           width=lm.width, kv_width=lm.kv_width, image_tokens=model.image_tokens,
                           audio_tokens=model.audio_tokens, pad_id=chat.pad_id, stop_ids=[chat.stop_id],
                           chat_template=chat.template.name, max_new_tokens=max_new_tokens)
 
 
+def decode_graph(spec: GenerationSpec) -> GraphSpec:
+    """The one decode graph of every generation package (the decoder's step)."""
+    step = [TensorSpec(name, "int32", (-1, 1)) for name in ("token", "position", "slot")]
+    return GraphSpec(DECODE, "one token per sequence, each at its own cache slot -> logits and caches", DecodeNet,
+                     step + [TensorSpec("slot_valid", "int32", (-1, spec.cache_len))] + cache_specs(spec),
+                     [TensorSpec("logits", "float32", (-1, spec.vocab_size)), *cache_specs(spec)])
+
+
+def cache_specs(spec: GenerationSpec) -> List[TensorSpec]:
+    return [TensorSpec(f"cache_{kind}_{i}", "float32", (-1, spec.cache_len, spec.kv_width))
+            for kind in ("k", "v") for i in range(spec.layers)]
+
+
 def graph_specs(spec: GenerationSpec, pre) -> List[GraphSpec]:
-    caches = [TensorSpec(f"cache_{kind}_{i}", "float32", (-1, spec.cache_len, spec.kv_width))
-              for kind in ("k", "v") for i in range(spec.layers)]
+    caches = cache_specs(spec)
     logits = TensorSpec("logits", "float32", (-1, spec.vocab_size))
     tokens = [TensorSpec("image_tokens", "float32", (-1, spec.image_tokens, spec.width)),
               TensorSpec("audio_tokens", "float32", (-1, spec.audio_tokens, spec.width))]
@@ -79,84 +98,83 @@ def graph_specs(spec: GenerationSpec, pre) -> List[GraphSpec]:
         row = [TensorSpec(name, "int32", (-1, bucket)) for name in ("ids", "valid", "slot_index")]
         specs.append(GraphSpec(prefill_name(bucket), f"a left-padded prompt of {bucket} tokens -> its last logits "
                                f"and the caches", PrefillNet, row + tokens, [logits, *caches]))
-    step = [TensorSpec(name, "int32", (-1, 1)) for name in ("token", "position", "slot")]
-    specs.append(GraphSpec(DECODE, "one token per sequence, each at its own cache slot -> logits and caches",
-                           DecodeNet, step + [TensorSpec("slot_valid", "int32", (-1, spec.cache_len))] + caches,
-                           [logits, *caches]))
-    return specs
+    return specs + [decode_graph(spec)]
 
 
-def _fitting(prompts: Sequence[MultimodalPrompt], layout: PromptLayout, bucket: int) -> List[MultimodalPrompt]:
-    """The sample prompts a bucket can hold; the typed questions without their image when none fits."""
+def _fitting(prompts: Sequence, layout, bucket: int) -> list:
+    """The sample prompts a bucket can hold; the typed questions without their attachments when none fits."""
     fits = [p for p in prompts if len(layout.render(p)) <= bucket]
     if not fits:
-        fits = [MultimodalPrompt(p.question) for p in prompts if p.question]
+        fits = [layout.text_only(p) for p in prompts if p.question]
         fits = [p for p in fits if len(layout.render(p)) <= bucket]
     if not fits:
         raise PackageError(f"no sample question fits the prompt bucket of {bucket} tokens")
     return fits
 
 
-def write_generative_package(cfg: Config, model, chat, prompts: Sequence[MultimodalPrompt], out: Path,
-                             source: Mapping[str, object], cache_len: int = 0, max_new_tokens: int = MAX_NEW_TOKENS,
-                             version: int = 1, force: bool = False, progress: bool = True,
-                             compression: Optional[Mapping[str, object]] = None,
-                             buckets: Sequence[int] = (), lite2_batch: Optional[int] = None) -> Path:
-    """Export `model` (a MultimodalLM in eval mode, `chat` its recipe's ChatEncoder) into the package `out`;
-    `prompts`: real test questions stored with the framework's greedy tokens (those no bucket holds are left
-    out). cache_len 0: the decoder's max_positions, at most 512; buckets: generation_spec's. lite2_batch: also
-    write lite2/, the generation graphs for the MindSpore Lite 2.0 runtime (export/lite2_folder.py
-    write_generative_lite2); batch 1 only."""
-    out = Path(out)
+@dataclass
+class GenerationPackage:
+    """What a generation package's writer needs from its model's kind: the spec, the graphs with their cells, the
+    layout of the stored questions and how each is stored (arrays in samples/generation.safetensors, a manifest
+    entry), the manifest's model-specific sections and the Lite 2.0 folder's writer (None: no lite2)."""
+
+    name: str
+    model: object
+    spec: GenerationSpec
+    graphs: List[GraphSpec]
+    layout: object
+    prompts: list
+    prompt_arrays: Callable[[object], Dict[str, np.ndarray]]
+    prompt_entry: Callable[[object], dict]
+    sections: Dict[str, object]
+    files: Dict[str, str]  # more files of the package: name -> text
+    write_lite2: Optional[Callable] = None
+
+
+def write_generation_package(package: GenerationPackage, out: Path, source: Mapping[str, object], version: int = 1,
+                             force: bool = False, progress: bool = True,
+                             compression: Optional[Mapping[str, object]] = None) -> Path:
+    """The package folder of `package`, written aside and swapped in: each graph with its sample inputs and the
+    framework's outputs, the parameters once in weights.bin, the stored questions with the framework's greedy
+    tokens, the tokenizer and the manifest."""
+    out, spec, layout = Path(out), package.spec, package.layout
     if out.exists() and not force:
         raise PackageError(f"{out}: already exists; pass --force to replace it or choose another --out")
-    if lite2_batch not in (None, GENERATIVE_BATCH):
-        raise PackageError(f"--lite2-batch {lite2_batch}: a generative package's lite2 graphs have batch "
-                           f"{GENERATIVE_BATCH} (the device generates one sequence at a time; the rows of a batch run "
-                           f"in turn); leave --lite2-batch out")
-    lm = model.decoder
-    cache_len = int(cache_len or min(lm.cfg.max_positions, 512))
-    spec = generation_spec(model, chat, cache_len, max_new_tokens, buckets)
-    lm.cache_len = cache_len  # a constant of the generation graphs
-    model.set_train(False)
-    nets = {s.name: s.build(model) for s in graph_specs(spec, cfg.preprocess)}
-    layout = PromptLayout(chat, cfg.preprocess, spec.limits, spec.pad_id, spec.stop_ids)
-    prompts = [p for p in prompts if len(layout.render(p)) <= spec.buckets[-1]]
+    prompts = [p for p in package.prompts if len(layout.render(p)) <= spec.buckets[-1]]
     if not prompts:
         raise PackageError(f"no sample question fits the largest prompt bucket ({spec.buckets[-1]} tokens); add a "
                            f"larger --prompt-bucket")
+    nets = {g.name: g.build(package.model) for g in package.graphs}
     batch = DecodeBatch(layout, PackageGraphs(spec, graph_caller(nets)))
     work = work_folder(out)
     (work / "samples").mkdir()
     try:
         entries = {}
-        for graph in progress_bar(graph_specs(spec, cfg.preprocess), desc="export graphs", disable=not progress, leave=False):
+        for graph in progress_bar(package.graphs, desc="export graphs", disable=not progress, leave=False):
             inputs = _sample_inputs(graph.name, batch, layout, prompts)
             entries[graph.name] = write_graph(graph, nets[graph.name], dict(zip((t.name for t in graph.inputs),
                                                                                  inputs)), work, None)
         sizes = share_weights(work, [entry["file"] for entry in entries.values()])
         greedy = sampling_config(max_new_tokens=SAMPLE_TOKENS)
         generated = DecodeBatch(layout, batch.graphs).generate(prompts, greedy)
-        save_file({**{f"{i}.{name}": np.ascontiguousarray(value) for i, p in enumerate(prompts)
-                      for name, value in (("image", p.image), ("mel", p.mel), ("frame_mask", p.frame_mask))
-                      if value is not None}},
-                  str(work / "samples" / "generation.safetensors"))
-        chat.tokenizer.save(str(work / spec.tokenizer))
-        lite2 = None if lite2_batch is None else write_generative_lite2(
-            work, model, [(g, _sample_inputs(g.name, batch, layout, prompts, GENERATIVE_BATCH))
-                          for g in graph_specs(spec, cfg.preprocess)], spec, chat, cfg.preprocess)
-        (work / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        save_file({f"{i}.{name}": np.ascontiguousarray(value) for i, p in enumerate(prompts)
+                   for name, value in package.prompt_arrays(p).items()}, str(work / "samples" / "generation.safetensors"))
+        layout.tokenizer.save(str(work / spec.tokenizer))
+        lite2 = None if package.write_lite2 is None else package.write_lite2(
+            work, [(g, _sample_inputs(g.name, batch, layout, prompts, GENERATIVE_BATCH)) for g in package.graphs])
+        for name, text in package.files.items():
+            (work / name).write_text(text)
         manifest = {
-            **manifest_head(cfg.name, model, source, version, compression, None),
+            **manifest_head(package.name, package.model, source, version, compression, None),
             "kind": "generative",
-            "preprocess": {**preprocess_dict(cfg.preprocess), "tokenizer": spec.tokenizer},
+            **package.sections,
             "labels": [],
             "graphs": entries,
             SECTION: spec.to_dict(),
             "generation_samples": {
                 "file": "samples/generation.safetensors", "max_new_tokens": SAMPLE_TOKENS,
-                "prompts": [{"question": p.question, "image": p.image is not None, "audio": p.mel is not None,
-                             "tokens": g.tokens, "text": g.text} for p, g in zip(prompts, generated)]},
+                "prompts": [{**package.prompt_entry(p), "tokens": g.tokens, "text": g.text}
+                            for p, g in zip(prompts, generated)]},
             "weights": {"file": "weights.bin", **sizes},
             **({"lite2": lite2} if lite2 else {}),
             "tolerance": TOLERANCE,
@@ -170,13 +188,50 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
     return out
 
 
-def _sample_inputs(name: str, batch: DecodeBatch, layout: PromptLayout, prompts: Sequence[MultimodalPrompt],
-                   rows: int = 0) -> List[np.ndarray]:
+def write_generative_package(cfg: Config, model, chat, prompts: Sequence[MultimodalPrompt], out: Path,
+                             source: Mapping[str, object], cache_len: int = 0, max_new_tokens: int = MAX_NEW_TOKENS,
+                             version: int = 1, force: bool = False, progress: bool = True,
+                             compression: Optional[Mapping[str, object]] = None,
+                             buckets: Sequence[int] = (), lite2_batch: Optional[int] = None) -> Path:
+    """Export `model` (a MultimodalLM in eval mode, `chat` its recipe's ChatEncoder) into the package `out`;
+    `prompts`: real test questions stored with the framework's greedy tokens (those no bucket holds are left
+    out). cache_len 0: the decoder's max_positions, at most 512; buckets: generation_spec's. lite2_batch: also
+    write lite2/, the generation graphs for the MindSpore Lite 2.0 runtime (export/lite2_folder.py
+    write_generative_lite2); batch 1 only."""
+    if lite2_batch not in (None, GENERATIVE_BATCH):
+        raise PackageError(f"--lite2-batch {lite2_batch}: a generative package's lite2 graphs have batch "
+                           f"{GENERATIVE_BATCH} (the device generates one sequence at a time; the rows of a batch run "
+                           f"in turn); leave --lite2-batch out")
+    lm = model.decoder
+    cache_len = int(cache_len or min(lm.cfg.max_positions, 512))
+    spec = generation_spec(model, chat, cache_len, max_new_tokens, buckets)
+    lm.cache_len = cache_len  # a constant of the generation graphs
+    model.set_train(False)
+    layout = PromptLayout(chat, cfg.preprocess, spec.limits, spec.pad_id, spec.stop_ids)
+    package = GenerationPackage(
+        cfg.name, model, spec, graph_specs(spec, cfg.preprocess), layout, list(prompts),
+        lambda p: {name: value for name, value in (("image", p.image), ("mel", p.mel), ("frame_mask", p.frame_mask))
+                   if value is not None},
+        lambda p: {"question": p.question, "image": p.image is not None, "audio": p.mel is not None},
+        {"preprocess": {**preprocess_dict(cfg.preprocess), "tokenizer": spec.tokenizer}},
+        {"config.json": json.dumps(cfg.to_dict(), indent=2)},
+        None if lite2_batch is None else
+        lambda work, samples: write_generative_lite2(work, model, samples, spec, chat, cfg.preprocess))
+    return write_generation_package(package, out, source, version, force, progress, compression)
+
+
+def _sample_inputs(name: str, batch: DecodeBatch, layout, prompts: Sequence, rows: int = 0) -> List[np.ndarray]:
     """Graph `name`'s sample inputs from the stored prompts (the decode graph's: one step after a prefill), at
     most `rows` of them (0: all; the lite2 graphs' batch-1 samples)."""
     if name == ATTACHMENTS:
         laid = layout.batch(list(prompts[:rows or None]), 1)
         return [laid.image, laid.mel, laid.frame_mask]
+    if name.startswith(VISION):  # the prompts whose images this size holds together, in order
+        size = int(name.rsplit("_", 1)[1])
+        fitting = [p for p in prompts if p.attachments and layout.vision_size([p]) <= size][:rows or None]
+        while len(fitting) > 1 and layout.vision_size(fitting) > size:
+            fitting.pop()
+        return list(layout.vision_inputs(fitting, size))
     if name == DECODE:
         step = DecodeBatch(layout, batch.graphs)
         step.prefill(prompts, [sampling_config(max_new_tokens=2)] * len(prompts))

@@ -18,17 +18,19 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence, Union
 
 import numpy as np
 
 from mindvl import preprocess as P
 from mindvl.engine.decode_loop import DecodeBatch
+from mindvl.engine.native_prompts import NativePrompt
 from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
 from mindvl.engine.prompts import MultimodalPrompt, preprocessed_prompt
 from mindvl.engine.sampling import Generation, SamplingConfig, sampling_config
-from mindvl.errors import ConfigError, shown
+from mindvl.errors import ConfigError, InputError, shown
 from mindvl.package_reader import graph_caller, load_graph
+from mindvl.preprocess.native_resolution import PatchConfig, VideoSampling, attachments
 
 LOG = logging.getLogger("mindvl.serving")
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # what the graphs compile for (DecodeBatch.sizes); more rows pad up
@@ -123,7 +125,7 @@ class ContinuousBatcher:
     def __init__(self, folder: Path, manifest: dict, key: Optional[bytes], lock: threading.Lock,
                  max_streams: int = 16) -> None:
         self.spec = GenerationSpec.from_manifest(manifest)
-        self.pre = P.preprocess_config(manifest["preprocess"])
+        self.pre = None if self.spec.native else P.preprocess_config(manifest["preprocess"])
         self.layout = package_layout(folder, manifest)
         self.graphs = {name: load_graph(folder, manifest, name, key) for name in self.spec.graph_names()}
         self.max_streams = max(1, int(max_streams))
@@ -139,17 +141,37 @@ class ContinuousBatcher:
 
     # ---- requests (any thread) ------------------------------------------------------------------------
 
-    def prepare(self, text: str, image: Optional[bytes], audio: Optional[bytes],
-                settings: SamplingConfig) -> MultimodalPrompt:
-        """A request's prompt as the engine takes it: the image and the clip preprocessed as in training, the
-        question rendered and tokenised, checked against the graphs' limits (ConfigError or InputError naming the
-        field). CPU work: call it from a worker thread, never the event loop (a long text, a large image)."""
+    def prepare(self, text: str, image: Optional[bytes], audio: Optional[bytes], settings: SamplingConfig,
+                images: Sequence[bytes] = (), video=None) -> Union[MultimodalPrompt, NativePrompt]:
+        """A request's prompt as the engine takes it: the image and the clip preprocessed as in training (a native
+        package's images and video cut at their own resolution), the question rendered and tokenised, checked
+        against the graphs' limits (ConfigError or InputError naming the field). CPU work: call it from a worker
+        thread, never the event loop (a long text, a large image)."""
         self.layout.limits.check_new_tokens(settings.max_new_tokens, "max_tokens")  # before anything is decoded
         self.layout.check_text(text or "")
-        prompt = preprocessed_prompt(text or "", self.pre, image, audio)
+        if self.spec.native:
+            prompt = self._native_prompt(text or "", [image] * (image is not None) + list(images), audio, video)
+        elif images or video is not None:
+            raise InputError("images, video: this model takes one image (`image`) per question and no video")
+        else:
+            prompt = preprocessed_prompt(text or "", self.pre, image, audio)
         prompt.rendered = self.layout.render(prompt)
         self.batch.admit([prompt], [settings], "max_tokens")  # the bucket and the cache's room
         return prompt
+
+    def _native_prompt(self, text: str, images: Sequence[bytes], audio: Optional[bytes], video) -> NativePrompt:
+        """Each image decoded within the decode budget and cut at its own resolution; a video from its file's
+        bytes (its header checked against the vision graphs first) or its frames' files."""
+        if audio is not None:
+            raise InputError("audio: this model reads images and video; send the question as text")
+        native = self.spec.native
+        opened = [P.open_image(data, f"images[{i}]") for i, data in enumerate(images)]
+        if isinstance(video, list):
+            video = [P.open_image(data, f"video frame {i}") for i, data in enumerate(video)]
+        found = attachments(opened, video, PatchConfig.from_processor(native["patches"]),
+                            VideoSampling(**native["video"]), native["tokens_per_second"],
+                            max_patches=native["vision_buckets"][-1])
+        return NativePrompt(text, found)
 
     def submit(self, prompt: MultimodalPrompt, settings: SamplingConfig,
                loop: asyncio.AbstractEventLoop) -> GenerationRequest:

@@ -2,8 +2,10 @@
 the answers (whole, as chunks, the models list, errors) written as OpenAI's JSON (openai_routes.py serves them).
 
 The request's `model` names a servable (its newest version; `name@N` a version). The last user message is the
-question: its text parts, at most one image (`image_url` with a `data:` URL; remote URLs are refused, the server
-fetches nothing) and at most one clip (`input_audio`, base64 WAV). System messages are accepted and not used (the
+question: its text parts, its images (`image_url` with a `data:` URL; remote URLs are refused, the server fetches
+nothing; a native-resolution VLM takes several, in order, the others one), at most one clip (`input_audio`, base64
+WAV) and, for a native-resolution VLM, one video: a file (`video_url`, vLLM's part, a data: URL of an MP4, WebM,
+...) or its frames (`{"type": "video", "video": [data: URLs of images]}`, taken 0.5 s apart). System messages are accepted and not used (the
 model was not trained with one); earlier turns are not replayed (the chat template holds one question). The
 settings are OpenAI's: max_tokens (or max_completion_tokens), temperature, top_p, stop, seed, n = 1 (and vLLM's
 extra top_k, repetition_penalty, ignore_eos, as the openai client sends them with `extra_body`); `stream`
@@ -22,7 +24,7 @@ from mindvl.errors import InputError, plain, shown
 from mindvl.preprocess.request import expect
 
 SETTINGS = ("max_tokens", "temperature", "top_p", "stop", "seed", "top_k", "repetition_penalty", "ignore_eos")
-DATA_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+)?(;[^,]*)?;base64,(.*)", re.S)
+DATA_URL = re.compile(r"data:((?:image|video)/[A-Za-z0-9.+-]+)?(;[^,]*)?;base64,(.*)", re.S)
 
 
 class OpenAIError(Exception):
@@ -45,23 +47,36 @@ def _b64(data: str, what: str, param: str) -> bytes:
         raise OpenAIError(f"{what}: not valid base64", param=param, code="invalid_base64") from None
 
 
-def _image(part: dict, param: str) -> bytes:
-    url = part.get("image_url")
+def _image(part: dict, param: str, kind: str = "image_url") -> bytes:
+    url = part.get(kind)
     url = url.get("url") if isinstance(url, dict) else url
+    return _data_url(url, kind, param)
+
+
+def _data_url(url: Any, what: str, param: str) -> bytes:
+    """The bytes of a data: URL (an image's or a video's)."""
+    media = "video" if what == "video_url" else "image"
     if not isinstance(url, str) or not url:
-        raise OpenAIError("image_url: expected {\"url\": \"data:image/...;base64,...\"}", param=param,
-                          code="missing_image_data")
+        raise OpenAIError(f"{what}: expected {{\"url\": \"data:{media}/...;base64,...\"}}", param=param,
+                          code=f"missing_{media}_data")
     if not url.startswith("data:"):
-        raise OpenAIError("image_url: remote URLs are not fetched by this server; send the image inline as a data: "
-                          "URL (data:image/png;base64,...)", param=param, code="remote_url_refused")
+        raise OpenAIError(f"{what}: remote URLs are not fetched by this server; send the {media} inline as a data: "
+                          f"URL (data:{media}/...;base64,...)", param=param, code="remote_url_refused")
     match = DATA_URL.fullmatch(url)
     if match is None:
-        raise OpenAIError("image_url: a malformed data: URL; expected data:image/<type>;base64,<data>", param=param,
+        raise OpenAIError(f"{what}: a malformed data: URL; expected data:{media}/<type>;base64,<data>", param=param,
                           code="invalid_data_url")
-    data = _b64(match.group(3), "image_url", param)
+    data = _b64(match.group(3), what, param)
     if not data:
-        raise OpenAIError("image_url: the data: URL holds no image data", param=param, code="missing_image_data")
+        raise OpenAIError(f"{what}: the data: URL holds no {media} data", param=param, code=f"missing_{media}_data")
     return data
+
+
+def _frames(part: dict, param: str) -> List[bytes]:
+    frames = part.get("video")
+    if not isinstance(frames, list) or not frames:
+        raise OpenAIError("video: expected a non-empty list of frames as data: URLs of images", param=param)
+    return [_data_url(frame, "video", f"{param}.video[{i}]") for i, frame in enumerate(frames)]
 
 
 def _audio(part: dict, param: str) -> bytes:
@@ -92,6 +107,7 @@ def question(messages: Any) -> Dict[str, Any]:
         raise OpenAIError(f"messages[{index}].content: expected a string or a list of parts",
                           param=f"messages[{index}].content")
     instance: Dict[str, Any] = {"text": ""}
+    images: List[bytes] = []
     for number, part in enumerate(parts):
         param = f"messages[{index}].content[{number}]"
         kind = part.get("type") if isinstance(part, dict) else None
@@ -101,15 +117,22 @@ def question(messages: Any) -> Dict[str, Any]:
             except InputError as error:
                 raise OpenAIError(str(error), param=param, code="invalid_value") from None
             instance["text"] = (instance["text"] + " " + part["text"]).strip()
-        elif kind in ("image_url", "input_audio"):
-            key = "image" if kind == "image_url" else "audio"
+        elif kind == "image_url":
+            images.append(_image(part, param))
+        elif kind in ("input_audio", "video_url", "video"):
+            key = "audio" if kind == "input_audio" else "video"
             if key in instance:
-                raise OpenAIError(f"{param}: a second {kind}; the model takes one image and one clip per question",
+                raise OpenAIError(f"{param}: a second {'clip' if key == 'audio' else 'video'}; a question takes one",
                                   param=param, code="too_many_attachments")
-            instance[key] = _image(part, param) if kind == "image_url" else _audio(part, param)
+            instance[key] = (_audio(part, param) if kind == "input_audio" else _image(part, param, kind)
+                             if kind == "video_url" else _frames(part, param))
         else:
-            raise OpenAIError(f"{param}: unsupported content part type {kind!r}; use text, image_url or input_audio",
-                              param=param, code="unsupported_content_part")
+            raise OpenAIError(f"{param}: unsupported content part type {kind!r}; use text, image_url, input_audio, "
+                              f"video_url or video", param=param, code="unsupported_content_part")
+    if len(images) == 1:
+        instance["image"] = images[0]
+    elif images:
+        instance["images"] = images  # a native-resolution VLM's; another model refuses them by name
     return instance
 
 

@@ -192,8 +192,8 @@ def _model_files(model_file, where: str) -> Tuple[str, ...]:
 
 
 GENERATE = "generate"
-GENERATION_INPUTS = ("text", "image", "audio", "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty",
-                     "stop", "seed", "ignore_eos")
+GENERATION_INPUTS = ("text", "image", "audio", "images", "video", "max_tokens", "temperature", "top_p", "top_k",
+                     "repetition_penalty", "stop", "seed", "ignore_eos")
 GENERATION_OUTPUTS = ("text", "tokens", "finish_reason", "prompt_tokens", "completion_tokens", "mean_logprob")
 
 

@@ -44,6 +44,7 @@ MAX_GRAPH_BATCH = BATCH_BUCKETS[-1]  # larger batches run in chunks of this many
 # MindSpore deadlocks when two GraphCells execute at once from two threads (both stuck in _exec_pip): graphs
 # run one at a time in the process, each still on its own runner thread; the Python stages stay parallel.
 GRAPH_LOCK = threading.Lock()
+MAX_FILES = {"images": 32, "video": 256}  # encoded files one question may send as a list (images, a video's frames)
 LOG = logging.getLogger("mindvl.serving")
 
 
@@ -230,6 +231,19 @@ class ModelRunner:
 
 
 @dataclass
+def _byte_list(instance: Dict[str, Any], name: str) -> List[bytes]:
+    """A generate input that is a list of encoded files (several images, a video's frames), checked, at most
+    MAX_FILES[name] of them; [] when absent."""
+    value = instance.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, bytes) for item in value):
+        raise InstanceError(f"{name}: expected a list of encoded files (bytes)")
+    if len(value) > MAX_FILES[name]:
+        raise InstanceError(f"{name}: {len(value)} files; a question takes at most {MAX_FILES[name]}")
+    return value
+
+
 class LoadedVersion:
     """Version `version` of servable `name`, ready to run its methods; `manifest` is None for a MindSpore
     Serving servable's bare MindIR files."""
@@ -297,10 +311,13 @@ class LoadedVersion:
             for name, kind in (("text", str), ("image", bytes), ("audio", bytes)):
                 if instance.get(name) is not None:
                     P.expect(instance[name], kind, name)
+            images, video = _byte_list(instance, "images"), instance.get("video")
+            if video is not None and not isinstance(video, bytes):
+                video = _byte_list(instance, "video")  # its frames
             settings = request_settings(instance)
             loop = asyncio.get_running_loop()
             prompt = await loop.run_in_executor(pool, self.batcher.prepare, text, instance.get("image"),
-                                                instance.get("audio"), settings)
+                                                instance.get("audio"), settings, images, video)
             return self.batcher.submit(prompt, settings, loop)
         except (MindvlError, TypeError, ValueError) as error:
             raise InstanceError(plain(str(error))) from None

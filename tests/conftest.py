@@ -392,6 +392,40 @@ def generative_server(vqa_package, generative_package, tmp_path_factory):
         yield server
 
 
+@pytest.fixture(scope="session")
+def native_package(tmp_path_factory):
+    """The tiny Qwen2.5-VL checkpoint (tests/references) converted and exported as a package: vision graphs of 256
+    and 512 patches, prompt buckets of 64 and 128 tokens, a cache of 256 -> (the converted folder, the package)."""
+    from mindvl.deploy.export_pipeline import PackageOptions, package_native_and_check
+    from mindvl.pretrained.vlm import convert_vlm
+
+    root = tmp_path_factory.mktemp("native_package")
+    folder = convert_vlm(Path(__file__).parent / "references" / "tiny_qwen2_5_vl", root / "converted",
+                         log=lambda line: None)
+    options = PackageOptions(prompt_buckets=(64, 128), cache_len=256, vision_buckets=(256, 512), progress=False)
+    package_native_and_check(folder, root / "package", options, log=lambda line: None)
+    return folder, root / "package"
+
+
+@pytest.fixture
+def video_file(tmp_path):
+    """write(frames uint8 (n, H, W, 3), fps) -> the path of an MPEG-4 file of them (PyAV), in tmp_path."""
+    import av
+
+    def write(frames, fps: int, name: str = "clip.mp4") -> Path:
+        path = tmp_path / name
+        with av.open(str(path), "w") as container:
+            stream = container.add_stream("mpeg4", rate=fps)
+            stream.height, stream.width = frames.shape[1:3]
+            stream.pix_fmt = "yuv420p"
+            for frame in frames:
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")))
+            container.mux(stream.encode())
+        return path
+
+    return write
+
+
 def _background_server(servable_dir):
     """The session servers' BackgroundServer over `servable_dir`: free 127.0.0.1 ports, batching up to 8, no
     directory polling."""

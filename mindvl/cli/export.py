@@ -14,7 +14,8 @@ def _package_options(args, evaluate: bool):
     from mindvl.deploy.export_pipeline import PackageOptions
     return PackageOptions(args.static_batch, package_key(args), args.version, args.force, evaluate, args.data_root,
                           graphs=args.graph, lite2_batch=args.lite2_batch if args.target == "lite2" else None,
-                          prompt_buckets=args.prompt_bucket, cache_len=args.cache_len, eval_limit=args.limit)
+                          prompt_buckets=args.prompt_bucket, cache_len=args.cache_len, eval_limit=args.limit,
+                          vision_buckets=args.vision_bucket)
 
 
 def _print_export(result: dict, as_json: bool) -> None:
@@ -37,8 +38,17 @@ def _export(args) -> None:
     if args.export_command is None and not (args.checkpoint and args.out):
         raise ConfigError("mindvl export: pass --checkpoint CKPT --out PKG, or a subcommand (verify, evaluate, "
                           "compare, quantize, prune, distill, onnx)")
-    from mindvl.deploy.export_pipeline import package_and_check
+    from mindvl.deploy.export_pipeline import package_and_check, package_native_and_check
+    from mindvl.loading import VLM, describe
     from mindvl.model_factory import load_model
+    if Path(args.checkpoint).is_dir() and describe(args.checkpoint).kind == VLM:
+        if args.config or args.overrides or args.data_root:
+            raise ConfigError("--config, --set and --data-root: a converted VLM folder has no recipe; leave them out")
+        _print_export(package_native_and_check(args.checkpoint, args.out, _package_options(args, args.evaluate)),
+                      args.json)
+        return
+    if args.vision_bucket:
+        raise ConfigError("--vision-bucket: only a converted VLM's package (mindvl convert vlm) has vision graphs")
     cfg, model, source = load_model(args.checkpoint, args.config, args.overrides, args.data_root)
     _print_export(package_and_check(cfg, model, source, args.out, _package_options(args, args.evaluate)), args.json)
 
@@ -121,7 +131,8 @@ def _export_onnx(args) -> int:
 
 def _add_source_args(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument("--checkpoint", required=required, metavar="CKPT",
-                        help="run folder (its newest checkpoint), step_* folder or model.safetensors")
+                        help="run folder (its newest checkpoint), step_* folder or model.safetensors; or a converted "
+                             "VLM folder (mindvl convert vlm)")
     parser.add_argument("--out", required=required, metavar="PKG", help="package folder to write")
     parser.add_argument("--config", help="recipe the checkpoint was trained with (default: the run's config.json)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -153,6 +164,9 @@ def _add_package_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-len", type=int, default=0, metavar="N",
                         help="a generative model: the key/value cache's length, prompt + new tokens (default: the "
                              "decoder's max_positions, at most 512)")
+    parser.add_argument("--vision-bucket", type=int, action="append", default=[], metavar="V",
+                        help="a converted VLM (mindvl convert vlm): export a vision graph for images packed in up to V "
+                             "patches (repeatable; default 1024 and 4096; a request needing more is refused)")
     _add_limit_arg(parser)
     parser.add_argument("--version", type=int, default=1, help="model version recorded in the manifest")
     parser.add_argument("--force", action="store_true", help="replace an existing package folder")

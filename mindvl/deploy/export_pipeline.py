@@ -25,6 +25,7 @@ class PackageOptions:
     prompt_buckets: Sequence[int] = field(default_factory=tuple)  # a generative package's prefill buckets
     cache_len: int = 0  # a generative package's key/value cache length (0: export/prefill_decode.py's default)
     eval_limit: int = 0  # a generative package's evaluation: the first N questions of each kind (0: all)
+    vision_buckets: Sequence[int] = field(default_factory=tuple)  # a native VLM's packed patches per vision graph
 
 
 def _write_generative(cfg, model, source: Mapping[str, object], out: Path, options: PackageOptions,
@@ -60,6 +61,31 @@ def package_and_check(cfg, model, source: Mapping[str, object], out: Path, optio
     else:
         path = write_package(cfg, model, out, source, options.static_batches, options.key, compression,
                              options.version, options.force, options.progress, options.graphs, options.lite2_batch)
+    return _checked(path, options, log)
+
+
+def package_native_and_check(folder: Path, out: Path, options: PackageOptions, log: Callable[[str], None] = print,
+                             cache_len: int = 0) -> dict:
+    """A converted VLM folder (mindvl convert vlm) written as a package (export/native_prefill_decode.py) and
+    verified; options a generative run's package takes and a VLM's does not are refused by name."""
+    from mindvl.export.native_prefill_decode import write_native_package
+    from mindvl.generation.native_generator import NativeGenerator
+
+    given = [flag for flag, value in (("--static-batch", options.static_batches), ("--key-file/--key-env",
+             options.key), ("--graph", options.graphs), ("--target lite2", options.lite2_batch),
+             ("--evaluate", options.evaluate)) if value]
+    if given:
+        raise PackageError(f"{', '.join(given)}: not available for a converted VLM's package (its graphs are vision "
+                           f"per bucket, prefill per bucket and decode; Lite 2.0 and evaluation: not yet); leave "
+                           f"{given[0]} out")
+    generator = NativeGenerator(folder, cache_len=options.cache_len or 1024, kernels="standard")
+    path = write_native_package(generator, out, options.cache_len, buckets=options.prompt_buckets,
+                                vision_buckets=options.vision_buckets, version=options.version, force=options.force,
+                                progress=options.progress)
+    return _checked(path, options, log)
+
+
+def _checked(path: Path, options: PackageOptions, log: Callable[[str], None]) -> dict:
     report = verify_package(path, options.key)
     log(report.summary())
     if not report.ok:

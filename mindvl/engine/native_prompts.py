@@ -11,16 +11,16 @@ in order, each in the processor's order).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from mindvl.chat import IMAGE_SLOT, VIDEO_SLOT, ChatEncoder, Turn
 from mindvl.engine.prompts import GenerationLimits, PromptBatch, _Layout
 from mindvl.engine.vision_layout import mrope_positions, vision_layout
-from mindvl.errors import ConfigError
+from mindvl.errors import ConfigError, InputError
+from mindvl.preprocess.native_resolution import IMAGE, VIDEO
 
-IMAGE, VIDEO = "image", "video"
 
 
 @dataclass
@@ -30,22 +30,59 @@ class NativePrompt:
 
     question: str
     attachments: List[Tuple[str, np.ndarray, np.ndarray, float]] = field(default_factory=list)
+    rendered: Optional[np.ndarray] = None  # its token ids, once a layout rendered them (the server does it off the engine)
+
+    @property
+    def patches(self) -> int:
+        return sum(int(np.prod(grid)) for _, _, grid, _ in self.attachments)
 
 
 class NativePromptLayout(_Layout):
     """Renders NativePrompts with a chat encoder (its template has image and video slot tokens) and lays a batch
     out for NativePrefill. window: the tower's windows in merged blocks (0: none); window_rows: pad windows to
-    rows (the tower's window_row); vision_bucket: the packed patches are padded to a multiple of it; stop_ids: ids
-    that end an answer besides the template's turn end (a checkpoint's end-of-text)."""
+    rows (the tower's window_row); stop_ids: ids that end an answer besides the template's turn end (a
+    checkpoint's end-of-text). vision_buckets: the packed patches' sizes a package's vision graphs take (the
+    smallest that holds a batch's; more are refused by name); without them the patches are padded to a multiple
+    of vision_bucket (the framework's graphs compile per size). The merged tokens are padded to the largest size's
+    count, so the prefill graphs take one shape of vision tokens."""
 
     def __init__(self, chat: ChatEncoder, limits: GenerationLimits, merge: int = 2, window: int = 0,
                  window_rows: bool = False, vision_bucket: int = 64, patch_values: int = 1176,
-                 stop_ids: Sequence[int] = ()):
+                 stop_ids: Sequence[int] = (), vision_buckets: Sequence[int] = ()):
         super().__init__(chat.tokenizer, limits, chat.pad_id, [chat.stop_id, *stop_ids])
         self.chat = chat
         self.patch_values = patch_values
         self.merge, self.window, self.window_rows, self.vision_bucket = merge, window, window_rows, vision_bucket
+        self.vision_buckets = tuple(sorted(vision_buckets))
         self.pads = {IMAGE: chat.slot_ids[IMAGE_SLOT], VIDEO: chat.slot_ids[VIDEO_SLOT]}
+        self._extra_stops = tuple(stop_ids)
+
+    def with_buckets(self, buckets: Sequence[int]) -> "NativePromptLayout":
+        """This layout over other prompt buckets (one graph's bucket when export writes its samples)."""
+        return NativePromptLayout(self.chat, self.limits.with_buckets(buckets), self.merge, self.window,
+                                  self.window_rows, self.vision_bucket, self.patch_values, self._extra_stops,
+                                  self.vision_buckets)
+
+    def text_only(self, prompt: NativePrompt) -> NativePrompt:
+        return NativePrompt(prompt.question)
+
+    def vision_size(self, prompts: Sequence[NativePrompt]) -> int:
+        """The patches `prompts`' attachments take packed together (windows padded to rows), or InputError when
+        no vision graph holds them."""
+        grids = [grid for p in prompts for _, _, grid, _ in p.attachments]
+        needed = vision_layout(grids, self.merge, self.window, self.window_rows).patches if grids else 0
+        if not self.vision_buckets:
+            return max(-(-needed // self.vision_bucket), 1) * self.vision_bucket
+        fitting = [b for b in self.vision_buckets if b >= needed]
+        if not fitting:
+            raise InputError(f"images: {needed:,} patches laid out, more than the {self.vision_buckets[-1]:,} this "
+                             f"model's vision graphs hold; send fewer or smaller images (or a shorter video)")
+        return fitting[0]
+
+    def render(self, prompt: NativePrompt) -> np.ndarray:
+        """The prompt's ids, its attachments checked against the vision graphs."""
+        self.vision_size([prompt])
+        return self.encode(prompt)
 
     @staticmethod
     def is_single(prompts) -> bool:
@@ -54,6 +91,8 @@ class NativePromptLayout(_Layout):
     def encode(self, prompt: NativePrompt) -> np.ndarray:
         """The user turn: the attachments in order, then the question (as the family's processors place a
         message's content parts: nothing between them)."""
+        if prompt.rendered is not None:
+            return prompt.rendered
         if not prompt.question.strip() and not prompt.attachments:
             raise ConfigError("generate: no question: give the question as text")
         self.check_text(prompt.question)
@@ -69,10 +108,8 @@ class NativePromptLayout(_Layout):
         rows = len(prompts)
         positions = np.zeros((rows, bucket, 3), np.int32)
         deltas = np.zeros(rows, np.int64)
-        attachments = [a for p in prompts for a in p.attachments]
-        # with no image in the batch, one empty vision row stands in (the graph's inputs are fixed), its token unused
-        total = sum(int(np.prod(grid)) // self.merge ** 2 for _, _, grid, _ in attachments) or 1
-        slot_index = np.full((rows, bucket), total, np.int32)
+        vision = self.vision_inputs(prompts)
+        slot_index = np.full((rows, bucket), len(vision[-1]), np.int32)  # the token capacity: not a slot
         first = 0
         for row, (prompt, tokens) in enumerate(zip(prompts, encoded)):
             grids = [grid for _, _, grid, _ in prompt.attachments]
@@ -82,14 +119,23 @@ class NativePromptLayout(_Layout):
             is_pad = np.isin(tokens, list(self.pads.values()))
             slot_index[row, bucket - len(tokens):][is_pad] = first + np.arange(int(is_pad.sum()))
             first += int(is_pad.sum())
+        vision_ids = list(self.pads.values())
+        return PromptBatch(ids, valid, [np.asarray(t)[~np.isin(t, vision_ids)] for t in encoded], slot_index,
+                           positions=positions, deltas=deltas, vision=vision)
+
+    def vision_inputs(self, prompts: Sequence[NativePrompt], size: int = 0) -> tuple:
+        """The vision graph's inputs for `prompts`' attachments packed in order (engine.vision_layout.graph_inputs),
+        padded to `size` patches (0: vision_size's) and their merged tokens' order (restore) to the token capacity
+        (the largest vision bucket's; without buckets, this size's)."""
+        size = size or self.vision_size(prompts)
+        capacity = (self.vision_buckets[-1] if self.vision_buckets else size) // self.merge ** 2
+        attachments = [a for p in prompts for a in p.attachments]
         if attachments:
             layout = vision_layout([grid for _, _, grid, _ in attachments], self.merge, self.window,
                                    self.window_rows)
-            size = -(-layout.patches // self.vision_bucket) * self.vision_bucket
-            vision = layout.graph_inputs(np.concatenate([patches for _, patches, _, _ in attachments]), size)
-        else:
-            width = self.vision_bucket
-            vision = (np.zeros((1, width, self.patch_values), np.float32), np.zeros((1, width, 2), np.int32),
-                      np.zeros((1, width), np.int32), np.zeros((1, width), np.int32), np.zeros(1, np.int32))
-        return PromptBatch(ids, valid, [np.asarray(t) for t in encoded], slot_index, positions=positions,
-                           deltas=deltas, vision=vision)
+            *inputs, restore = layout.graph_inputs(np.concatenate([patches for _, patches, _, _ in attachments]), size)
+        else:  # empty patches stand in (the graph's inputs are fixed); no slot reads their tokens
+            inputs = [np.zeros((1, size, self.patch_values), np.float32), np.zeros((1, size, 2), np.int32),
+                      np.zeros((1, size), np.int32), np.zeros((1, size), np.int32)]
+            restore = np.zeros(0, np.int32)
+        return (*inputs, np.pad(restore.astype(np.int32), (0, capacity - len(restore))))  # padding: never read

@@ -1,5 +1,6 @@
 """A model package's generation graphs as the engine's graphs: `attachments` (image and audio -> projected
-tokens), a prefill per prompt-length bucket (`prefill_<L>`) and ONE decode graph.
+tokens; a native-resolution VLM's package: `vision_<V>`, a batch's images packed in V patches -> their tokens), a
+prefill per prompt-length bucket (`prefill_<L>`) and ONE decode graph.
 
 The manifest's "generation" section says how they fit (GenerationSpec). The graphs are called through a
 `run(name, inputs) -> outputs` function, so the same engine drives GraphCells (the server, `export verify`),
@@ -8,14 +9,14 @@ an array (caches stay as the runtime returned them between steps: no copy per st
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from mindvl.chat import ChatEncoder, chat_template
-from mindvl.engine.prompts import GenerationLimits, PromptBatch, PromptLayout
+from mindvl.engine.prompts import GenerationLimits, PromptBatch, PromptLayout, _Layout
 from mindvl.errors import ConfigError
 from mindvl.package_reader import as_array
 
@@ -28,6 +29,10 @@ Run = Callable[[str, Sequence[Any]], Sequence[Any]]
 
 def prefill_name(bucket: int) -> str:
     return f"prefill_{bucket}"
+
+
+def vision_name(patches: int) -> str:
+    return f"vision_{patches}"
 
 
 @dataclass
@@ -49,6 +54,9 @@ class GenerationSpec:
     max_new_tokens: int
     tokenizer: str = "tokenizer.json"
     defaults: Dict[str, Any] = field(default_factory=dict)  # SamplingConfig fields a request leaves out
+    # a native-resolution VLM's package: vision_buckets (patches), merge, window, window_rows, patch_values,
+    # tokens_per_second, patches (PatchConfig), video (VideoSampling), default_system (the chat's system turn)
+    native: Optional[Dict[str, Any]] = None
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> "GenerationSpec":
@@ -62,7 +70,13 @@ class GenerationSpec:
         return asdict(self)
 
     def graph_names(self) -> List[str]:
-        return [ATTACHMENTS, *(prefill_name(b) for b in self.buckets), DECODE]
+        first = [vision_name(v) for v in self.native["vision_buckets"]] if self.native else [ATTACHMENTS]
+        return [*first, *(prefill_name(b) for b in self.buckets), DECODE]
+
+    @property
+    def vision_capacity(self) -> int:
+        """The vision tokens a native package's prefill graphs take (its largest vision bucket's)."""
+        return self.native["vision_buckets"][-1] // self.native["merge"] ** 2
 
     @property
     def limits(self) -> GenerationLimits:
@@ -70,21 +84,30 @@ class GenerationSpec:
 
 
 def package_chat(folder: Path, spec: GenerationSpec) -> ChatEncoder:
-    """The package's chat template over its tokenizer."""
+    """The package's chat template (with a native package's default system turn) over its tokenizer."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(Path(folder) / spec.tokenizer))
-    return ChatEncoder(tokenizer, chat_template(spec.chat_template), spec.image_tokens, spec.audio_tokens,
-                       spec.pad_id)
+    template = chat_template(spec.chat_template)
+    if spec.native:
+        template = replace(template, default_system=spec.native["default_system"])
+    return ChatEncoder(tokenizer, template, spec.image_tokens, spec.audio_tokens, spec.pad_id)
 
 
-def package_layout(folder: Path, manifest: dict) -> PromptLayout:
-    """The prompt layout of a generative package: its chat template, preprocessing and limits."""
+def package_layout(folder: Path, manifest: dict) -> _Layout:
+    """The prompt layout of a generative package: its chat template, preprocessing (or a native package's vision
+    layout) and limits."""
+    from mindvl.engine.native_prompts import NativePromptLayout
     from mindvl.preprocess import preprocess_config
 
     spec = GenerationSpec.from_manifest(manifest)
-    return PromptLayout(package_chat(folder, spec), preprocess_config(manifest["preprocess"]), spec.limits,
-                        spec.pad_id, spec.stop_ids)
+    chat = package_chat(folder, spec)
+    if spec.native:
+        native = spec.native
+        return NativePromptLayout(chat, spec.limits, native["merge"], native["window"], native["window_rows"],
+                                  patch_values=native["patch_values"], stop_ids=spec.stop_ids,
+                                  vision_buckets=native["vision_buckets"])
+    return PromptLayout(chat, preprocess_config(manifest["preprocess"]), spec.limits, spec.pad_id, spec.stop_ids)
 
 
 class PackageGraphs:
@@ -98,6 +121,8 @@ class PackageGraphs:
 
     def prefill_inputs(self, batch: PromptBatch) -> List[np.ndarray]:
         """A PromptBatch as its prefill graph's inputs."""
+        if batch.positions is not None:
+            return self._native_prefill_inputs(batch)
         count = len(batch.ids)
         if batch.image.any() or batch.frame_mask.any():
             image_tokens, audio_tokens = (self.to_numpy(o) for o in self.run(ATTACHMENTS, [
@@ -106,6 +131,15 @@ class PackageGraphs:
             image_tokens = np.zeros((count, self.spec.image_tokens, self.spec.width), np.float32)
             audio_tokens = np.zeros((count, self.spec.audio_tokens, self.spec.width), np.float32)
         return [batch.ids, batch.valid.astype(np.int32), batch.slot_index, image_tokens, audio_tokens]
+
+    def _native_prefill_inputs(self, batch: PromptBatch) -> List[np.ndarray]:
+        """The vision graph of the batch's packed size first, only when it has a real patch (segment ids > 0)."""
+        patches, positions, frames, windows, restore = batch.vision
+        if frames.any():
+            tokens = self.to_numpy(self.run(vision_name(patches.shape[1]), list(batch.vision))[0])
+        else:
+            tokens = np.zeros((self.spec.vision_capacity, self.spec.width), np.float32)
+        return [batch.ids, batch.valid.astype(np.int32), batch.positions, batch.slot_index, tokens]
 
     def prefill(self, batch: PromptBatch) -> Tuple[np.ndarray, List[Any]]:
         """-> (the last logits (rows, vocab), the caches: every layer's keys, then values)."""

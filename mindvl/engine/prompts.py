@@ -236,6 +236,9 @@ class PromptLayout(_Layout):
         """This layout over other prompt buckets (one graph's bucket when export writes its samples)."""
         return PromptLayout(self.chat, self.pre, self.limits.with_buckets(buckets), self.pad_id, self.stop_ids)
 
+    def text_only(self, prompt: MultimodalPrompt) -> MultimodalPrompt:
+        return MultimodalPrompt(prompt.question)
+
     def render(self, prompt: MultimodalPrompt) -> Rendered:
         self.check_text(prompt.question)
         image, audio = prompt.image is not None, prompt.mel is not None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 import numpy as np
 
 from mindvl.choices import KERNELS
-from mindvl.engine.native_prompts import IMAGE, VIDEO, NativePrompt, NativePromptLayout
+from mindvl.engine.native_prompts import NativePrompt, NativePromptLayout
 from mindvl.errors import InputError
 from mindvl.generation.language_model import LanguageModel, decoder_kernels
 
@@ -83,32 +83,14 @@ class NativeGenerator(LanguageModel):
         """A question about images (files, PIL images or uint8 (H, W, 3) arrays, in order) and/or a video (a file,
         sampled at `fps` or the folder's rate; or its frames, a list of images taken `fps` apart), each cut at its
         own resolution. The attachments come first in the turn, as the family's processors place them."""
-        from mindvl.preprocess.native_resolution import image_patches, read_video, video_patches
+        from mindvl.preprocess.native_resolution import attachments
 
         if isinstance(images, (str, Path, np.ndarray)) or hasattr(images, "convert"):
             images = [images]
-        attachments = [(IMAGE, *image_patches(_image(image, f"images[{i}]"), self.patches, f"images[{i}]"), 1.0)
-                       for i, image in enumerate(images)]
-        if video is not None:
-            sampling = self.video if fps is None else dataclasses.replace(self.video, fps=fps)
-            if isinstance(video, (str, Path)):
-                frames, rate = read_video(video, sampling)
-            else:
-                frames, rate = [_image(frame, f"video frame {i}") for i, frame in enumerate(video)], sampling.fps
-                if len(frames) > sampling.max_frames:
-                    frames = [frames[i] for i in sampling.indices(len(frames), rate)]
-            if len(frames) < 1:
-                raise InputError("video: no frames")
-            pixels, grid = video_patches(frames, sampling.patch_config(len(frames), self.patches))
-            attachments.append((VIDEO, pixels, grid, self.time_step(rate)))
-        return NativePrompt(question, attachments)
-
-    def time_step(self, fps: float) -> float:
-        """M-RoPE time positions between a video's temporal patches: Qwen2.5-VL counts seconds (tokens_per_second x
-        the seconds a temporal patch spans), Qwen2-VL counts patches."""
-        if not self.tokens_per_second:
-            return 1.0
-        return self.tokens_per_second * self.patches.temporal_patch_size / fps
+        if video is not None and not isinstance(video, (str, Path)):
+            video = [_image(frame, f"video frame {i}") for i, frame in enumerate(video)]
+        return NativePrompt(question, attachments([_image(image, f"images[{i}]") for i, image in enumerate(images)],
+                                                  video, self.patches, self.video, self.tokens_per_second, fps))
 
 
 def _image(value, name: str):

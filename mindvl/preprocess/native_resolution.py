@@ -199,32 +199,82 @@ class VideoSampling:
         return dataclasses.replace(config, min_pixels=self.min_pixels, max_pixels=int(highest))
 
 
-def read_video(path, sampling: VideoSampling = VideoSampling(), name: str = "video") -> Tuple[np.ndarray, float]:
-    """A video file's kept frames, uint8 (n, H, W, 3), and the rate they were kept at (frames a second): PyAV
-    decodes it once, converting only the kept frames. InputError naming `name` for a file it cannot read."""
+def read_video(source, sampling: VideoSampling = VideoSampling(), config: PatchConfig = PatchConfig(),
+               name: str = "video", max_patches: int = 0) -> Tuple[np.ndarray, float]:
+    """A video (a file's path, or its bytes) -> its kept frames, uint8 (n, h, w, 3) each already at the video's
+    smart_resize size, and the rate they were kept at (frames a second). PyAV reads the header first: a frame
+    larger than MAX_IMAGE_PIXELS, or (max_patches > 0) kept frames that would take more patches, are refused
+    before a frame is decoded; then it decodes once, converting and resizing only the kept frames. InputError
+    naming `name` for what it cannot read."""
+    import io
+
     import av
 
+    from mindvl.preprocess.image import MAX_IMAGE_PIXELS
+
+    opened = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else str(source)
+    what = "the data" if isinstance(source, (bytes, bytearray)) else str(source)
     try:
-        with av.open(str(path)) as container:
+        with av.open(opened) as container:
             if not container.streams.video:
-                raise InputError(f"{name}: {path} holds no video stream")
+                raise InputError(f"{name}: {what} holds no video stream")
             stream = container.streams.video[0]
+            width, height = stream.codec_context.width, stream.codec_context.height
+            if not width or not height or width * height > MAX_IMAGE_PIXELS:
+                raise InputError(f"{name}: frames of {width}x{height} pixels; send frames of at most "
+                                 f"{MAX_IMAGE_PIXELS:,} pixels")
             source_fps = float(stream.average_rate or stream.guessed_rate or sampling.fps)
             total = stream.frames or 0
             if total <= 0:  # the container does not say: count them
-                total = sum(1 for _ in container.decode(stream))
+                total = sum(1 for _ in container.demux(stream) if _.size)
                 container.seek(0)
             keep = sampling.indices(total, source_fps)
+            frame_config = sampling.patch_config(len(keep), config)
+            side_h, side_w = smart_resize(height, width, frame_config, name)
+            patches_needed = -(-len(keep) // config.temporal_patch_size) * side_h * side_w // config.patch_size ** 2
+            if max_patches and patches_needed > max_patches:
+                raise InputError(f"{name}: {len(keep)} frames of {side_w}x{side_h} take {patches_needed:,} patches, "
+                                 f"more than the {max_patches:,} this model takes; send a shorter video or a lower "
+                                 f"fps")
             wanted, frames = set(keep.tolist()), {}
             for index, frame in enumerate(container.decode(stream)):
                 if index in wanted:
-                    frames[index] = frame.to_ndarray(format="rgb24")
+                    frames[index] = resized(frame.to_image(), frame_config, f"{name} frame {index}")
                 if index >= keep[-1]:
                     break
-    except (av.error.FFmpegError, OSError) as exc:
-        raise InputError(f"{name}: {path} is not a readable video ({exc})") from exc
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        raise InputError(f"{name}: {what} is not a readable video ({exc})") from exc
     if not frames:
-        raise InputError(f"{name}: {path} has no decodable frame")
-    found = [frames[i] for i in keep if i in frames]
+        raise InputError(f"{name}: {what} has no decodable frame")
     kept_fps = len(keep) / (total / source_fps) if total else sampling.fps
-    return np.stack(found), kept_fps
+    return np.stack([frames[i] for i in keep if i in frames]), kept_fps
+
+
+IMAGE, VIDEO = "image", "video"  # an attachment's kind
+
+
+def attachments(images: Sequence = (), video=None, config: PatchConfig = PatchConfig(),
+                sampling: VideoSampling = VideoSampling(), tokens_per_second: float = 0.0, fps=None,
+                max_patches: int = 0) -> list:
+    """A question's attachments as a native-resolution model takes them: (kind, patches, grid, time step) per image
+    (PIL images or uint8 arrays, in order) and for the video (a file's path or bytes, sampled at `fps` or the
+    sampling's; or its frames, a list of images taken `fps` apart). The time step is M-RoPE's between a video's
+    temporal patches: Qwen2.5-VL counts seconds (tokens_per_second x the seconds a temporal patch spans),
+    Qwen2-VL (tokens_per_second 0) counts patches."""
+    import dataclasses
+
+    found = [(IMAGE, *image_patches(image, config, f"images[{i}]"), 1.0) for i, image in enumerate(images)]
+    if video is not None:
+        sampling = sampling if fps is None else dataclasses.replace(sampling, fps=fps)
+        if isinstance(video, (str, bytes, bytearray)) or hasattr(video, "__fspath__"):
+            frames, rate = read_video(video, sampling, config, max_patches=max_patches)
+        else:
+            frames, rate = list(video), sampling.fps
+            if not frames:
+                raise InputError("video: no frames")
+            if len(frames) > sampling.max_frames:
+                frames = [frames[i] for i in sampling.indices(len(frames), rate)]
+        pixels, grid = video_patches(frames, sampling.patch_config(len(frames), config))
+        step = tokens_per_second * config.temporal_patch_size / rate if tokens_per_second else 1.0
+        found.append((VIDEO, pixels, grid, step))
+    return found

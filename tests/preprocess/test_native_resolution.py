@@ -84,23 +84,20 @@ def test_a_video_keeps_an_even_count_of_frames_at_the_rate_within_the_bounds():
         VideoSampling(fps=1, min_pixels=3136, max_pixels=47040)
 
 
-def test_a_video_file_is_decoded_once_keeping_the_sampled_frames(tmp_path):
+def test_a_video_file_is_decoded_once_keeping_the_sampled_frames(video_file, tmp_path):
     """A real MPEG-4 file (3 s at 10 fps, each frame a different grey) read back at 2 fps: 6 frames, each the grey
     of the frame its index names."""
-    import av
-
     greys = np.linspace(20, 235, 30).astype(np.uint8)
-    path = tmp_path / "clip.mp4"
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("mpeg4", rate=10)
-        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
-        for grey in greys:
-            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), grey, np.uint8), format="rgb24")
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode())
-    frames, rate = read_video(path, VideoSampling(fps=2))
-    kept = VideoSampling(fps=2).indices(30, 10.0)
-    assert frames.shape == (6, 48, 64, 3) and rate == pytest.approx(2.0)
+    path = video_file(np.repeat(greys[:, None, None, None], 48 * 64 * 3, 1).reshape(30, 48, 64, 3), fps=10)
+    sampling = VideoSampling(fps=2, min_pixels=3136, max_pixels=47040)
+    frames, rate = read_video(path, sampling)
+    kept = sampling.indices(30, 10.0)
+    assert frames.shape == (6, 56, 56, 3) and rate == pytest.approx(2.0)  # resized as they are decoded
     assert np.abs(frames.mean(axis=(1, 2, 3)) - greys[kept]).max() < 4
+    assert np.array_equal(read_video(path.read_bytes(), sampling)[0], frames)  # its bytes, as a server gets it
+    with pytest.raises(InputError, match=r"6 frames of 56x56 take 48 patches, more than the 40"):
+        read_video(path, sampling, max_patches=40)
     with pytest.raises(InputError, match="is not a readable video"):
         read_video(tmp_path / "none.mp4")
+    with pytest.raises(InputError, match="the data is not a readable video"):
+        read_video(b"not a video")

@@ -1,0 +1,117 @@
+"""Writing a converted native-resolution VLM (Qwen2-VL, Qwen2.5-VL: mindvl.generation.NativeGenerator) as a model
+package: the same folder as a generative run's (export/prefill_decode.py) with the vision tower as graphs of its
+own.
+
+  vision_<V>.mindir       a batch's images packed in V patches (windows as rows where the tower has windows) ->
+                          their merged tokens, padded to the largest V's count T (one graph per vision bucket V)
+  prefill_<L>.mindir      a prompt of L tokens (left-padded) with M-RoPE positions (B, L, 3) and its images'
+                          tokens (T, width) -> last logits and the key/value caches
+  decode.mindir           the decoder's step (each token at its index plus its prompt's M-RoPE delta)
+
+The manifest's "generation" section holds the vision buckets, the tower's layout, the image and video processor
+settings and the chat's default system turn ("native"); the stored questions are easy-vqa's test images, one,
+two at once and none, with the framework's greedy tokens, which `mindvl export verify` generates again. A request
+whose images take more patches than the largest vision bucket is refused by name. No lite2/ yet (see
+docs/native_resolution.md).
+"""
+from dataclasses import asdict
+from pathlib import Path
+from typing import List, Mapping, Optional, Sequence
+
+from mindvl.cells import NativePrefillNet, NativeVisionNet
+from mindvl.engine.native_prompts import NativePrompt, NativePromptLayout
+from mindvl.engine.package_graphs import GenerationSpec, prefill_name, vision_name
+from mindvl.errors import PackageError
+from mindvl.export.graphs import GraphSpec, TensorSpec
+from mindvl.export.prefill_decode import (MAX_NEW_TOKENS, GenerationPackage, cache_specs, decode_graph,
+                                          prefill_buckets, write_generation_package)
+
+VISION_BUCKETS = (1024, 4096)  # patches: a 448 x 448 image, or four; a 896 x 896 image, or a short video
+SAMPLE_QUESTIONS = 3  # easy-vqa test images: one with its question, two at once, a question alone
+
+
+def native_spec(generator, cache_len: int, max_new_tokens: int, buckets: Sequence[int],
+                vision_buckets: Sequence[int]) -> GenerationSpec:
+    """The package's GenerationSpec: prefill buckets as a generative run's, the vision buckets checked against the
+    tower's layout (multiples of a window row, or of a merged block)."""
+    layout, lm = generator.layout, generator.lm
+    unit = layout.window ** 2 * layout.merge ** 2 if layout.window_rows else layout.merge ** 2
+    vision_buckets = sorted(set(vision_buckets)) or list(VISION_BUCKETS)
+    wrong = [v for v in vision_buckets if v < unit or v % unit]
+    if wrong:
+        raise PackageError(f"--vision-bucket {wrong[0]}: expected a positive multiple of {unit} patches (the tower's "
+                           f"{'window row' if layout.window_rows else 'merged block'})")
+    native = {"vision_buckets": vision_buckets, "merge": layout.merge, "window": layout.window,
+              "window_rows": layout.window_rows, "patch_values": layout.patch_values,
+              "tokens_per_second": generator.tokens_per_second, "patches": asdict(generator.patches),
+              "video": asdict(generator.video), "default_system": layout.chat.template.default_system}
+    return GenerationSpec(cache_len=cache_len, buckets=prefill_buckets(cache_len, max_new_tokens, buckets),
+                          layers=lm.layers, vocab_size=lm.cfg.vocab_size, width=lm.width, kv_width=lm.kv_width,
+                          image_tokens=0, audio_tokens=0, pad_id=layout.pad_id, stop_ids=sorted(layout.stop_ids),
+                          chat_template=layout.chat.template.name, max_new_tokens=max_new_tokens, native=native)
+
+
+def native_graph_specs(spec: GenerationSpec) -> List[GraphSpec]:
+    native = spec.native
+    tokens = TensorSpec("vision_tokens", "float32", (spec.vision_capacity, spec.width))
+    specs = []
+    for size in native["vision_buckets"]:
+        specs.append(GraphSpec(vision_name(size), f"images packed in {size} patches -> their merged tokens",
+                               NativeVisionNet,
+                               [TensorSpec("patches", "float32", (1, size, native["patch_values"])),
+                                TensorSpec("vision_positions", "int32", (1, size, 2)),
+                                TensorSpec("frames", "int32", (1, size)), TensorSpec("windows", "int32", (1, size)),
+                                TensorSpec("restore", "int32", (spec.vision_capacity,))], [tokens]))
+    for bucket in spec.buckets:
+        row = [TensorSpec(name, "int32", (-1, bucket)) for name in ("ids", "valid")]
+        specs.append(GraphSpec(prefill_name(bucket), f"a left-padded prompt of {bucket} tokens and its images' tokens "
+                                                     f"-> its last logits and the caches", NativePrefillNet,
+                               [*row, TensorSpec("positions", "int32", (-1, bucket, 3)),
+                                TensorSpec("slot_index", "int32", (-1, bucket)), tokens],
+                               [TensorSpec("logits", "float32", (-1, spec.vocab_size)), *cache_specs(spec)]))
+    return specs + [decode_graph(spec)]
+
+
+def sample_prompts(generator, count: int = SAMPLE_QUESTIONS) -> List[NativePrompt]:
+    """Real questions to store: easy-vqa's first test image with its question, the next two together, and a
+    question alone."""
+    import easy_vqa
+
+    questions, _, image_ids = easy_vqa.get_test_questions()
+    paths = easy_vqa.get_test_image_paths()
+    first, second, third = (paths[i] for i in (image_ids[0], image_ids[0] + 1, image_ids[0] + 2))
+    prompts = [generator.prompt(questions[0], images=[first]),
+               generator.prompt("what differs between the two shapes?", images=[second, third]),
+               generator.prompt("what is a triangle?")]
+    return prompts[:count]
+
+
+def write_native_package(generator, out: Path, cache_len: int = 0, max_new_tokens: int = MAX_NEW_TOKENS,
+                         buckets: Sequence[int] = (), vision_buckets: Sequence[int] = (), version: int = 1,
+                         force: bool = False, progress: bool = True,
+                         source: Optional[Mapping[str, object]] = None) -> Path:
+    """Export a NativeGenerator's model into the package `out`. cache_len 0: the decoder's max_positions, at most
+    1024 (the model's cache is rebuilt at it); buckets: the prompt lengths (prefill_buckets'); vision_buckets: the
+    packed patches a vision graph takes (default VISION_BUCKETS)."""
+    lm = generator.lm
+    cache_len = int(cache_len or min(lm.cfg.max_positions, 1024))
+    spec = native_spec(generator, cache_len, max_new_tokens, buckets, vision_buckets)
+    lm.cache_len = cache_len  # a constant of the generation graphs
+    generator.model.set_train(False)
+    old = generator.layout
+    layout = NativePromptLayout(old.chat, spec.limits, old.merge, old.window, old.window_rows,
+                                patch_values=old.patch_values, stop_ids=spec.stop_ids,
+                                vision_buckets=spec.native["vision_buckets"])
+    prompts = [p for p in sample_prompts(generator) if layout.vision_size([p]) <= spec.native["vision_buckets"][-1]]
+    source = dict(source or {"checkpoint": str(generator.folder), "converted_from": generator.config["source"]})
+
+    def entry(prompt: NativePrompt) -> dict:
+        return {"question": prompt.question, "attachments": [{"kind": kind, "time_step": step}
+                                                             for kind, _, _, step in prompt.attachments]}
+
+    package = GenerationPackage(
+        generator.folder.name, generator.model, spec, native_graph_specs(spec), layout, prompts,
+        lambda p: {f"{k}.{name}": value for k, (_, patches, grid, _) in enumerate(p.attachments)
+                   for name, value in (("patches", patches), ("grid", grid))},
+        entry, {"architecture": generator.config["architecture"]}, {})
+    return write_generation_package(package, out, source, version, force, progress)

@@ -1,0 +1,63 @@
+"""A converted native-resolution VLM (the tiny Qwen2.5-VL) exported as a package: vision graphs per patch bucket,
+prefill per prompt bucket and one decode graph, verified on their samples and on the stored easy-vqa questions
+(one image, two at once, text), generating through the package's graphs exactly what the framework generates; the
+options a VLM's package does not take refused by name."""
+import json
+
+import numpy as np
+import pytest
+
+from mindvl.cli import main
+from mindvl.deploy.verify import stored_prompts, verify_package
+from mindvl.engine.decode_loop import generate
+from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
+from mindvl.engine.sampling import sampling_config
+from mindvl.generation.native_generator import NativeGenerator
+from mindvl.package_reader import graph_caller, load_graph
+
+
+@pytest.fixture(scope="module")
+def package(native_package):
+    return native_package
+
+
+def test_the_graphs_and_the_stored_questions_reproduce_the_framework(package):
+    folder, path = package
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert list(manifest["graphs"]) == ["vision_256", "vision_512", "prefill_64", "prefill_128", "decode"]
+    native = manifest["generation"]["native"]
+    assert native["vision_buckets"] == [256, 512] and native["window_rows"] and native["window"] == 4
+    samples = manifest["generation_samples"]["prompts"]
+    assert [len(p["attachments"]) for p in samples] == [1, 2, 0]
+    report = verify_package(path)
+    assert report.ok and any(c.graph == "generate" for c in report.checks)
+    # the framework (a NativeGenerator, mindvl's fused decoder kernels) generates the stored tokens too
+    generator = NativeGenerator(folder, 256)
+    prompts = stored_prompts(path, manifest)
+    framework = generator.generate(prompts, max_new_tokens=manifest["generation_samples"]["max_new_tokens"])
+    assert [g.tokens for g in framework] == [p["tokens"] for p in samples]
+
+
+def test_images_past_the_largest_vision_graph_are_refused_by_name(package):
+    folder, path = package
+    manifest = json.loads((path / "manifest.json").read_text())
+    layout = package_layout(path, manifest)
+    generator = NativeGenerator(folder, 256)
+    many = generator.prompt("q", images=[np.full((196, 196, 3), 80, np.uint8)] * 3)  # 4 windows of 64 each
+    with pytest.raises(Exception, match="768 patches laid out, more than the 512 this model's vision graphs hold"):
+        layout.render(many)
+    graphs = PackageGraphs(GenerationSpec.from_manifest(manifest), graph_caller(
+        {name: load_graph(path, manifest, name) for name in GenerationSpec.from_manifest(manifest).graph_names()}))
+    two = generator.prompt("q", images=[np.full((196, 196, 3), 80, np.uint8)] * 2)
+    alone = generate(layout, graphs, [two], sampling_config(max_new_tokens=4))[0]
+    assert alone.tokens == generator.generate(two, max_new_tokens=4).tokens
+
+
+def test_options_a_vlm_package_does_not_take_are_refused(package, tmp_path, capsys):
+    folder, _ = package
+    out = str(tmp_path / "p")
+    assert main(["export", "--checkpoint", str(folder), "--out", out, "--target", "lite2"]) == 2
+    assert "--target lite2: not available for a converted VLM's package" in capsys.readouterr().err
+    assert main(["export", "--checkpoint", str(folder), "--out", out, "--vision-bucket", "100"]) == 2
+    assert "--vision-bucket 100: expected a positive multiple of 64 patches" in capsys.readouterr().err
+    assert main(["export", "--checkpoint", str(folder), "--out", out, "--config", "tiny"]) == 2
