@@ -1,5 +1,5 @@
-"""`build_cells`: the cells of a model config with random weights (a MultimodalModel, or a MultimodalLM when
-the config has a decoder). Callers that want a model with weights use `mindvl.model_factory.create_model` (a
+"""`build_cells`: the cells of a model config with random weights (a MultimodalModel, a MultimodalLM when
+the config has a decoder, a NativeVLM when it has a native-resolution tower). Callers that want a model with weights use `mindvl.model_factory.create_model` (a
 recipe) or `mindvl.from_pretrained` (a trained run); `count_cell_parameters` counts a built cell's (the
 planner counts a config's: count_config_parameters)."""
 from typing import Union
@@ -16,11 +16,17 @@ def count_cell_parameters(cell: nn.Cell) -> int:
     return int(sum(np.prod(p.shape) for p in cell.get_parameters()))
 
 
-def build_cells(model_cfg, pre_cfg, cache_len: int = 0) -> Union[MultimodalModel, MultimodalLM]:
+def build_cells(model_cfg, pre_cfg, cache_len: int = 0) -> Union[MultimodalModel, MultimodalLM, nn.Cell]:
     """The cells `ModelConfig` and `PreprocessConfig` describe: a MultimodalLM for a generative config (its
     decoder's shape bound, e.g. from a converted LLM folder; `cache_len`: its generation graphs'), else a
     MultimodalModel, whose model_cfg.text.vocab_size must hold the tokenizer's size (the recipe's 0 means
     "from the data set"). A ValueError says what to bind first otherwise."""
+    if model_cfg.native.layers > 0:
+        from .decoder import CausalLM
+        from .native_vision import NativeVisionTower
+        from .native_vlm import NativeVLM
+
+        return NativeVLM(NativeVisionTower(**model_cfg.native.tower()), CausalLM(model_cfg.decoder, cache_len))
     if model_cfg.generative:
         if model_cfg.decoder.layers <= 0:
             raise ValueError("model.decoder: a generative model needs its decoder's shape (layers > 0); bind it from "

@@ -14,6 +14,11 @@ from .slots import SlotWriter
 
 
 class NativeVLM(nn.Cell):
+    """construct(ids, segment, positions, slot_index, label_index, patches, vision_positions, frames, windows,
+    restore) -> logits (L, vocab) at the labelled positions: packed conversations as MultimodalLM takes them
+    (mindvl.data.reading.native_packing lays them out), positions (R, S, 3) M-RoPE, slot_index into the batch's
+    images' merged tokens (their count: not a slot), the images packed as engine.vision_layout.graph_inputs."""
+
     def __init__(self, tower: NativeVisionTower, decoder: CausalLM):
         super().__init__()
         self.tower = tower
@@ -23,6 +28,11 @@ class NativeVLM(nn.Cell):
     def embed(self, ids, slot_index, patches, vision_positions, frames, windows, restore):
         """ids (rows, seq) embedded, each slot (slot_index < the batch's vision tokens) holding its vision token."""
         return self.fill(ids, self.tower(patches, vision_positions, frames, windows, restore)[0], slot_index)
+
+    def construct(self, ids, segment, positions, slot_index, label_index, patches, vision_positions, frames, windows,
+                  restore):
+        x = self.embed(ids, slot_index, patches, vision_positions, frames, windows, restore)
+        return self.decoder.logits_at(self.decoder.packed_states(x, segment, positions), label_index)
 
     def fill(self, ids, vision_tokens, slot_index):
         """ids (rows, seq) embedded, slot (r, s) holding vision_tokens[slot_index[r, s]] (T, width) where it is < T."""

@@ -103,15 +103,15 @@ def write_native_package(generator, out: Path, cache_len: int = 0, max_new_token
                                 patch_values=old.patch_values, stop_ids=spec.stop_ids,
                                 vision_buckets=spec.native["vision_buckets"])
     prompts = [p for p in sample_prompts(generator) if layout.vision_size([p]) <= spec.native["vision_buckets"][-1]]
-    source = dict(source or {"checkpoint": str(generator.folder), "converted_from": generator.config["source"]})
+    source = dict(source or generator.source)
 
     def entry(prompt: NativePrompt) -> dict:
         return {"question": prompt.question, "attachments": [{"kind": kind, "time_step": step}
                                                              for kind, _, _, step in prompt.attachments]}
 
     package = GenerationPackage(
-        generator.folder.name, generator.model, spec, native_graph_specs(spec), layout, prompts,
+        generator.name, generator.model, spec, native_graph_specs(spec), layout, prompts,
         lambda p: {f"{k}.{name}": value for k, (_, patches, grid, _) in enumerate(p.attachments)
                    for name, value in (("patches", patches), ("grid", grid))},
-        entry, {"architecture": generator.config["architecture"]}, {})
+        entry, {"architecture": generator.architecture}, {})
     return write_generation_package(package, out, source, version, force, progress)

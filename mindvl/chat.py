@@ -93,6 +93,8 @@ def recipe_template(model_cfg) -> str:
     name = model_cfg.chat_template
     if name != AUTO:
         return chat_template(name).name
+    if model_cfg.is_native:  # Qwen2-VL, Qwen2.5-VL
+        return "qwen"
     folder = model_cfg.pretrained.decoder
     if not folder:
         return "word"
@@ -113,14 +115,20 @@ def recipe_chat(cfg, image_tokens: int, audio_tokens: int) -> "ChatEncoder":
 
     from tokenizers import Tokenizer
 
-    folder = cfg.model.pretrained.decoder
+    import dataclasses
+
+    folder = cfg.model.pretrained.decoder or cfg.model.pretrained.vlm
     path = Path(folder) / "tokenizer.json" if folder else Path(cfg.data.root) / "tokenizer.json"
+    if cfg.model.is_native and cfg.model.native.tokenizer:
+        path = Path(cfg.model.native.tokenizer)
     if not path.is_file():
         raise InputError(f"tokenizer {path}: no such file; "
-                         + ("convert the decoder again with `mindvl convert llm`" if folder
+                         + ("convert the model again with `mindvl convert`" if folder
                             else "build the data set first with `mindvl data build --config <recipe>`"))
-    return ChatEncoder(Tokenizer.from_file(str(path)), chat_template(recipe_template(cfg.model)), image_tokens,
-                       audio_tokens)
+    template = chat_template(recipe_template(cfg.model))
+    if cfg.model.is_native:  # the checkpoint's default system turn (mindvl.pretrained.qwen2_vl.checkpoint_template)
+        template = dataclasses.replace(template, default_system=cfg.model.native.default_system)
+    return ChatEncoder(Tokenizer.from_file(str(path)), template, image_tokens, audio_tokens)
 
 
 Part = Union[str, int]  # text, or IMAGE_SLOT / AUDIO_SLOT / VIDEO_SLOT

@@ -177,6 +177,9 @@ class PretrainedConfig:
     # folder written by `mindvl convert llm`: the generative model's decoder (its config.json sets
     # model.decoder but its lora settings); frozen like the encoders, LoRA adapters still train
     decoder: str = ""
+    # folder written by `mindvl convert vlm` (Qwen2-VL, Qwen2.5-VL): the whole native-resolution model, its
+    # config.json setting model.native and model.decoder (but their lora settings); frozen like the others
+    vlm: str = ""
     freeze: bool = True  # keep their weights fixed; LoRA adapters (model.<kind>.lora_rank > 0) still train
     # Folder of the frozen encoders' cached outputs (mindvl.pretrained.tokens): training runs each encoder
     # once per distinct input instead of at every step. "": run them at every step.
@@ -201,6 +204,59 @@ class ProjectorConfig:
 
 
 @dataclass
+class NativeConfig:
+    """A native-resolution VLM's vision side (model.native; set from model.pretrained.vlm's folder when bound, so
+    a run's config.json rebuilds it): the tower (cells.native_vision.NativeVisionTower's settings, `window` its
+    windows' side in merged blocks), how images are cut (mindvl.preprocess.native_resolution.PatchConfig's
+    fields), the M-RoPE time scale of a video, and the chat's default system turn. layers 0: no native tower.
+    vision_bucket: a training batch's packed patches are padded to a multiple of it (one graph per size met)."""
+
+    layers: int = 0
+    width: int = 0
+    heads: int = 0
+    mlp_width: int = 0
+    out_width: int = 0
+    patch_values: int = 1176
+    merge: int = 2
+    full_layers: List[int] = field(default_factory=list)
+    family: str = "qwen2_5_vl"
+    window: int = 0
+    tokens_per_second: float = 0.0
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    image_mean: List[float] = field(default_factory=lambda: [0.48145466, 0.4578275, 0.40821073])
+    image_std: List[float] = field(default_factory=lambda: [0.26862954, 0.26130258, 0.27577711])
+    default_system: Optional[str] = None
+    tokenizer: str = ""  # its tokenizer.json (bound from model.pretrained.vlm; a merged run's own copy)
+    vision_bucket: int = 256
+
+    def validate(self) -> None:
+        if self.layers < 0:
+            raise ConfigError(f"model.native.layers: expected 0 (no native tower) or more, got {self.layers}")
+        if self.layers:
+            _positive(self, "model.native", ["width", "heads", "mlp_width", "out_width", "patch_values", "merge",
+                                              "patch_size", "temporal_patch_size", "min_pixels", "max_pixels",
+                                              "vision_bucket"])
+            if self.family not in ("qwen2_5_vl", "qwen2_vl"):
+                raise ConfigError(f"model.native.family: expected qwen2_5_vl or qwen2_vl, got {self.family!r}")
+
+    def tower(self) -> Dict[str, Any]:
+        """NativeVisionTower's keyword settings."""
+        return {"width": self.width, "layers": self.layers, "heads": self.heads, "mlp_width": self.mlp_width,
+                "out_width": self.out_width, "patch_values": self.patch_values, "merge": self.merge,
+                "full_layers": tuple(self.full_layers), "family": self.family,
+                "window_row": self.window * self.window * self.merge * self.merge}
+
+    def patches(self) -> Dict[str, Any]:
+        """PatchConfig's keyword settings."""
+        return {"patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
+                "merge_size": self.merge, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels,
+                "image_mean": tuple(self.image_mean), "image_std": tuple(self.image_std)}
+
+
+@dataclass
 class ModelConfig:
     vision: VisionConfig = field(default_factory=VisionConfig)
     text: TextConfig = field(default_factory=TextConfig)
@@ -212,6 +268,7 @@ class ModelConfig:
     # building and training it come with the generative recipe.
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     projector: ProjectorConfig = field(default_factory=ProjectorConfig)
+    native: NativeConfig = field(default_factory=NativeConfig)  # a native-resolution VLM's tower (layers > 0)
     # how conversations are laid out for the decoder (mindvl.chat.TEMPLATES); "auto": the converted decoder's
     # family's, or "word" for a decoder trained from scratch on the data set's word tokenizer (checked when
     # the recipe is bound: mindvl.chat.recipe_template)
@@ -231,6 +288,7 @@ class ModelConfig:
             raise ConfigError(f"model.decoder.layers: expected 0 (no decoder) or more, got {self.decoder.layers}")
         if self.decoder.layers > 0:
             self.decoder.validate("model.decoder")
+        self.native.validate()
         if self.generative:
             self.projector.validate()
             if self.pretrained.text:
@@ -244,8 +302,13 @@ class ModelConfig:
 
     @property
     def generative(self) -> bool:
-        """A decoder answers in words: model.decoder given, or a converted LLM to take it from."""
-        return self.decoder.layers > 0 or bool(self.pretrained.decoder)
+        """A decoder answers in words: model.decoder given, or a converted LLM or VLM to take it from."""
+        return self.decoder.layers > 0 or bool(self.pretrained.decoder) or self.is_native
+
+    @property
+    def is_native(self) -> bool:
+        """A native-resolution VLM (model.native's tower, or a converted VLM to take it from)."""
+        return self.native.layers > 0 or bool(self.pretrained.vlm)
 
     def stacks(self) -> Tuple[str, ...]:
         """The Transformer stacks the model runs, in pipeline order (STACKS without the text encoder when

@@ -132,7 +132,7 @@ def _open_llm(path: Path, cache_len: int, kernels: str):
 def _open_vlm(path: Path, cache_len: int, kernels: str):
     from mindvl.generation.native_generator import NativeGenerator
 
-    return NativeGenerator(path, cache_len, kernels)
+    return NativeGenerator.from_folder(path, cache_len, kernels)
 
 
 def _open_generative_run(path: Path, cache_len: int, kernels: str):
@@ -140,7 +140,11 @@ def _open_generative_run(path: Path, cache_len: int, kernels: str):
     from mindvl.generation.multimodal_generator import MultimodalGenerator
     from mindvl.model_factory import load_model
 
-    cfg, model, _ = load_model(path)
+    cfg, model, source = load_model(path)
+    if cfg.model.is_native:  # a fine-tuned Qwen2(.5)-VL
+        from mindvl.generation.native_generator import NativeGenerator
+
+        return NativeGenerator.from_run(cfg, model, cache_len, kernels, source)
     chat = recipe_chat(cfg, model.image_tokens, model.audio_tokens)
     return MultimodalGenerator(model, chat.tokenizer, chat, cfg.preprocess, cache_len, kernels)
 

@@ -51,7 +51,7 @@ def bind_config(cfg: Config) -> Config:
     trained from scratch reads the data set's word tokenizer, so its vocab_size 0 means that tokenizer's size."""
     tokenizer = load_tokenizer(cfg.data.root)
     bind_data(cfg, tokenizer.vocab_size, len(load_meta(cfg.data.root)["answers"]))
-    if cfg.model.generative and not cfg.model.pretrained.decoder:
+    if cfg.model.generative and not cfg.model.pretrained.decoder and not cfg.model.is_native:
         _bind(cfg.data, cfg.model.decoder, "vocab_size", "model.decoder.vocab_size", tokenizer.vocab_size,
               "tokens in its tokenizer")
     bind_pretrained(cfg)  # the converted folders exist and fit, or an error names the one that does not
@@ -94,7 +94,7 @@ def merge_lora(cfg: Config, model) -> Tuple[Config, Any]:
     for name in stacks:
         getattr(merged_cfg.model, name).lora_rank = 0
     pretrained = merged_cfg.model.pretrained
-    pretrained.vision = pretrained.text = pretrained.audio = pretrained.decoder = pretrained.cache = ""
+    pretrained.vision = pretrained.text = pretrained.audio = pretrained.decoder = pretrained.vlm = pretrained.cache = ""
     merged = build_cells(merged_cfg.model, merged_cfg.preprocess)
     assign_state(merged, merged_state(model), "the LoRA-merged weights")
     merged.set_train(False)

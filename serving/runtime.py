@@ -230,7 +230,6 @@ class ModelRunner:
         return graph.thread.submit(graph.run_checked, checked).result()
 
 
-@dataclass
 def _byte_list(instance: Dict[str, Any], name: str) -> List[bytes]:
     """A generate input that is a list of encoded files (several images, a video's frames), checked, at most
     MAX_FILES[name] of them; [] when absent."""
@@ -244,6 +243,7 @@ def _byte_list(instance: Dict[str, Any], name: str) -> List[bytes]:
     return value
 
 
+@dataclass
 class LoadedVersion:
     """Version `version` of servable `name`, ready to run its methods; `manifest` is None for a MindSpore
     Serving servable's bare MindIR files."""

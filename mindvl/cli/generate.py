@@ -10,15 +10,19 @@ def _generate(args) -> None:
     from mindvl.generation.multimodal_generator import prompt_from_files
     from mindvl.loading import GENERATIVE_RUN, LLM, VLM, describe, from_pretrained
 
+    from mindvl.generation.native_generator import NativeGenerator
+
     found = describe(args.model)
-    if found.kind != VLM and (args.video or args.fps is not None or len(args.image) > 1):
+    model = from_pretrained(args.model, cache_len=args.cache_len, kernels=args.kernels) \
+        if found.kind in (VLM, GENERATIVE_RUN) else None
+    native = isinstance(model, NativeGenerator)  # a converted VLM, or a native run trained from one
+    if not native and (args.video or args.fps is not None or len(args.image) > 1):
         raise ConfigError(f"--model {args.model}: {found.description}; several --image, --video and --fps need a "
-                          f"converted VLM (mindvl convert vlm)")
-    if found.kind == VLM:
+                          f"native-resolution VLM (mindvl convert vlm, or a run trained from one)")
+    if native:
         if args.audio:
-            raise ConfigError(f"--model {args.model}: a converted VLM reads images and video; --audio needs a "
-                              f"trained generative run")
-        model = from_pretrained(args.model, cache_len=args.cache_len, kernels=args.kernels)
+            raise ConfigError(f"--model {args.model}: a native-resolution VLM reads images and video; --audio needs "
+                              f"a trained generative run of the multimodal recipes")
         prompt = model.prompt(args.prompt, images=args.image, video=args.video, fps=args.fps)
     elif found.kind == LLM:
         if args.image or args.audio:
@@ -28,7 +32,6 @@ def _generate(args) -> None:
         prompt = args.prompt
         print(args.prompt, end="", flush=True)
     elif found.kind == GENERATIVE_RUN:  # the question, with the image and the spoken question if given
-        model = from_pretrained(args.model, cache_len=args.cache_len, kernels=args.kernels)
         prompt = prompt_from_files(args.prompt, model.pre, args.image[0] if args.image else None, args.audio)
     else:
         raise ConfigError(f"--model {args.model}: {found.description}; `mindvl generate` answers with a converted "

@@ -78,7 +78,7 @@ def package_native_and_check(folder: Path, out: Path, options: PackageOptions, l
         raise PackageError(f"{', '.join(given)}: not available for a converted VLM's package (its graphs are vision "
                            f"per bucket, prefill per bucket and decode; Lite 2.0 and evaluation: not yet); leave "
                            f"{given[0]} out")
-    generator = NativeGenerator(folder, cache_len=options.cache_len or 1024, kernels="standard")
+    generator = NativeGenerator.from_folder(folder, cache_len=options.cache_len or 1024, kernels="standard")
     path = write_native_package(generator, out, options.cache_len, buckets=options.prompt_buckets,
                                 vision_buckets=options.vision_buckets, version=options.version, force=options.force,
                                 progress=options.progress)

@@ -17,7 +17,7 @@ import numpy as np
 
 from mindvl.chat import IMAGE_SLOT, VIDEO_SLOT, ChatEncoder, Turn
 from mindvl.engine.prompts import GenerationLimits, PromptBatch, _Layout
-from mindvl.engine.vision_layout import mrope_positions, vision_layout
+from mindvl.engine.vision_layout import laid_out_patches, mrope_positions, packed_inputs
 from mindvl.errors import ConfigError, InputError
 from mindvl.preprocess.native_resolution import IMAGE, VIDEO
 
@@ -69,8 +69,8 @@ class NativePromptLayout(_Layout):
     def vision_size(self, prompts: Sequence[NativePrompt]) -> int:
         """The patches `prompts`' attachments take packed together (windows padded to rows), or InputError when
         no vision graph holds them."""
-        grids = [grid for p in prompts for _, _, grid, _ in p.attachments]
-        needed = vision_layout(grids, self.merge, self.window, self.window_rows).patches if grids else 0
+        needed = laid_out_patches([grid for p in prompts for _, _, grid, _ in p.attachments], self.merge, self.window,
+                                  self.window_rows)
         if not self.vision_buckets:
             return max(-(-needed // self.vision_bucket), 1) * self.vision_bucket
         fitting = [b for b in self.vision_buckets if b >= needed]
@@ -124,18 +124,10 @@ class NativePromptLayout(_Layout):
                            positions=positions, deltas=deltas, vision=vision)
 
     def vision_inputs(self, prompts: Sequence[NativePrompt], size: int = 0) -> tuple:
-        """The vision graph's inputs for `prompts`' attachments packed in order (engine.vision_layout.graph_inputs),
-        padded to `size` patches (0: vision_size's) and their merged tokens' order (restore) to the token capacity
-        (the largest vision bucket's; without buckets, this size's)."""
+        """The vision graph's inputs for `prompts`' attachments packed in order (engine.vision_layout.packed_inputs),
+        in `size` patches (0: vision_size's), the merged tokens' order padded to the token capacity (the largest
+        vision bucket's; without buckets, this size's)."""
         size = size or self.vision_size(prompts)
         capacity = (self.vision_buckets[-1] if self.vision_buckets else size) // self.merge ** 2
-        attachments = [a for p in prompts for a in p.attachments]
-        if attachments:
-            layout = vision_layout([grid for _, _, grid, _ in attachments], self.merge, self.window,
-                                   self.window_rows)
-            *inputs, restore = layout.graph_inputs(np.concatenate([patches for _, patches, _, _ in attachments]), size)
-        else:  # empty patches stand in (the graph's inputs are fixed); no slot reads their tokens
-            inputs = [np.zeros((1, size, self.patch_values), np.float32), np.zeros((1, size, 2), np.int32),
-                      np.zeros((1, size), np.int32), np.zeros((1, size), np.int32)]
-            restore = np.zeros(0, np.int32)
-        return (*inputs, np.pad(restore.astype(np.int32), (0, capacity - len(restore))))  # padding: never read
+        return packed_inputs([a for p in prompts for a in p.attachments], self.merge, self.window, self.window_rows,
+                             size, capacity, self.patch_values)

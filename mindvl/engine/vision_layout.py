@@ -152,3 +152,23 @@ def mrope_positions(ids: Sequence[int], grids: Sequence[Sequence[int]], vision_t
     if item != len(grids):
         raise InputError(f"{len(grids)} images and videos given, but the prompt has vision token runs for {item}")
     return positions.astype(np.int32), int(start - len(ids))
+
+
+def packed_inputs(attachments: Sequence[tuple], merge: int, window: int, window_rows: bool, size: int,
+                  capacity: int, patch_values: int) -> tuple:
+    """The tower's inputs (VisionLayout.graph_inputs) for `attachments` ((kind, patches, grid, time step) each, in
+    the order their tokens are read) packed in `size` patches, their merged tokens' order (restore) padded to
+    `capacity`, which the slots take as "not a slot"; empty patches, which no slot reads, when there is none."""
+    if attachments:
+        layout = vision_layout([grid for _, _, grid, _ in attachments], merge, window, window_rows)
+        *inputs, restore = layout.graph_inputs(np.concatenate([patches for _, patches, _, _ in attachments]), size)
+    else:
+        inputs = [np.zeros((1, size, patch_values), np.float32), np.zeros((1, size, 2), np.int32),
+                  np.zeros((1, size), np.int32), np.zeros((1, size), np.int32)]
+        restore = np.zeros(0, np.int32)
+    return (*inputs, np.pad(restore.astype(np.int32), (0, capacity - len(restore))))  # the padding: never read
+
+
+def laid_out_patches(grids: Sequence[Sequence[int]], merge: int, window: int, window_rows: bool) -> int:
+    """The patches `grids` take packed (with windows as rows, each window padded to a full row)."""
+    return vision_layout(grids, merge, window, window_rows).patches if len(grids) else 0

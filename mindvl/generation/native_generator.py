@@ -27,56 +27,85 @@ ImageLike = Union[str, Path, np.ndarray, "Image.Image"]  # a file, or the pictur
 
 
 class NativeGenerator(LanguageModel):
-    """A converted VLM folder with its tokenizer, processor settings and chat template, ready to generate.
+    """A NativeVLM with its chat encoder and processor settings, ready to generate: a converted VLM folder
+    (`from_folder`, what mindvl.from_pretrained opens) or a trained native run (`from_run`).
 
-    cache_len: the key/value cache's length (prompt, vision tokens included, + new tokens); kernels: mindvl.
-    choices.KERNELS for the language model (LanguageModel's; the vision tower runs MindSpore's operators)."""
+    window: the tower's windows in merged blocks (0: none); cache_len: the key/value cache's length (prompt, vision
+    tokens included, + new tokens); kernels: mindvl.choices.KERNELS for the language model (LanguageModel's; the
+    vision tower runs MindSpore's operators); stop_ids: besides the chat's turn end; name, source, architecture:
+    what a package exported from it records."""
 
-    def __init__(self, folder: Union[str, Path], cache_len: int = 1024, kernels: str = KERNELS.default):
+    def __init__(self, model, chat, patches, video, tokens_per_second: float, window: int, cache_len: int = 1024,
+                 kernels: str = KERNELS.default, stop_ids: Sequence[int] = (), name: str = "vlm",
+                 source: Optional[dict] = None, architecture: str = ""):
         import mindspore as ms
+
+        from mindvl.cells.decoder import Decode
+        from mindvl.cells.native_vlm import NativePrefill
+        from mindvl.engine.prompts import GenerationLimits
+        from mindvl.generation.cell_graphs import CellGraphs
+
+        KERNELS.check("kernels", kernels)
+        self.cfg = model.decoder.cfg
+        limits = GenerationLimits.for_cache(min(cache_len, self.cfg.max_positions))
+        self.cache_len = limits.cache_len
+        model.decoder.cache_len = self.cache_len  # a constant of the generation graphs
+        self.name, self.source, self.architecture = name, dict(source or {}), architecture
+        self.tokenizer, self.pad_id = chat.tokenizer, chat.pad_id
+        self.patches, self.video, self.tokens_per_second = patches, video, tokens_per_second
+        ms.set_context(mode=ms.GRAPH_MODE)
+        model.set_train(False)
+        decoder_kernels(model.decoder, kernels)
+        self.model, self.lm = model, model.decoder
+        self.layout = NativePromptLayout(chat, limits, patches.merge_size, window, window_rows=window > 0,
+                                         patch_values=patches.patch_values, stop_ids=stop_ids)
+        self.stop_ids = set(self.layout.stop_ids)
+        self.prefill_graph = NativePrefill(model)
+        self.decode_graph = Decode(model.decoder)
+        self.graphs = CellGraphs(self.prefill_graph, self.decode_graph)
+
+    @classmethod
+    def from_folder(cls, folder: Union[str, Path], cache_len: int = 1024,
+                    kernels: str = KERNELS.default) -> "NativeGenerator":
+        """A converted VLM folder (mindvl convert vlm): its weights, tokenizer, processor settings and chat template."""
         from mindspore.nn.utils import no_init_parameters
         from tokenizers import Tokenizer
 
-        from mindvl.cells.decoder import CausalLM, Decode
+        from mindvl.cells.decoder import CausalLM
         from mindvl.cells.native_vision import NativeVisionTower
-        from mindvl.cells.native_vlm import NativePrefill, NativeVLM
+        from mindvl.cells.native_vlm import NativeVLM
         from mindvl.chat import ChatEncoder, chat_template
-        from mindvl.engine.prompts import GenerationLimits
-        from mindvl.generation.cell_graphs import CellGraphs
         from mindvl.preprocess.native_resolution import PatchConfig, VideoSampling
         from mindvl.pretrained.llm import TOKENIZER_FILE, load_llm_weights
         from mindvl.pretrained.vlm import read_vlm_config
 
-        self.folder = Path(folder)
-        self.config, self.cfg = read_vlm_config(self.folder)
-        KERNELS.check("kernels", kernels)
-        limits = GenerationLimits.for_cache(min(cache_len, self.cfg.max_positions))
-        self.cache_len = limits.cache_len
-        self.tokens = self.config["tokens"]
-        self.stop_ids = {int(t) for t in self.tokens["stop"]}
-        self.pad_id = int(self.tokens["pad"])
-        self.tokenizer = Tokenizer.from_file(str(self.folder / TOKENIZER_FILE))
-        self.patches = PatchConfig.from_processor(self.config["patches"])
-        self.video = VideoSampling(**self.config["video"])
-        vision = dict(self.config["vision"])
-        window, self.tokens_per_second = vision.pop("window"), vision.pop("tokens_per_second")
-        merge = vision["merge"]
-        ms.set_context(mode=ms.GRAPH_MODE)
-        with no_init_parameters():
-            model = NativeVLM(NativeVisionTower(**vision, window_row=window * window * merge * merge),
-                              CausalLM(self.cfg, self.cache_len))
-        load_llm_weights(self.folder, model)
-        model.set_train(False)
-        decoder_kernels(model.decoder, kernels)
-        self.model, self.lm = model, model.decoder
-        template = dataclasses.replace(chat_template(self.config["chat"]["template"]),
-                                       default_system=self.config["chat"]["default_system"])
-        chat = ChatEncoder(self.tokenizer, template, 0, 0, self.pad_id)
-        self.layout = NativePromptLayout(chat, limits, merge, window, window_rows=window > 0,
-                                         patch_values=vision["patch_values"], stop_ids=self.stop_ids)
-        self.prefill_graph = NativePrefill(model)
-        self.decode_graph = Decode(model.decoder)
-        self.graphs = CellGraphs(self.prefill_graph, self.decode_graph)
+        folder = Path(folder)
+        config, cfg = read_vlm_config(folder)
+        KERNELS.check("kernels", kernels)  # before the weights load
+        vision = dict(config["vision"])
+        window, tokens_per_second = vision.pop("window"), vision.pop("tokens_per_second")
+        with no_init_parameters():  # no random weights drawn only to be replaced
+            model = NativeVLM(NativeVisionTower(**vision, window_row=window * window * vision["merge"] ** 2),
+                              CausalLM(cfg, cache_len))
+        load_llm_weights(folder, model)
+        template = dataclasses.replace(chat_template(config["chat"]["template"]),
+                                       default_system=config["chat"]["default_system"])
+        chat = ChatEncoder(Tokenizer.from_file(str(folder / TOKENIZER_FILE)), template, 0, 0, config["tokens"]["pad"])
+        return cls(model, chat, PatchConfig.from_processor(config["patches"]), VideoSampling(**config["video"]),
+                   tokens_per_second, window, cache_len, kernels, config["tokens"]["stop"], folder.name,
+                   {"checkpoint": str(folder), "converted_from": config["source"]}, config["architecture"])
+
+    @classmethod
+    def from_run(cls, cfg, model, cache_len: int = 1024, kernels: str = KERNELS.default,
+                 source: Optional[dict] = None) -> "NativeGenerator":
+        """A trained native run's model (model_factory.load_model) with its recipe's chat and processor settings."""
+        from mindvl.chat import recipe_chat
+        from mindvl.preprocess.native_resolution import PatchConfig, VideoSampling
+
+        native = cfg.model.native
+        return cls(model, recipe_chat(cfg, 0, 0), PatchConfig(**native.patches()), VideoSampling(),
+                   native.tokens_per_second, native.window, cache_len, kernels, name=cfg.name, source=source,
+                   architecture=native.family)
 
     def prompt(self, question: str, images: Sequence[ImageLike] = (), video=None,
                fps: Optional[float] = None) -> NativePrompt:

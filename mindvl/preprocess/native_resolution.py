@@ -242,6 +242,8 @@ def read_video(source, sampling: VideoSampling = VideoSampling(), config: PatchC
                     frames[index] = resized(frame.to_image(), frame_config, f"{name} frame {index}")
                 if index >= keep[-1]:
                     break
+    except InputError:
+        raise
     except (av.error.FFmpegError, OSError, ValueError) as exc:
         raise InputError(f"{name}: {what} is not a readable video ({exc})") from exc
     if not frames:

@@ -55,8 +55,47 @@ def _decoder_folder(model_cfg: ModelConfig) -> Optional[Path]:
     return Path(folder)
 
 
+def _vlm_folder(model_cfg: ModelConfig) -> Optional[Path]:
+    folder = model_cfg.pretrained.vlm
+    if not folder:
+        return None
+    others = [kind for kind in ("vision", "text", "audio", "decoder") if getattr(model_cfg.pretrained, kind)]
+    if others:
+        raise ConfigError(f"model.pretrained.vlm: a converted VLM is the whole model; remove model.pretrained."
+                          f"{others[0]}")
+    if not Path(folder).is_dir():
+        raise ConfigError(f"model.pretrained.vlm: {folder} does not exist; create it with `mindvl convert vlm --hf "
+                          f"DIR --out {folder}` (a Qwen2-VL or Qwen2.5-VL folder)")
+    return Path(folder)
+
+
+def _bind_vlm(cfg: Config, folder: Path) -> None:
+    """model.decoder and model.native from a converted VLM's config.json (the recipe's LoRA settings kept)."""
+    from .vlm import read_vlm_config
+
+    try:
+        config, decoder = read_vlm_config(folder)
+    except ConversionError as exc:
+        raise ConfigError(f"model.pretrained.vlm: {exc}") from exc
+    current = cfg.model.decoder
+    cfg.model.decoder = replace(decoder, lora_rank=current.lora_rank, lora_alpha=current.lora_alpha)
+    vision, patches = config["vision"], config["patches"]
+    cfg.model.native = replace(
+        cfg.model.native, **{k: vision[k] for k in ("layers", "width", "heads", "mlp_width", "out_width", "patch_values",
+                                                     "merge", "family", "window", "tokens_per_second")},
+        full_layers=list(vision["full_layers"]), patch_size=patches["patch_size"],
+        temporal_patch_size=patches["temporal_patch_size"], min_pixels=patches["min_pixels"],
+        max_pixels=patches["max_pixels"], image_mean=list(patches["image_mean"]), image_std=list(patches["image_std"]),
+        default_system=config["chat"]["default_system"], tokenizer=str((folder / "tokenizer.json").resolve()))
+
+
 def bind_pretrained(cfg: Config) -> Config:
-    """Set model.<kind> (and model.decoder) from each converted folder and check the recipe against it."""
+    """Set model.<kind> (and model.decoder, or model.native and model.decoder from a VLM) from each converted
+    folder and check the recipe against it."""
+    vlm = _vlm_folder(cfg.model)
+    if vlm is not None:
+        _bind_vlm(cfg, vlm)
+        return cfg
     folder = _decoder_folder(cfg.model)
     if folder is not None:
         try:
@@ -153,9 +192,11 @@ def load_pretrained(model, cfg: Config) -> int:
                 param.requires_grad = False
             loaded += int(param.size)
     folder = _decoder_folder(cfg.model)
-    if folder is not None:
-        load_llm_weights(folder, model.decoder)
-        for name, param in model.decoder.parameters_and_names():
+    whole = _vlm_folder(cfg.model)
+    if folder is not None or whole is not None:
+        cell = model.decoder if folder is not None else model  # a VLM's folder holds tower.* and decoder.*
+        load_llm_weights(folder or whole, cell)
+        for name, param in cell.parameters_and_names():
             if not is_adapter(name):
                 if cfg.model.pretrained.freeze:
                     param.requires_grad = False
@@ -179,6 +220,10 @@ def base_weights(model, model_cfg: ModelConfig) -> Tuple[Dict[str, Dict], Set[st
     folder = _decoder_folder(model_cfg)
     if folder is not None:
         parts["decoder"] = (folder, read_llm_config(folder)[0])
+    whole = _vlm_folder(model_cfg)
+    if whole is not None:  # one folder, both parts
+        config = _vlm_config(whole)
+        parts.update({"tower": (whole, config), "decoder": (whole, config)})
     for kind, (folder, config) in parts.items():
         record[kind] = {"folder": str(folder.resolve()), "files": dict(config["files"])}
         names |= {f"{kind}.{name}" for name, param in getattr(model, kind).parameters_and_names()
@@ -190,17 +235,26 @@ def check_base(record: Dict[str, Dict], model_cfg: ModelConfig) -> None:
     """The converted folders `model_cfg` binds (model.pretrained) are the ones a checkpoint's base `record`
     names, with the same files: else a ConfigError naming the part, both identities and what to do."""
     folders = {**{kind: str(folder) for kind, folder in _folders(model_cfg).items()},
-               **({"decoder": str(_decoder_folder(model_cfg))} if model_cfg.pretrained.decoder else {})}
+               **({"decoder": str(_decoder_folder(model_cfg))} if model_cfg.pretrained.decoder else {}),
+               **({"tower": model_cfg.pretrained.vlm, "decoder": model_cfg.pretrained.vlm}
+                  if model_cfg.pretrained.vlm else {})}
     for kind, expected in record.items():
         if kind not in folders:
             raise ConfigError(f"model.pretrained.{kind}: the checkpoint was trained on the frozen {kind} weights of "
                               f"{expected['folder']}, which this config does not name; set it to that folder")
         folder = Path(folders[kind])
         try:
-            files = (read_llm_config(folder)[0] if kind == "decoder" else read_config(folder))["files"]
+            files = (_vlm_config(folder) if model_cfg.pretrained.vlm else read_llm_config(folder)[0]
+                     if kind == "decoder" else read_config(folder))["files"]
         except ConversionError as exc:
             raise ConfigError(f"model.pretrained.{kind}: {exc}") from exc
         if files != expected["files"]:
             raise ConfigError(f"model.pretrained.{kind}: {folder} holds other weights than the checkpoint was "
                               f"trained on ({expected['folder']}, sha256 {expected['files']}); point it at the "
                               f"same converted folder (or convert the same source again)")
+
+
+def _vlm_config(folder: Path) -> Dict:
+    from .vlm import read_vlm_config
+
+    return read_vlm_config(folder)[0]

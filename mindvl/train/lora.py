@@ -30,6 +30,10 @@ def merge_run(source: str, out: str) -> Dict[str, object]:
         raise ConfigError(f"{source}: has no LoRA adapters (every lora_rank is 0); nothing to merge")
     merged_cfg, merged = merge_lora(cfg, model)
     out.mkdir(parents=True, exist_ok=True)
+    if merged_cfg.model.is_native:  # its tokenizer travels with it, as its weights do
+        tokenizer = out.resolve() / "tokenizer.json"
+        atomic_write(tokenizer, lambda tmp: tmp.write_bytes(Path(cfg.model.native.tokenizer).read_bytes()))
+        merged_cfg.model.native.tokenizer = str(tokenizer)
     weights = {name: param.asnumpy() for name, param in parameter_paths(merged).items()}
     atomic_write(out / MODEL_FILE, lambda tmp: save_file(weights, str(tmp)))
     atomic_write(out / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(merged_cfg.to_dict(), indent=2)))

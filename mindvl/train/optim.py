@@ -21,6 +21,8 @@ def module_of(name: str) -> str:
     top = name.split(".", 1)[0]
     if top == "decoder":  # a generative model's decoder stands where the fusion Transformer does
         return "fusion"
+    if top == "tower":  # a native-resolution VLM's vision tower
+        return "vision"
     return top if top in STACKS else "heads"
 
 

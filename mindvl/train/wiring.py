@@ -20,6 +20,7 @@ from mindvl.cells.kernels import use_kernels
 from mindvl.config import Config, ModelConfig, TrainConfig
 from mindvl.data import load_tokenizer
 from mindvl.data.reading.conversation_loader import ConversationStream, conversation_inputs
+from mindvl.data.reading.native_conversations import NativeConversationStream
 from mindvl.data.reading.loader import MODEL_COLUMNS, split_inputs
 from mindvl.data.reading.stream import ResumableStream, TrainStream
 from mindvl.errors import ConfigError
@@ -147,6 +148,12 @@ def _check_recipe(cfg: Config) -> None:
     if cfg.model.generative and cfg.train.distill.teacher:
         raise ConfigError("train.distill.teacher: not available for a generative recipe yet (model.decoder); "
                           "remove it to train the generative model")
+    if cfg.model.is_native:
+        given = [key for key, value in (("model.pretrained.cache", cfg.model.pretrained.cache),
+                                        ("train.eval_every", cfg.train.eval_every)) if value]
+        if given:
+            raise ConfigError(f"{given[0]}: not available for a native-resolution VLM yet; set it to its default "
+                              f"(\"\" or 0) and evaluate the run with `mindvl generate` or an exported package")
     if cfg.train.eval_every and cfg.data.validation_fraction <= 0:
         raise ConfigError("train.eval_every: evaluation during training needs a validation split; set "
                           "data.validation_fraction (e.g. 0.05) or train.eval_every=0")
@@ -165,6 +172,8 @@ def training_stream(cfg: Config, model: nn.Cell, tokens=None, shard_id: Optional
                     num_shards: Optional[int] = None) -> ResumableStream:
     """The recipe's training stream: the conversations for a generative model (slots sized by `model`), the
     examples for the classifier; from cached encoder states with `tokens`."""
+    if cfg.model.is_native:
+        return NativeConversationStream(cfg, shard_id, num_shards)
     if cfg.model.generative:
         return ConversationStream(cfg, model.image_tokens, model.audio_tokens, shard_id, num_shards, tokens=tokens)
     return TrainStream(cfg, shard_id, num_shards, tokens=tokens)

@@ -23,7 +23,7 @@ GREEDY = sampling_config(max_new_tokens=32, ignore_eos=True)
 def engine(tmp_path_factory):
     """The converted checkpoint's layout and graphs (MindSpore's operators throughout)."""
     folder = convert_vlm(REFERENCE, tmp_path_factory.mktemp("vlm") / "qwen2_5_vl", log=lambda line: None)
-    generator = NativeGenerator(folder, CACHE, kernels="standard")
+    generator = NativeGenerator.from_folder(folder, CACHE, kernels="standard")
     return generator.layout, generator.graphs
 
 

@@ -32,7 +32,7 @@ def test_the_graphs_and_the_stored_questions_reproduce_the_framework(package):
     report = verify_package(path)
     assert report.ok and any(c.graph == "generate" for c in report.checks)
     # the framework (a NativeGenerator, mindvl's fused decoder kernels) generates the stored tokens too
-    generator = NativeGenerator(folder, 256)
+    generator = NativeGenerator.from_folder(folder, 256)
     prompts = stored_prompts(path, manifest)
     framework = generator.generate(prompts, max_new_tokens=manifest["generation_samples"]["max_new_tokens"])
     assert [g.tokens for g in framework] == [p["tokens"] for p in samples]
@@ -42,7 +42,7 @@ def test_images_past_the_largest_vision_graph_are_refused_by_name(package):
     folder, path = package
     manifest = json.loads((path / "manifest.json").read_text())
     layout = package_layout(path, manifest)
-    generator = NativeGenerator(folder, 256)
+    generator = NativeGenerator.from_folder(folder, 256)
     many = generator.prompt("q", images=[np.full((196, 196, 3), 80, np.uint8)] * 3)  # 4 windows of 64 each
     with pytest.raises(Exception, match="768 patches laid out, more than the 512 this model's vision graphs hold"):
         layout.render(many)

@@ -64,7 +64,7 @@ def photo(index: int, folder: Path) -> str:
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
 def test_the_converted_model_answers_photos_files_and_frames_as_transformers(generators, family, tmp_path):
     generator = generators[family]
-    assert isinstance(generator, NativeGenerator) and describe(generator.folder).kind == VLM
+    assert isinstance(generator, NativeGenerator) and generator.source["checkpoint"] and describe(generator.source["checkpoint"]).kind == VLM
     question = "what is in it?"
     prompts = {"one_image": generator.prompt(question, images=photo(0, tmp_path)),
                "two_images": generator.prompt(question, images=[STORED["photo_2"], photo(1, tmp_path)]),
@@ -96,7 +96,7 @@ def test_the_checkpoints_chat_template_is_followed_and_a_changed_one_refused(tmp
     folder = convert_vlm(source, tmp_path / "converted", **QUIET)
     config = json.loads((folder / "config.json").read_text())
     assert config["chat"] == {"template": "qwen", "default_system": "You are a helpful assistant."}
-    generator = NativeGenerator(folder, 256)
+    generator = NativeGenerator.from_folder(folder, 256)
     ids = generator.layout.encode(generator.prompt("what is in it?", images=[STORED["photo_0"]]))
     system = generator.tokenizer.encode("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n",
                                         add_special_tokens=False).ids

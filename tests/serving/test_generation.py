@@ -117,7 +117,8 @@ def test_the_openai_client_asks_about_an_image_typed_and_spoken(server, client, 
 @pytest.mark.parametrize("content, code", [
     ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,"}}, {"type": "text", "text": "Color?"}],
      "missing_image_data"),
-    ([{"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}], "unsupported_content_part"),
+    ([{"type": "file", "file": {"file_data": "AAAA"}}], "unsupported_content_part"),
+    ([{"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}], "invalid_value"),  # no video here
     ([{"type": "image_url", "image_url": {"url": "data:image/png,notbase64"}}], "invalid_data_url"),
     ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}], "invalid_base64"),
     ([{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}], "remote_url_refused"),

@@ -54,7 +54,7 @@ from mindvl.errors import ConfigError
 ATTACHMENT_COLUMNS = ("image", "mel", "frame_mask")
 # what MultimodalLMLoss takes, in its argument order: labels, weight, then the model's inputs
 CONVERSATION_TRAIN_COLUMNS = CONVERSATION_COLUMNS + ATTACHMENT_COLUMNS
-_TABLE_COLUMNS = ("sample_id", "turns", "image", "question_id", "pcm")  # what the stage reads of a row
+TABLE_COLUMNS = ("sample_id", "turns", "image", "question_id", "pcm")  # what the stage reads of a row
 LABEL_ALIGN = 8  # label buckets are multiples of it
 
 
@@ -107,7 +107,7 @@ def conversation_sizes(cfg: Config, split: str, chat: ChatEncoder) -> Conversati
     for path in files:
         for row in records.read_table(path, ["conversation", "turns", "kind"]):
             kinds.append(str(row["kind"]))
-            turns = conversation_turns(_turns_json(row["turns"]))
+            turns = conversation_turns(turns_json(row["turns"]))
             try:
                 rendered = chat.render(turns, placeholder_count(turns, IMAGE_SLOT), placeholder_count(turns, AUDIO_SLOT),
                                        max_length=length, name=f"conversation {row['conversation']}")
@@ -118,7 +118,7 @@ def conversation_sizes(cfg: Config, split: str, chat: ChatEncoder) -> Conversati
     return ConversationSizes(np.asarray(tokens), np.asarray(labels), refused, np.asarray(kinds))
 
 
-def _turns_json(value) -> list:
+def turns_json(value) -> list:
     import json
 
     return json.loads(value.decode() if isinstance(value, bytes) else str(value))
@@ -179,7 +179,7 @@ class ConversationStage(Stage):
         tables = None
         for sample_id, text, image, question_id, pcm in zip(sample_ids, turns, images, question_ids, pcms):
             sample_id, question_id = int(sample_id), int(question_id)
-            conversation = conversation_turns(_turns_json(text))
+            conversation = conversation_turns(turns_json(text))
             image, pcm = records.as_bytes(image), records.as_bytes(pcm)
             pixels.append(self.pixels(image, sample_id) if image else self._no_image())
             if question_id >= 0:
@@ -232,10 +232,10 @@ def conversation_pipeline(cfg: Config, split: str, files: List[str], rows: np.nd
     import mindspore.dataset as ds
 
     workers = max(1, min(int(cfg.data.num_workers), os.cpu_count() or 1))
-    data = ds.MindDataset(files, columns_list=list(_TABLE_COLUMNS), sampler=ds.SubsetSampler([int(i) for i in rows]))
+    data = ds.MindDataset(files, columns_list=list(TABLE_COLUMNS), sampler=ds.SubsetSampler([int(i) for i in rows]))
     stage = ConversationStage(Path(cfg.data.root), cfg, split, epoch, chat, packer, tokens)
     return data.batch(batch_size, drop_remainder=drop_remainder, per_batch_map=stage,
-                      input_columns=list(_TABLE_COLUMNS), output_columns=["sample_id", *CONVERSATION_TRAIN_COLUMNS],
+                      input_columns=list(TABLE_COLUMNS), output_columns=["sample_id", *CONVERSATION_TRAIN_COLUMNS],
                       num_parallel_workers=workers, python_multiprocessing=False)
 
 
@@ -252,7 +252,7 @@ class ConversationStream(ResumableStream):
         _, self.files, count = conversation_files(cfg, "train")
         self.tokens = tokens
         self.chat = recipe_chat(cfg, image_tokens, audio_tokens)
-        self.sizes = sizes = conversation_sizes(cfg, "train", self.chat)  # every conversation rendered once
+        self.sizes = sizes = self.measure(cfg)  # every conversation rendered once
         rows = conversation_rows(cfg, "train")
         kinds = list(cfg.data.conversation_kinds)
         usable = sizes.usable(rows, kinds)
@@ -262,10 +262,17 @@ class ConversationStream(ResumableStream):
         self.left_out = {int(r): sizes.refused[r] for r in rows
                          if sizes.refused[r] and (not kinds or sizes.kinds[r] in kinds)}
         super().__init__(cfg, usable, count, "conversations", shard_id, num_shards)
-        self.packer = conversation_packer(cfg.data, self.micro_batch_size, sizes, usable, image_tokens, audio_tokens,
-                                          self.chat.pad_id)
+        self.packer = self.make_packer(conversation_packer(cfg.data, self.micro_batch_size, sizes, usable, image_tokens,
+                                                           audio_tokens, self.chat.pad_id))
         if state is not None:
             self.load_state(state)
+
+    def measure(self, cfg: Config) -> ConversationSizes:
+        return conversation_sizes(cfg, "train", self.chat)
+
+    def make_packer(self, packer: ConversationPacker) -> ConversationPacker:
+        """The packer batches take (the calibrated one; a native model's wraps its buckets)."""
+        return packer
 
     def _pipeline(self, rows: np.ndarray, epoch: int):
         return conversation_pipeline(self.cfg, "train", self.files, rows, epoch, self.micro_batch_size, True,

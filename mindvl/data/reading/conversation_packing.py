@@ -107,21 +107,30 @@ class ConversationPacker:
     def __call__(self, batch: Sequence[Rendered]) -> PackedConversations:
         count = len(batch)
         for index, sample in enumerate(batch):
-            if len(sample) > self.length:
-                raise InputError(f"conversation {index}: {len(sample)} tokens, longer than a packed row "
-                                 f"({self.length}); render it with max_length={self.length}")
             for kind, per in ((IMAGE_SLOT, self.image_tokens), (AUDIO_SLOT, self.audio_tokens)):
                 if sample.count(kind) not in (0, per):
                     raise InputError(f"conversation {index}: {sample.count(kind)} "
                                      f"{'image' if kind == IMAGE_SLOT else 'audio'} slots, but the model gives "
                                      f"{per} tokens per attachment")
+        return self.pack(batch, [modality_slots(s, b, count, self.image_tokens, self.audio_tokens)
+                                 for b, s in enumerate(batch)],
+                         [np.arange(len(s)) for s in batch], count * (self.image_tokens + self.audio_tokens))
+
+    def pack(self, batch: Sequence[Rendered], slots: Sequence[np.ndarray], positions: Sequence[np.ndarray],
+             no_slot: int) -> PackedConversations:
+        """The rows of `batch` given each conversation's slot rows and positions ((n,), or (n, axes) for M-RoPE),
+        `no_slot` at text and padding."""
+        for index, sample in enumerate(batch):
+            if len(sample) > self.length:
+                raise InputError(f"conversation {index}: {len(sample)} tokens, longer than a packed row "
+                                 f"({self.length}); render it with max_length={self.length}")
         bins = pack_rows([len(sample) for sample in batch], self.length)
         rows, labels_n = self._shape(len(bins), sum(int(sample.learn[1:].sum()) for sample in batch))
         shape = (rows, self.length)
         ids = np.full(shape, self.pad_id, np.int32)
         segment = np.zeros(shape, np.int32)
-        positions = np.zeros(shape, np.int32)
-        slot_index = np.full(shape, count * (self.image_tokens + self.audio_tokens), np.int32)
+        place = np.zeros(shape + np.shape(positions[0])[1:], np.int32)
+        slot_index = np.full(shape, no_slot, np.int32)
         label_index = np.zeros(labels_n, np.int32)
         labels = np.zeros(labels_n, np.int32)
         weight = np.zeros(labels_n, np.float32)
@@ -134,13 +143,13 @@ class ConversationPacker:
                 span = slice(offset, offset + n)
                 ids[r, span] = sample.ids
                 segment[r, span] = seg
-                positions[r, span] = np.arange(n)
-                slot_index[r, span] = modality_slots(sample, b, count, self.image_tokens, self.audio_tokens)
+                place[r, span] = positions[b]
+                slot_index[r, span] = slots[b]
                 targets = np.flatnonzero(sample.learn[1:])  # position p predicts token p + 1
                 label_index[written:written + len(targets)] = r * self.length + offset + targets
                 labels[written:written + len(targets)] = sample.ids[targets + 1]
                 weight[written:written + len(targets)] = 1.0
                 written += len(targets)
                 offset += n
-        return PackedConversations(labels, weight, ids, segment, positions, slot_index, label_index,
+        return PackedConversations(labels, weight, ids, segment, place, slot_index, label_index,
                                    int(sum(len(s) for s in batch)))

@@ -1,0 +1,128 @@
+"""Reading a built root's conversation tables for a native-resolution VLM (model.native: Qwen2-VL, Qwen2.5-VL).
+
+The same tables, order, resumption and sharding as the generative model's (conversation_loader.py); what changes is
+what a conversation becomes: its image cut at its own resolution (mindvl.preprocess.native_resolution, no
+augmentation: a crop would change its token count, measured beforehand), rendered with the checkpoint's chat
+template and as many vision tokens as its grid makes, and a batch packed by NativeConversationPacker (M-RoPE
+positions, the images packed on one vision sequence). The sizes pass reads each image's header only (its size
+decides its tokens). A conversation with a spoken question or a recording is left out, counted and named (the
+model reads no audio): train on data.conversation_kinds without them.
+"""
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import List
+
+import numpy as np
+
+from mindvl import preprocess as P
+from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, ChatEncoder, conversation_turns, placeholder_count
+from mindvl.config import Config
+from mindvl.data import records
+from mindvl.data.reading.conversation_loader import (TABLE_COLUMNS, ConversationSizes, ConversationStream,
+                                                     turns_json, conversation_files)
+from mindvl.data.reading.conversation_packing import CONVERSATION_COLUMNS, ConversationPacker
+from mindvl.data.reading.native_packing import VISION_COLUMNS, NativeConversationPacker
+from mindvl.data.reading.stages import Stage
+from mindvl.preprocess.native_resolution import IMAGE, PatchConfig, image_patches, smart_resize
+
+NATIVE_TRAIN_COLUMNS = CONVERSATION_COLUMNS + VISION_COLUMNS  # what NativeVLM's loss takes, in order
+NO_AUDIO = "a native-resolution VLM reads no audio; leave spoken conversations out (data.conversation_kinds)"
+
+
+def patch_config(cfg: Config) -> PatchConfig:
+    return PatchConfig(**cfg.model.native.patches())
+
+
+def image_tokens(data: bytes, config: PatchConfig, name: str) -> int:
+    """The merged tokens an encoded image takes, from its header (smart_resize of its size)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as picture:
+        height, width = smart_resize(picture.height, picture.width, config, name)
+    return height * width // config.factor ** 2
+
+
+def native_conversation_sizes(cfg: Config, split: str, chat: ChatEncoder) -> ConversationSizes:
+    """Every conversation of `split` rendered as training renders it, each image's tokens from its header."""
+    _, files, _ = conversation_files(cfg, split)
+    config, length = patch_config(cfg), int(cfg.data.packing.length)
+    tokens, labels, refused, kinds = [], [], [], []
+    for path in files:
+        for row in records.read_table(path, ["conversation", "turns", "kind", "image", "question_id", "pcm"]):
+            kinds.append(str(row["kind"]))
+            name = f"conversation {row['conversation']}"
+            turns = conversation_turns(turns_json(row["turns"]))
+            image = records.as_bytes(row["image"])
+            try:
+                if int(row["question_id"]) >= 0 or records.as_bytes(row["pcm"]) or placeholder_count(turns, AUDIO_SLOT):
+                    raise P.InputError(f"{name}: {NO_AUDIO}")
+                sizes = [image_tokens(image, config, f"{name} image")] if image else []
+                rendered = chat.render(turns, placeholder_count(turns, IMAGE_SLOT), max_length=length, name=name,
+                                       sizes=sizes)
+            except (P.InputError, OSError) as exc:
+                tokens.append(0), labels.append(0), refused.append(str(exc))
+                continue
+            tokens.append(len(rendered)), labels.append(int(rendered.learn[1:].sum())), refused.append("")
+    return ConversationSizes(np.asarray(tokens), np.asarray(labels), refused, np.asarray(kinds))
+
+
+class NativeConversationStage(Stage):
+    """Batch op: conversation rows -> sample ids and NATIVE_TRAIN_COLUMNS."""
+
+    def __init__(self, root, cfg: Config, split: str, epoch: int, chat: ChatEncoder, packer: NativeConversationPacker):
+        super().__init__(root, cfg, split, epoch)
+        self.chat, self.packer, self.config = chat, packer, patch_config(cfg)
+
+    def __call__(self, sample_ids, turns, images, question_ids, pcms, batch_info=None):
+        rendered, attachments = [], []
+        for sample_id, text, image in zip(sample_ids, turns, images):
+            name = f"{self.split} conversation {int(sample_id)}"
+            image = records.as_bytes(image)
+            items = [(IMAGE, *image_patches(P.open_image(image, f"{name} image"), self.config, name), 1.0)] \
+                if image else []
+            rendered.append(self.chat.render(conversation_turns(turns_json(text)), len(items),
+                                             max_length=self.packer.length, name=name,
+                                             sizes=[int(np.prod(grid)) // self.config.merge_size ** 2
+                                                    for _, _, grid, _ in items]))
+            attachments.append(items)
+        packed, vision = self.packer(rendered, attachments)
+        return (np.asarray(sample_ids), *packed.arrays, *vision)
+
+
+def native_pipeline(cfg: Config, split: str, files: List[str], rows: np.ndarray, epoch: int, batch_size: int,
+                    drop_remainder: bool, chat: ChatEncoder, packer: NativeConversationPacker):
+    """The mindspore.dataset pipeline over `rows` (in that order); columns sample_id + NATIVE_TRAIN_COLUMNS."""
+    import mindspore.dataset as ds
+
+    workers = max(1, min(int(cfg.data.num_workers), os.cpu_count() or 1))
+    data = ds.MindDataset(files, columns_list=list(TABLE_COLUMNS), sampler=ds.SubsetSampler([int(i) for i in rows]))
+    stage = NativeConversationStage(Path(cfg.data.root), cfg, split, epoch, chat, packer)
+    return data.batch(batch_size, drop_remainder=drop_remainder, per_batch_map=stage,
+                      input_columns=list(TABLE_COLUMNS), output_columns=["sample_id", *NATIVE_TRAIN_COLUMNS],
+                      num_parallel_workers=workers, python_multiprocessing=False)
+
+
+class NativeConversationStream(ConversationStream):
+    """ConversationStream for a native-resolution VLM: its sizes, packer and pipeline; `columns`:
+    NATIVE_TRAIN_COLUMNS."""
+
+    columns = NATIVE_TRAIN_COLUMNS
+
+    def __init__(self, cfg: Config, shard_id=None, num_shards=None, state=None) -> None:
+        super().__init__(cfg, 0, 0, shard_id, num_shards, state)
+
+    def measure(self, cfg: Config) -> ConversationSizes:
+        return native_conversation_sizes(cfg, "train", self.chat)
+
+    def make_packer(self, packer: ConversationPacker) -> NativeConversationPacker:
+        native = self.cfg.model.native
+        return NativeConversationPacker(packer.length, packer.row_buckets, packer.label_buckets, native.vision_bucket,
+                                        native.merge, native.window, native.window > 0, native.patch_values,
+                                        packer.pad_id)
+
+    def _pipeline(self, rows: np.ndarray, epoch: int):
+        return native_pipeline(self.cfg, "train", self.files, rows, epoch, self.micro_batch_size, True, self.chat,
+                               self.packer)

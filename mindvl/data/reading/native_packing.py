@@ -1,0 +1,64 @@
+"""Conversations of a native-resolution VLM packed into training rows (cells.native_vlm.NativeVLM's layout).
+
+As ConversationPacker packs them (rows of data.packing.length tokens, a segment per conversation, labels where
+the assistant speaks), with what a native model needs instead of fixed slots: each conversation's M-RoPE positions
+(engine.vision_layout.mrope_positions, restarting per conversation, (R, S, 3)), its vision tokens' slots pointing
+into the batch's images packed on one vision sequence in conversation order, and that sequence
+(engine.vision_layout.packed_inputs) padded to a multiple of model.native.vision_bucket patches: graph mode
+compiles once per (rows, labels, patches) met.
+"""
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import numpy as np
+
+from mindvl.chat import IMAGE_SLOT, TEXT, VIDEO_SLOT, Rendered
+from mindvl.data.reading.conversation_packing import ConversationPacker, PackedConversations
+from mindvl.engine.vision_layout import laid_out_patches, mrope_positions, packed_inputs
+from mindvl.errors import InputError
+
+VISION_COLUMNS = ("patches", "vision_positions", "frames", "windows", "restore")
+
+
+class NativeConversationPacker(ConversationPacker):
+    """length, row_buckets, label_buckets: ConversationPacker's; vision_bucket: the patches' multiple; merge,
+    window, window_rows, patch_values: the tower's layout (model.native)."""
+
+    def __init__(self, length: int, row_buckets: Sequence[int], label_buckets: Sequence[int], vision_bucket: int,
+                 merge: int, window: int, window_rows: bool, patch_values: int, pad_id: int = 0) -> None:
+        super().__init__(length, row_buckets, label_buckets, 0, 0, pad_id)
+        self.vision_bucket, self.merge, self.window, self.window_rows = vision_bucket, merge, window, window_rows
+        self.patch_values = patch_values
+
+    def describe(self) -> str:
+        return f"{super().describe()}, images packed in multiples of {self.vision_bucket} patches"
+
+    def vision_size(self, grids: Sequence[Sequence[int]]) -> int:
+        needed = laid_out_patches(grids, self.merge, self.window, self.window_rows)
+        return max(-(-needed // self.vision_bucket), 1) * self.vision_bucket
+
+    def __call__(self, batch: Sequence[Rendered], attachments: Sequence[Sequence[tuple]]
+                 ) -> Tuple[PackedConversations, tuple]:
+        """(the packed rows, the vision inputs) of `batch` and each conversation's attachments ((kind, patches,
+        grid, time step) each, in the order of its slots)."""
+        packed = [a for items in attachments for a in items]
+        size = self.vision_size([grid for _, _, grid, _ in packed])
+        capacity = size // self.merge ** 2
+        slots, positions, first = [], [], 0
+        for index, (sample, items) in enumerate(zip(batch, attachments)):
+            is_vision = np.isin(sample.kinds, (IMAGE_SLOT, VIDEO_SLOT))
+            expected = sum(int(np.prod(grid)) // self.merge ** 2 for _, _, grid, _ in items)
+            if int(is_vision.sum()) != expected:
+                raise InputError(f"conversation {index}: {int(is_vision.sum())} vision slots for attachments of "
+                                 f"{expected} tokens; render it with their sizes")
+            rows = np.full(len(sample), capacity, np.int32)
+            rows[is_vision] = first + np.arange(expected)
+            first += expected
+            vision_ids = np.unique(sample.ids[sample.kinds != TEXT])
+            place, _ = mrope_positions(sample.ids, [grid for _, _, grid, _ in items], vision_ids.tolist(), self.merge,
+                                       [step for *_, step in items])
+            slots.append(rows)
+            positions.append(place.T)
+        vision = packed_inputs(packed, self.merge, self.window, self.window_rows, size, capacity, self.patch_values)
+        return self.pack(batch, slots, positions, capacity), vision
