@@ -230,6 +230,8 @@ class NativeConfig:
     image_std: List[float] = field(default_factory=lambda: [0.26862954, 0.26130258, 0.27577711])
     default_system: Optional[str] = None
     tokenizer: str = ""  # its tokenizer.json (bound from model.pretrained.vlm; a merged run's own copy)
+    converted: str = ""  # the converted folder it came from (bound; kept by a merge): `mindvl export hf` writes
+    #                      a trained run back in that checkpoint's layout, with its files
     vision_bucket: int = 256
 
     def validate(self) -> None:

@@ -47,8 +47,6 @@ def _export(args) -> None:
         _print_export(package_native_and_check(args.checkpoint, args.out, _package_options(args, args.evaluate)),
                       args.json)
         return
-    if args.vision_bucket:
-        raise ConfigError("--vision-bucket: only a converted VLM's package (mindvl convert vlm) has vision graphs")
     cfg, model, source = load_model(args.checkpoint, args.config, args.overrides, args.data_root)
     _print_export(package_and_check(cfg, model, source, args.out, _package_options(args, args.evaluate)), args.json)
 
@@ -175,8 +173,8 @@ def _add_package_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _export_hf(args) -> None:
-    from mindvl.pretrained.vlm import write_hf
-    write_hf(args.model, args.out)
+    from mindvl.deploy.hf_export import export_hf
+    export_hf(args.model, args.out)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -228,7 +226,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     hf = sub.add_parser("hf", help="write a converted VLM back as a Hugging Face folder of its family (transformers, "
                                    "vLLM, vllm-mindspore load it)")
-    hf.add_argument("model", metavar="FOLDER", help="a folder written by `mindvl convert vlm`")
+    hf.add_argument("model", metavar="FOLDER", help="a folder written by `mindvl convert vlm`, or a run trained from "
+                                                    "one (its LoRA merged into the weights)")
     hf.add_argument("--out", required=True, metavar="DIR", help="the Hugging Face folder to write")
     hf.set_defaults(func=_export_hf)
 

@@ -53,6 +53,17 @@ def package_and_check(cfg, model, source: Mapping[str, object], out: Path, optio
                       log: Callable[[str], None] = print) -> dict:
     """Write `out`, verify it (PackageError on any mismatch, naming graph and output) and, when asked,
     evaluate it; returns {"package", "verify", "evaluation"?}. A generative run writes its generation graphs."""
+    if cfg.model.is_native:  # a fine-tuned Qwen2(.5)-VL
+        from mindvl.generation.native_generator import NativeGenerator
+
+        if compression:
+            raise PackageError("a native-resolution VLM's package is written uncompressed; export it without "
+                               "quantize or prune")
+        return _native_checked(NativeGenerator.from_run(cfg, model, options.cache_len or 1024, "standard", source),
+                               out, options, log)
+    if options.vision_buckets:
+        raise PackageError("--vision-bucket: only a native-resolution VLM's package has vision graphs (a folder of "
+                           "mindvl convert vlm, or a run trained from one); leave it out")
     if cfg.model.generative:
         path = _write_generative(cfg, model, source, out, options, compression)
     elif options.prompt_buckets or options.cache_len:
@@ -64,12 +75,19 @@ def package_and_check(cfg, model, source: Mapping[str, object], out: Path, optio
     return _checked(path, options, log)
 
 
-def package_native_and_check(folder: Path, out: Path, options: PackageOptions, log: Callable[[str], None] = print,
-                             cache_len: int = 0) -> dict:
+def package_native_and_check(folder: Path, out: Path, options: PackageOptions,
+                             log: Callable[[str], None] = print) -> dict:
     """A converted VLM folder (mindvl convert vlm) written as a package (export/native_prefill_decode.py) and
     verified; options a generative run's package takes and a VLM's does not are refused by name."""
-    from mindvl.export.native_prefill_decode import write_native_package
     from mindvl.generation.native_generator import NativeGenerator
+
+    generator = NativeGenerator.from_folder(folder, cache_len=options.cache_len or 1024, kernels="standard")
+    return _native_checked(generator, out, options, log)
+
+
+def _native_checked(generator, out: Path, options: PackageOptions, log: Callable[[str], None]) -> dict:
+    """A NativeGenerator's model written as a package and verified."""
+    from mindvl.export.native_prefill_decode import write_native_package
 
     given = [flag for flag, value in (("--static-batch", options.static_batches), ("--key-file/--key-env",
              options.key), ("--graph", options.graphs), ("--target lite2", options.lite2_batch),
@@ -78,7 +96,6 @@ def package_native_and_check(folder: Path, out: Path, options: PackageOptions, l
         raise PackageError(f"{', '.join(given)}: not available for a converted VLM's package (its graphs are vision "
                            f"per bucket, prefill per bucket and decode; Lite 2.0 and evaluation: not yet); leave "
                            f"{given[0]} out")
-    generator = NativeGenerator.from_folder(folder, cache_len=options.cache_len or 1024, kernels="standard")
     path = write_native_package(generator, out, options.cache_len, buckets=options.prompt_buckets,
                                 vision_buckets=options.vision_buckets, version=options.version, force=options.force,
                                 progress=options.progress)

@@ -86,7 +86,8 @@ def _bind_vlm(cfg: Config, folder: Path) -> None:
         full_layers=list(vision["full_layers"]), patch_size=patches["patch_size"],
         temporal_patch_size=patches["temporal_patch_size"], min_pixels=patches["min_pixels"],
         max_pixels=patches["max_pixels"], image_mean=list(patches["image_mean"]), image_std=list(patches["image_std"]),
-        default_system=config["chat"]["default_system"], tokenizer=str((folder / "tokenizer.json").resolve()))
+        default_system=config["chat"]["default_system"], tokenizer=str((folder / "tokenizer.json").resolve()),
+        converted=str(folder.resolve()))
 
 
 def bind_pretrained(cfg: Config) -> Config:

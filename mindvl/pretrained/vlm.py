@@ -20,7 +20,7 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
-from typing import Dict, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import numpy as np
 
@@ -76,10 +76,13 @@ def _kept_files(folder: Path) -> Dict[str, object]:
     return kept
 
 
-def write_hf(folder: Union[str, Path], out: Union[str, Path], log=print) -> Path:
+def write_hf(folder: Union[str, Path], out: Union[str, Path], tensors: Optional[Dict[str, np.ndarray]] = None,
+             cfg: Optional[DecoderConfig] = None, tokenizer: Optional[Path] = None, log=print) -> Path:
     """A converted VLM folder written back as a Hugging Face folder of its family: model.safetensors in the key
     layout it was read from (float32, config.json's dtype saying so), tokenizer.json and the checkpoint's JSON
-    files; transformers' Qwen2(.5)-VL classes load it with the logits mindvl computes."""
+    files; transformers' Qwen2(.5)-VL classes load it with the logits mindvl computes. `tensors` (NativeVLM's
+    names), `cfg` and `tokenizer`: a model trained from it instead of the folder's own (a fine-tuned run, LoRA
+    merged: mindvl.deploy.hf_export)."""
     from safetensors.numpy import load_file, save_file
 
     from mindvl.files import swap_folder, work_folder
@@ -88,34 +91,34 @@ def write_hf(folder: Union[str, Path], out: Union[str, Path], log=print) -> Path
     from .qwen2_vl import hf_language_tensors, hf_vision_tensors
 
     folder, out = Path(folder), Path(out)
-    config, cfg = read_vlm_config(folder)
+    config, folder_cfg = read_vlm_config(folder)
     kept = dict(config["hf"]["files"])
     if "config.json" not in kept:
         raise ConversionError(f"{folder}: converted without the checkpoint's config.json; convert it again")
     hf_config = {**kept.pop("config.json"), "torch_dtype": "float32"}
     if "dtype" in hf_config:
         hf_config["dtype"] = "float32"
-    tensors = load_file(str(folder / WEIGHTS_FILE))
+    tensors = load_file(str(folder / WEIGHTS_FILE)) if tensors is None else tensors
     vision_prefix, language_prefix = config["hf"]["layout"]
 
     def part(prefix: str) -> Dict[str, np.ndarray]:
         return {name[len(prefix):]: value for name, value in tensors.items() if name.startswith(prefix)}
 
     written = {**hf_vision_tensors(part("tower."), hf_config, vision_prefix),
-               **hf_language_tensors(part("decoder."), cfg, language_prefix)}
+               **hf_language_tensors(part("decoder."), cfg or folder_cfg, language_prefix)}
     tmp = work_folder(out)
     try:
-        save_file({k: np.ascontiguousarray(v) for k, v in written.items()}, str(tmp / WEIGHTS_FILE),
+        save_file({k: np.ascontiguousarray(v, np.float32) for k, v in written.items()}, str(tmp / WEIGHTS_FILE),
                   metadata={"format": "pt"})
-        (tmp / TOKENIZER_FILE).write_bytes((folder / TOKENIZER_FILE).read_bytes())
+        (tmp / TOKENIZER_FILE).write_bytes(Path(tokenizer or folder / TOKENIZER_FILE).read_bytes())
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
         for name, content in kept.items():
             (tmp / name).write_text(content if isinstance(content, str) else json.dumps(content, indent=2))
         swap_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log(f"{folder} -> {out}: {config['architecture']}, {len(written)} tensors in transformers' layout "
-        f"({vision_prefix}*, {language_prefix}*)")
+    log(f"-> {out}: {config['architecture']}, {len(written)} tensors in transformers' layout ({vision_prefix}*, "
+        f"{language_prefix}*)")
     return out
 
 

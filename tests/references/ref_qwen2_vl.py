@@ -175,9 +175,11 @@ def generate(out: Path) -> None:
     np.savez_compressed(out, **arrays)
 
 
-def check_written_back(folder: Path) -> float:
-    """Loads a folder `mindvl export hf` wrote with transformers and returns the largest logit difference from the
-    stored references over the two-image case (the issue's round trip, run by hand: it needs PyTorch)."""
+def check_written_back(folder: Path, expected_last=None) -> float:
+    """Loads a folder `mindvl export hf` wrote with transformers and returns the largest logit difference over the
+    two-image case: from the stored references (a converted checkpoint written back), or from `expected_last`, the
+    last position's logits mindvl computed (a fine-tuned run written back). The issue's round trip, run by hand: it
+    needs PyTorch."""
     import json
 
     import torch
@@ -191,13 +193,17 @@ def check_written_back(folder: Path) -> float:
     with torch.no_grad():
         logits = net(input_ids=torch.tensor(stored[f"{family}_ids_two_images"][None].astype(np.int64)),
                      pixel_values=torch.tensor(pixels), image_grid_thw=torch.tensor(grids)).logits[0].numpy()
+    if expected_last is not None:
+        return float(np.abs(logits[-1] - expected_last).max())
     return float(np.abs(logits - stored[f"{family}_logits_two_images"]).max())
 
 
-if __name__ == "__main__":  # python tests/references/ref_qwen2_vl.py --written-back DIR...
+if __name__ == "__main__":  # python tests/references/ref_qwen2_vl.py --written-back DIR [--expected-last FILE.npy]
     import sys
 
     if sys.argv[1:2] != ["--written-back"] or len(sys.argv) < 3:
-        raise SystemExit("usage: ref_qwen2_vl.py --written-back DIR... (references: make_references.py qwen2_vl)")
-    for path in sys.argv[2:]:
-        print(f"{path}: transformers' logits differ from the stored ones by at most {check_written_back(Path(path)):.2e}")
+        raise SystemExit("usage: ref_qwen2_vl.py --written-back DIR [--expected-last FILE.npy] (references: "
+                         "make_references.py qwen2_vl)")
+    expected = np.load(sys.argv[4]) if sys.argv[3:4] == ["--expected-last"] else None
+    print(f"{sys.argv[2]}: transformers' logits differ from mindvl's by at most "
+          f"{check_written_back(Path(sys.argv[2]), expected):.2e}")

@@ -80,6 +80,21 @@ def test_lora_stores_the_adapters_names_its_base_resumes_and_merges(small_cfg, s
                  "--max-new-tokens", "3"]) == 0  # the merged run: its own weights and tokenizer, no folder
     assert capsys.readouterr().err.strip() in ("[length]", "[stop]")
 
+    # back to the ecosystem: the run written as its checkpoint's Hugging Face folder, LoRA merged; converted again
+    # it generates what the run generates (tests/references/ref_qwen2_vl.py --written-back loads it in transformers)
+    assert main(["export", "hf", result.output_dir, "--out", str(tmp_path / "hf")]) == 0
+    written = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert written.keys() == load_file(str(REFERENCE / "model.safetensors")).keys()
+    from mindvl.generation.native_generator import NativeGenerator
+    from mindvl.pretrained.vlm import convert_vlm
+
+    again = NativeGenerator.from_folder(convert_vlm(tmp_path / "hf", tmp_path / "again", log=lambda line: None), 256)
+    run = mindvl.from_pretrained(result.output_dir, cache_len=256)
+    prompts = [g.prompt("what is the shape?", images=[image]) for g in (again, run)]
+    assert again.generate(prompts[0], max_new_tokens=8).tokens == run.generate(prompts[1], max_new_tokens=8).tokens
+    np.testing.assert_allclose(written["model.layers.0.self_attn.q_proj.weight"],
+                               dict(parameter_paths(merged))["decoder.blocks.0.attn.q_proj.weight"].asnumpy())
+
 
 def test_fine_tuned_whole_it_answers_the_questions_it_was_trained_on(small_cfg, small_report, converted, tmp_path):
     """150 steps over the 8 training images' typed questions: the loss falls tenfold and the run, opened by
