@@ -96,3 +96,22 @@ def test_the_generative_model_on_two_msrun_workers_ends_as_one_process(small_cfg
     assert ranks["trainable_parameters"] == single.trainable_parameters
     # measured: max 9.6e-7, median 0; dividing each rank by its own label count instead: max 3.6e-4
     _assert_same_run(tmp_path, ranks, single, GENERATIVE_TOLERANCE)
+
+
+@pytest.mark.slow
+def test_a_native_vlm_on_two_msrun_workers_ends_as_one_process(small_cfg, small_report, tmp_path):
+    """qwen-vl-lora over the tiny Qwen2.5-VL: each rank cuts its 4 conversations' images at their own resolution and
+    packs them on a vision sequence of its own, yet the adapters end as one process's over all 8."""
+    from mindvl.config import load_config
+    from mindvl.pretrained.vlm import convert_vlm
+    from mindvl.train import train
+
+    converted = convert_vlm(Path(__file__).parents[1] / "references" / "tiny_qwen2_5_vl", tmp_path / "qwen",
+                            log=lambda line: None)
+    overrides = [f"data.root={small_cfg.data.root}", f"model.pretrained.vlm={converted}", "data.packing.length=128",
+                 "data.conversation_kinds=[vqa]", "train.kernels=fused", *STEPS]
+    single = train(load_config("qwen-vl-lora", [*overrides, f"train.output_dir={tmp_path / 'single'}"]),
+                   progress=False)
+    ranks = _msrun_train(tmp_path, "qwen-vl-lora", overrides)
+    assert ranks["trainable_parameters"] == single.trainable_parameters
+    _assert_same_run(tmp_path, ranks, single, GENERATIVE_TOLERANCE)
