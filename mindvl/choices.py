@@ -52,7 +52,7 @@ POOLINGS = Choice(("cls", "mean"), "cls")  # model.text.pooling: the [CLS] outpu
 IMAGE_HASHES = Choice(("phash", "dhash"), "phash")  # data.cleaning.hash: near-duplicate hash (DCT or gradient)
 UNKNOWN_CHARS = Choice(("unk", "drop"), "unk")  # data.cleaning.unknown_chars: map their words to [UNK], or drop
 # data.conversation_kinds[]: where a conversation came from (mindvl.data.conversation_samples)
-CONVERSATION_KINDS = Choice(("vqa", "spoken", "caption", "multi", "user"), "vqa")
+CONVERSATION_KINDS = Choice(("vqa", "spoken", "caption", "multi", "pair", "user"), "vqa")
 DTYPES = Choice(("float32", "float16", "bfloat16"), "float32")  # train.precision.*
 LOSS_SCALE_MODES = Choice(("auto", "dynamic", "off"), "auto")  # train.loss_scale.mode
 LOSS_WEIGHTINGS = Choice(("fixed", "uncertainty"), "fixed")  # train.loss_weighting

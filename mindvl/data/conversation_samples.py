@@ -5,14 +5,16 @@ The JSONL is LLaVA's convention, one object per line:
   {"id": "42", "image": "images/42.png", "audio": "speech/42.wav",
    "conversations": [{"from": "human", "value": "<image>\\n<audio>"}, {"from": "gpt", "value": "a circle"}]}
 "image" and "audio" (optional, paths relative to the file) are the sample's attachments; each needs its
-placeholder in a user turn. A line that cannot be used is quarantined with its line number and the reason
+placeholder in a user turn. "image" may list several files ("image": ["a.png", "b.png"], LLaVA-OneVision's way),
+one <image> each, in order: a native-resolution VLM reads them all (the fixed-resolution model takes one). A line that cannot be used is quarantined with its line number and the reason
 (malformed JSON, an unknown key, a missing file, turns out of order, placeholders that do not match the
 attachments, a repeated id), never a crash: the rest of the file is read.
 
 From easy-VQA (question_kinds): "vqa" (<image> + typed question -> answer), "spoken" (<image> + the
 question spoken in a training voice -> answer), "caption" ("Describe the image." -> the caption, once per
-image) and "multi" (a question, then the description, in one conversation, for every `multi_every`-th
-image), so the model learns to answer typed and spoken questions and to describe.
+image), "multi" (a question, then the description, in one conversation, for every `multi_every`-th
+image) and "pair" (two images described in one answer, for every `multi_every`-th image with the one described
+before it), so the model learns to answer typed and spoken questions and to describe, one image or several.
 """
 from __future__ import annotations
 
@@ -24,11 +26,12 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from mindvl.chat import (AUDIO, AUDIO_SLOT, IMAGE, IMAGE_SLOT, Turn, conversation_turns, conversations_of,
                          placeholder_count)
 from mindvl.choices import CONVERSATION_KINDS
-from mindvl.data.records import as_bytes, conversation_table, read_split
+from mindvl.data.records import as_bytes, conversation_table, images_of, pack_images, read_split
 from mindvl.errors import InputError
 
 SAMPLE_KEYS = ("id", "image", "audio", "conversations")
 DESCRIBE = "Describe the image."
+DESCRIBE_BOTH = "Describe the two images, in order."
 QUESTION_KINDS = tuple(kind for kind in CONVERSATION_KINDS if kind != "user")  # the kinds derived from a root
 
 
@@ -43,10 +46,15 @@ class ConversationSample:
     kind: str = "user"  # where it came from: "user", or one of QUESTION_KINDS
     image_id: int = -1  # the data root's image id (validation hold-out); -1: none or not from a root
     question_id: int = -1  # a spoken easy-VQA question: its clips in speech.mindrecord stand for `audio`
+    extra_images: Tuple[bytes, ...] = ()  # the images after the first, in order (a multi-image sample)
 
     @property
     def attachments(self) -> Tuple[int, int]:
-        return int(self.image is not None), int(self.audio is not None or self.question_id >= 0)
+        return len(self.images), int(self.audio is not None or self.question_id >= 0)
+
+    @property
+    def images(self) -> List[bytes]:
+        return [] if self.image is None else [self.image, *self.extra_images]
 
 
 @dataclass
@@ -72,24 +80,33 @@ def parse_sample(obj, base: Path, default_id: str) -> ConversationSample:
         raise InputError(f"unknown key(s) {unknown}; a sample has {list(SAMPLE_KEYS)}")
     sample_id = str(obj.get("id", default_id))
     turns = conversation_turns(obj.get("conversations"))
-    files = {}
+    files: Dict[str, List[bytes]] = {}
     for key, slot, placeholder in (("image", IMAGE_SLOT, IMAGE), ("audio", AUDIO_SLOT, AUDIO)):
         value = obj.get(key)
-        if value is not None:
-            if not isinstance(value, str) or not value:
-                raise InputError(f"{key}: expected a file path, got {value!r:.60}")
-            if Path(value).is_absolute() or ".." in Path(value).parts:
-                raise InputError(f"{key}: {value!r} must be a path inside the JSONL's folder, relative to it")
-            path = base / value
-            if not path.is_file():
-                raise InputError(f"{key}: {value} does not exist (paths are relative to the JSONL's folder)")
-            files[key] = path.read_bytes()
+        paths = value if key == "image" and isinstance(value, list) else [] if value is None else [value]
+        if key == "image" and isinstance(value, list) and not value:
+            raise InputError("image: an empty list; leave the key out for a sample without an image")
+        files[key] = [_attachment(path, key, base) for path in paths]
         placed = placeholder_count(turns, slot)
-        if placed != (value is not None):
-            raise InputError(f"{placed} {placeholder} placeholder(s) for {int(value is not None)} {key} "
-                             f"attachment(s); put one {placeholder} in a user turn when the sample has "
-                             f"{'an' if key == 'image' else 'a'} {key}, none otherwise")
-    return ConversationSample(sample_id, turns, files.get("image"), files.get("audio"))
+        if placed != len(paths):
+            raise InputError(f"{placed} {placeholder} placeholder(s) for {len(paths)} {key} attachment(s); put one "
+                             f"{placeholder} in a user turn per {key} the sample has, in their order")
+    images = files["image"]
+    return ConversationSample(sample_id, turns, images[0] if images else None,
+                              files["audio"][0] if files["audio"] else None, extra_images=tuple(images[1:]))
+
+
+def _attachment(value, key: str, base: Path) -> bytes:
+    """The bytes of an attachment's file, its path checked: inside the JSONL's folder, existing."""
+    if not isinstance(value, str) or not value:
+        raise InputError(f"{key}: expected a file path{' or a list of them' if key == 'image' else ''}, got "
+                         f"{value!r:.60}")
+    if Path(value).is_absolute() or ".." in Path(value).parts:
+        raise InputError(f"{key}: {value!r} must be a path inside the JSONL's folder, relative to it")
+    path = base / value
+    if not path.is_file():
+        raise InputError(f"{key}: {value} does not exist (paths are relative to the JSONL's folder)")
+    return path.read_bytes()
 
 
 def read_conversations(path: Union[str, Path]) -> ConversationFile:
@@ -147,6 +164,7 @@ def derived_conversations(rows: Sequence[VQARow], split: str, multi_every: int =
     (`question_id`): the loader picks one of its clips per epoch, as the classifier's loader does."""
     samples: List[ConversationSample] = []
     described = set()
+    before = None  # the image described last, and its caption
     for row in rows:
         key = f"{split}-{row.sample_id}"
         common = dict(image_id=row.image_id)
@@ -163,22 +181,28 @@ def derived_conversations(rows: Sequence[VQARow], split: str, multi_every: int =
                 samples.append(ConversationSample(f"{split}-image{row.image_id}-multi",
                                                   _turns(f"{IMAGE}\n{row.question}", row.answer, DESCRIBE, row.caption),
                                                   row.image, kind="multi", **common))
+                if before is not None:
+                    samples.append(ConversationSample(
+                        f"{split}-image{row.image_id}-pair", _turns(f"{IMAGE}{IMAGE}\n{DESCRIBE_BOTH}",
+                                                                    f"{before[1]}, then {row.caption}"),
+                        before[0], kind="pair", extra_images=(row.image,), **common))
+            before = (row.image, row.caption)
     return samples
 
 
 def table_row(sample: ConversationSample, sample_id: int) -> Dict:
     """A sample as a row of records.CONVERSATION_SCHEMA (its audio already int16 PCM, or named by question)."""
     return {"sample_id": sample_id, "conversation": sample.id, "kind": sample.kind,
-            "turns": json.dumps(conversations_of(sample.turns), ensure_ascii=False), "image": sample.image or b"",
+            "turns": json.dumps(conversations_of(sample.turns), ensure_ascii=False), "image": pack_images(sample.images),
             "image_id": sample.image_id, "question_id": sample.question_id, "pcm": sample.audio or b""}
 
 
 def from_table_row(row: Dict) -> ConversationSample:
     """The sample a conversation table's row holds (table_row's inverse)."""
-    image, pcm = as_bytes(row["image"]), as_bytes(row["pcm"])
+    images, pcm = images_of(row["image"]), as_bytes(row["pcm"])
     return ConversationSample(str(row["conversation"]), conversation_turns(json.loads(str(row["turns"]))),
-                              image or None, pcm or None, str(row["kind"]), int(row["image_id"]),
-                              int(row["question_id"]))
+                              images[0] if images else None, pcm or None, str(row["kind"]), int(row["image_id"]),
+                              int(row["question_id"]), tuple(images[1:]))
 
 
 def read_conversation_table(root: Union[str, Path], split: str) -> List[ConversationSample]:

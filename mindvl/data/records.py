@@ -51,7 +51,7 @@ CONVERSATION_SCHEMA = {
     "conversation": {"type": "string"},  # its id: "train-12-vqa", or the id its JSONL line gave
     "kind": {"type": "string"},  # "vqa", "spoken", "caption", "multi" (derived) or "user" (a JSONL line)
     "turns": {"type": "string"},  # JSON, the LLaVA convention: [{"from": "user", "value": "<image> ..."}, ...]
-    "image": {"type": "bytes"},  # the encoded image; empty: the conversation has none
+    "image": {"type": "bytes"},  # the encoded image; empty: none; several: pack_images' container
     "image_id": {"type": "int32"},  # the example tables' image id (validation hold-out); -1: none
     "question_id": {"type": "int32"},  # a spoken question: one of its clips in speech.mindrecord; else -1
     "pcm": {"type": "bytes"},  # the conversation's own recording, int16 at the sample rate; empty: none
@@ -124,6 +124,31 @@ def write_table(path: Union[str, Path], schema: Dict, rows: Iterable[Dict], desc
         count += len(batch)
     writer.commit()
     return count
+
+
+IMAGES_MAGIC = b"MINDVL-IMAGES\x00"  # several images in one bytes field: magic, count, each length (u64 LE), data
+
+
+def pack_images(images) -> bytes:
+    """A conversation's encoded images as one bytes field: the image itself when it is one (tables built before
+    several read the same), none as empty, several in a container `images_of` opens."""
+    images = [bytes(image) for image in images]
+    if len(images) <= 1:
+        return images[0] if images else b""
+    lengths = np.asarray([len(image) for image in images], "<u8")
+    return IMAGES_MAGIC + np.asarray([len(images)], "<u8").tobytes() + lengths.tobytes() + b"".join(images)
+
+
+def images_of(value) -> List[bytes]:
+    """The encoded images a conversation's bytes field holds (pack_images' inverse); [] for none."""
+    data = as_bytes(value)
+    if not data.startswith(IMAGES_MAGIC):
+        return [data] if data else []
+    start = len(IMAGES_MAGIC)
+    count = int(np.frombuffer(data[start:start + 8], "<u8")[0])
+    lengths = np.frombuffer(data[start + 8:start + 8 + 8 * count], "<u8").astype(int)
+    offsets = start + 8 + 8 * count + np.concatenate([[0], np.cumsum(lengths)])
+    return [data[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
 
 
 def as_bytes(value) -> bytes:

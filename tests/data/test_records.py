@@ -1,4 +1,5 @@
 """MindRecord tables: shard layout, table_files, readers, and byte-identical writes."""
+import numpy as np
 import hashlib
 import json
 from pathlib import Path
@@ -61,3 +62,13 @@ def test_the_same_rows_give_byte_identical_files_in_any_folder(tmp_path):
 def test_an_empty_table_is_valid(tmp_path):
     assert records.write_table(tmp_path / "test.mindrecord", records.EXAMPLE_SCHEMA, [], "empty") == 0
     assert records.read_table(tmp_path / "test.mindrecord") == []
+
+
+def test_several_images_share_one_bytes_field_and_one_image_stays_itself():
+    from mindvl.data.records import images_of, pack_images
+
+    assert pack_images([b"\x89PNG one"]) == b"\x89PNG one" and pack_images([]) == b""
+    assert images_of(b"\x89PNG one") == [b"\x89PNG one"] and images_of(b"") == []
+    several = [b"\x89PNG one", b"", b"\xff\xd8 jpeg" * 100]
+    assert images_of(pack_images(several)) == several
+    assert images_of(np.frombuffer(pack_images(several), np.uint8)) == several  # as MindDataset hands it

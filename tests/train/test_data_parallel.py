@@ -109,7 +109,7 @@ def test_a_native_vlm_on_two_msrun_workers_ends_as_one_process(small_cfg, small_
     converted = convert_vlm(Path(__file__).parents[1] / "references" / "tiny_qwen2_5_vl", tmp_path / "qwen",
                             log=lambda line: None)
     overrides = [f"data.root={small_cfg.data.root}", f"model.pretrained.vlm={converted}", "data.packing.length=128",
-                 "data.conversation_kinds=[vqa]", "train.kernels=fused", *STEPS]
+                 "data.conversation_kinds=[vqa, pair]", "train.kernels=fused", *STEPS]
     single = train(load_config("qwen-vl-lora", [*overrides, f"train.output_dir={tmp_path / 'single'}"]),
                    progress=False)
     ranks = _msrun_train(tmp_path, "qwen-vl-lora", overrides)

@@ -656,9 +656,10 @@ def _user_conversations(work: Path, cfg: Config, src: SourceSplit, quarantine: Q
         if sample.id in seen:
             quarantine.add(src.name, ref, "bad_conversation", f"id {sample.id!r} already used by {seen[sample.id]}")
             continue
-        if sample.image is not None and _checked_image(
-                work, src.name, ref, sample.image, f"{src.name}_{_slug(ref)}_{Path(obj['image']).name}", f"{ref} image",
-                clean, pre, quarantine) is None:
+        files = obj["image"] if isinstance(obj.get("image"), list) else [obj.get("image")]
+        if any(_checked_image(work, src.name, ref, image, f"{src.name}_{_slug(ref)}_{Path(file).name}",
+                              f"{ref} image {file}", clean, pre, quarantine) is None
+               for image, file in zip(sample.images, files)):
             continue
         if sample.audio is not None:
             name = f"{ref} {obj['audio']}"

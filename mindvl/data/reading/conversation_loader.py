@@ -109,6 +109,10 @@ def conversation_sizes(cfg: Config, split: str, chat: ChatEncoder) -> Conversati
             kinds.append(str(row["kind"]))
             turns = conversation_turns(turns_json(row["turns"]))
             try:
+                if placeholder_count(turns, IMAGE_SLOT) > 1:
+                    raise P.InputError(f"conversation {row['conversation']}: {placeholder_count(turns, IMAGE_SLOT)} "
+                                       f"images; this model takes one per conversation (a native-resolution VLM, "
+                                       f"model.pretrained.vlm, takes several)")
                 rendered = chat.render(turns, placeholder_count(turns, IMAGE_SLOT), placeholder_count(turns, AUDIO_SLOT),
                                        max_length=length, name=f"conversation {row['conversation']}")
             except P.InputError as exc:
@@ -154,7 +158,7 @@ def conversation_inputs(cfg: Config, split: str = "train") -> Tuple[List[bytes],
     included, so one cache serves training and validation."""
     root, files, _ = conversation_files(cfg, split)
     rows = [row for path in files for row in records.read_table(path, ["image", "question_id", "pcm"])]
-    images = list({records.as_bytes(row["image"]): None for row in rows if records.as_bytes(row["image"])})
+    images = list({image: None for row in rows for image in records.images_of(row["image"])})
     questions = sorted({int(row["question_id"]) for row in rows if int(row["question_id"]) >= 0})
     clips = list({records.as_bytes(row["pcm"]): None for row in rows if records.as_bytes(row["pcm"])})
     if questions:

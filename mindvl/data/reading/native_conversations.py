@@ -18,7 +18,7 @@ from typing import List
 import numpy as np
 
 from mindvl import preprocess as P
-from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, ChatEncoder, conversation_turns, placeholder_count
+from mindvl.chat import AUDIO_SLOT, ChatEncoder, conversation_turns, placeholder_count
 from mindvl.config import Config
 from mindvl.data import records
 from mindvl.data.reading.conversation_loader import (TABLE_COLUMNS, ConversationSizes, ConversationStream,
@@ -55,13 +55,12 @@ def native_conversation_sizes(cfg: Config, split: str, chat: ChatEncoder) -> Con
             kinds.append(str(row["kind"]))
             name = f"conversation {row['conversation']}"
             turns = conversation_turns(turns_json(row["turns"]))
-            image = records.as_bytes(row["image"])
+            images = records.images_of(row["image"])
             try:
                 if int(row["question_id"]) >= 0 or records.as_bytes(row["pcm"]) or placeholder_count(turns, AUDIO_SLOT):
                     raise P.InputError(f"{name}: {NO_AUDIO}")
-                sizes = [image_tokens(image, config, f"{name} image")] if image else []
-                rendered = chat.render(turns, placeholder_count(turns, IMAGE_SLOT), max_length=length, name=name,
-                                       sizes=sizes)
+                sizes = [image_tokens(image, config, f"{name} image {i}") for i, image in enumerate(images)]
+                rendered = chat.render(turns, len(images), max_length=length, name=name, sizes=sizes)
             except (P.InputError, OSError) as exc:
                 tokens.append(0), labels.append(0), refused.append(str(exc))
                 continue
@@ -78,11 +77,10 @@ class NativeConversationStage(Stage):
 
     def __call__(self, sample_ids, turns, images, question_ids, pcms, batch_info=None):
         rendered, attachments = [], []
-        for sample_id, text, image in zip(sample_ids, turns, images):
+        for sample_id, text, packed in zip(sample_ids, turns, images):
             name = f"{self.split} conversation {int(sample_id)}"
-            image = records.as_bytes(image)
-            items = [(IMAGE, *image_patches(P.open_image(image, f"{name} image"), self.config, name), 1.0)] \
-                if image else []
+            items = [(IMAGE, *image_patches(P.open_image(image, f"{name} image {i}"), self.config, name), 1.0)
+                     for i, image in enumerate(records.images_of(packed))]
             rendered.append(self.chat.render(conversation_turns(turns_json(text)), len(items),
                                              max_length=self.packer.length, name=name,
                                              sizes=[int(np.prod(grid)) // self.config.merge_size ** 2
