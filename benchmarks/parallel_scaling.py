@@ -1,10 +1,11 @@
-"""The scaling table of the README (issue 9): for the tiny recipe, pretrained-s, fusion-12b and llm-8b at 8, 64 and 1024
+"""The scaling table of the README (issue 9): for the tiny recipe, pretrained-s, fusion-12b, llm-8b and mindvl-8b (the
+seed's native-resolution VLM, issue 49) at 8, 64 and 1024
 Ascend 910B devices, the fastest strategy `mindvl plan --search` finds under the memory cap, its per-rank memory,
 predicted step time, scaling efficiency against 8 devices, and the best pure data-parallel strategy's
 throughput (the "hybrid vs DP" ratio). Weak scaling: the global batch grows with the devices (PER_DEVICE
 samples each), as the published 1024-card runs do. Predictions only (mindvl.parallel.planner), no device runs.
 
-    python benchmarks/parallel_scaling.py [--memory-cap-gb 64] [--json]
+    python benchmarks/parallel_scaling.py [--memory-cap-gb 64] [--recipe NAME ...] [--json]
 """
 import argparse
 import json
@@ -14,7 +15,8 @@ from mindvl.config import load_config
 from mindvl.parallel.hardware import Hardware
 from mindvl.parallel.planner import search
 
-RECIPES = {"tiny": 8, "pretrained-s": 8, "fusion-12b": 2, "llm-8b": 2}  # recipe: samples (llm-8b: packed rows) per device
+# recipe: samples (llm-8b, mindvl-8b: packed rows) per device
+RECIPES = {"tiny": 8, "pretrained-s": 8, "fusion-12b": 2, "llm-8b": 2, "mindvl-8b": 2}
 DEVICES = (8, 64, 1024)
 GB = 1e9
 
@@ -29,12 +31,15 @@ def describe(strategy) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--memory-cap-gb", type=float, default=64.0)
+    parser.add_argument("--recipe", action="append", choices=sorted(RECIPES), help="only these (repeatable)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     hardware = Hardware()
     rows = []
     started = time.perf_counter()
     for recipe, per_device in RECIPES.items():
+        if args.recipe and recipe not in args.recipe:
+            continue
         base = None
         for devices in DEVICES:
             cfg = load_config(recipe, [f"data.batch_size={per_device * devices}"])

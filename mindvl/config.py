@@ -251,6 +251,11 @@ class NativeConfig:
                 "full_layers": tuple(self.full_layers), "family": self.family,
                 "window_row": self.window * self.window * self.merge * self.merge}
 
+    def encoder(self) -> "EncoderConfig":
+        """The tower as an EncoderConfig (its shape: what strategies split and pipelines cut)."""
+        return EncoderConfig(width=self.width, layers=self.layers, heads=self.heads,
+                             mlp_ratio=self.mlp_width / self.width if self.width else 4.0)
+
     def patches(self) -> Dict[str, Any]:
         """PatchConfig's keyword settings."""
         return {"patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
@@ -315,10 +320,14 @@ class ModelConfig:
     def stacks(self) -> Tuple[str, ...]:
         """The Transformer stacks the model runs, in pipeline order (STACKS without the text encoder when
         a decoder reads the text)."""
-        return tuple(name for name in STACKS if not (self.generative and name == "text"))
+        return tuple(name for name in STACKS if not (self.generative and name == "text")
+                     and not (self.is_native and name == "audio"))
 
     def stack(self, name: str) -> EncoderConfig:
-        """The settings of stack `name`: model.<name>, or model.decoder in the fusion Transformer's place."""
+        """The settings of stack `name`: model.<name>, model.decoder in the fusion Transformer's place, a native
+        VLM's tower in the vision encoder's."""
+        if name == "vision" and self.native.layers > 0:
+            return self.native.encoder()
         return self.decoder if name == "fusion" and self.generative else getattr(self, name)
 
 

@@ -109,6 +109,13 @@ def planning_config(cfg: Config) -> Config:
         model.text.vocab_size = _data_vocab(cfg.data) or PLANNING_VOCAB
     if model.pretrained.decoder:
         model.decoder = _planned_decoder(Path(model.pretrained.decoder), model.decoder)
+    if model.pretrained.vlm and Path(model.pretrained.vlm, "config.json").is_file():
+        from mindvl.pretrained.bind import bind_vlm
+
+        try:  # the converted VLM's tower and decoder (planning reads shapes: bind's own reading)
+            bind_vlm(cfg, Path(model.pretrained.vlm))
+        except ConfigError:
+            pass
     if model.generative and model.decoder.vocab_size <= 0:  # a decoder over the data's word tokenizer
         model.decoder.vocab_size = model.text.vocab_size
     return cfg
@@ -169,6 +176,16 @@ class StackShape:
     norms: int = 2  # per block (sandwich norms: 4)
     qk_norm_params: int = 0  # the per-head query and key norms
     kv_heads: int = 0  # of grouped-query attention; 0: heads
+    window: int = 0  # tokens a windowed layer's query attends to (a native tower's window row); 0: every token
+    windowed_layers: int = 0  # of `layers`, those that attend within windows
+
+    @property
+    def span(self) -> float:
+        """Keys a query attends to, averaged over the blocks (windowed layers attend within their window)."""
+        if not self.window or not self.windowed_layers:
+            return float(self.tokens)
+        windowed = self.windowed_layers / self.layers
+        return windowed * min(self.window, self.tokens) + (1 - windowed) * self.tokens
 
     @property
     def kv(self) -> int:
@@ -202,10 +219,10 @@ class StackShape:
         """Forward FLOPs of one block for one sample."""
         s, w, i, h = self.tokens, self.width, self.inner, self.hidden
         products = w * i + 2 * w * self.kv + i * w + (self.mlp_inputs + 1) * w * h
-        return self.sequences * (2 * s * products + 4 * s * s * i)
+        return self.sequences * (2 * s * products + 4 * s * self.span * i)
 
     def block_score_flops(self) -> float:
-        return self.sequences * 2 * self.tokens * self.tokens * self.inner
+        return self.sequences * 2 * self.tokens * self.span * self.inner
 
     def block_activation_bytes(self, mp: int, compute: int, softmax: int, recompute: RecomputeConfig) -> float:
         """Bytes one block keeps for backward per sample (see the module docstring)."""
@@ -218,7 +235,7 @@ class StackShape:
         mlp = 4 * h if self.gated else 2 * h  # gate, up, act(gate), their product; fc1 and act(fc1)
         kept = s * (4 * w + extra + (attention + mlp) / mp + (kv if self.kv_replicated(mp) else 0)) * compute
         if not recompute.select_recompute:
-            kept += a / mp * s * s * softmax
+            kept += a / mp * s * self.span * softmax
         return self.sequences * kept
 
     def full_block_activation_bytes(self, mp: int, compute: int, softmax: int) -> float:
@@ -345,6 +362,8 @@ def model_shapes(cfg: Config) -> Dict[str, ModuleShape]:
         other_forward_flops=2 * (v_tokens * vw + t_tokens * tw + a_tokens * aw) * fw,
         trainable=not frozen["fusion"], adapters_trainable=not held["fusion"], runs=True,
         output_bytes_per_sample=fusion_tokens * fw * compute)
+    if m.is_native:
+        return _native_shapes(cfg, frozen, held, compute)
     if m.generative:
         upstream = any(shapes[kind].trainable_params for kind in ("vision", "audio"))
         shapes.update(_generative_shapes(cfg, frozen, not held["fusion"], upstream, compute))
@@ -418,6 +437,41 @@ def _generative_shapes(cfg: Config, frozen: Dict[str, bool], adapters_trainable:
             other_forward_flops=2 * labels * dw * dec.vocab_size, trainable=not frozen["fusion"], runs=True,
             output_bytes_per_sample=labels * dec.vocab_size * 4 * 2, vocabulary_split=True),
     }
+
+
+def _native_shapes(cfg: Config, frozen: Dict[str, bool], held: Dict[str, bool], compute: int) -> Dict[str, ModuleShape]:
+    """A native-resolution VLM (model.native: Qwen2.5-ViT-like) for one sample: one image of model.native.
+    max_pixels through the tower (its windowed layers attending within a window row), its merged tokens within a
+    packed row of data.packing.length tokens through the decoder (every position labelled: an upper bound). The
+    merger (the 2-layer MLP projector) is the tower's; no audio, no text encoder."""
+    n, dec = cfg.model.native, cfg.model.decoder
+    if cfg.model.pretrained.vlm and cfg.model.pretrained.freeze:
+        frozen = {**frozen, "vision": True, "fusion": True}
+    patches = n.max_pixels // n.patch_size ** 2
+    tokens = int(cfg.data.packing.length)
+    gated, rms = n.family == "qwen2_5_vl", n.family == "qwen2_5_vl"
+    width, merged = n.width, n.width * n.merge ** 2
+    tower = StackShape("vision", width, width, n.mlp_width, n.heads, n.layers, patches, 1, True, False, 0,
+                       gated=gated, norm_params=width if rms else 2 * width,
+                       window=n.window * n.window * n.merge ** 2 if gated else 0,
+                       windowed_layers=n.layers - len(n.full_layers) if gated else 0)
+    merger = (width if rms else 2 * width) + _linear(merged, merged) + _linear(merged, n.out_width)
+    vision = ModuleShape(
+        "vision", tower, other_params=n.patch_values * width + merger, table_params=0,
+        other_forward_flops=2 * patches * n.patch_values * width
+        + 2 * patches // n.merge ** 2 * (merged * merged + merged * n.out_width),
+        trainable=not frozen["vision"], runs=True, adapters_trainable=not held["vision"],
+        output_bytes_per_sample=patches // n.merge ** 2 * n.out_width * compute)
+    dw = dec.width
+    fusion = ModuleShape(
+        "fusion", decoder_stack(dec, tokens), other_params=_decoder_norm_params(dec), table_params=dec.vocab_size * dw,
+        other_forward_flops=0.0, trainable=not frozen["fusion"], runs=True, output_bytes_per_sample=tokens * dw * compute,
+        backward_through=not frozen["vision"], adapters_trainable=not held["fusion"])
+    heads = ModuleShape(
+        "heads", None, other_params=0 if dec.tie_embeddings else dec.vocab_size * dw, table_params=0,
+        other_forward_flops=2 * tokens * dw * dec.vocab_size, trainable=not frozen["fusion"], runs=True,
+        output_bytes_per_sample=tokens * dec.vocab_size * 4 * 2, vocabulary_split=True)
+    return {"vision": vision, "fusion": fusion, "heads": heads}
 
 
 def count_config_parameters(cfg: Config) -> int:

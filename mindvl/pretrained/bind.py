@@ -69,7 +69,7 @@ def _vlm_folder(model_cfg: ModelConfig) -> Optional[Path]:
     return Path(folder)
 
 
-def _bind_vlm(cfg: Config, folder: Path) -> None:
+def bind_vlm(cfg: Config, folder: Path) -> None:
     """model.decoder and model.native from a converted VLM's config.json (the recipe's LoRA settings kept)."""
     from .vlm import read_vlm_config
 
@@ -95,7 +95,7 @@ def bind_pretrained(cfg: Config) -> Config:
     folder and check the recipe against it."""
     vlm = _vlm_folder(cfg.model)
     if vlm is not None:
-        _bind_vlm(cfg, vlm)
+        bind_vlm(cfg, vlm)
         return cfg
     folder = _decoder_folder(cfg.model)
     if folder is not None:

@@ -345,3 +345,34 @@ def test_a_generative_recipe_is_planned_per_conversation_of_its_built_data(small
     assert bound.sample_tokens == bound.sample_labels == length
     assert 0 < built.sample_labels < built.sample_tokens < length
     assert built.activation_bytes < bound.activation_bytes and built.step_time_s < bound.step_time_s
+
+
+def test_a_native_vlm_is_planned_with_the_parameters_of_its_built_tower_and_decoder(tmp_path):
+    """The converted tiny Qwen2.5-VL as a recipe (qwen-vl-lora): the planner's count is the folder's; a tower with
+    windows computes fewer attention FLOPs than the same tower attending over every patch."""
+    from pathlib import Path
+
+    from mindvl.parallel.planner import count_config_parameters, model_shapes, planning_config
+    from mindvl.pretrained.vlm import convert_vlm
+
+    folder = convert_vlm(Path(__file__).parents[1] / "references" / "tiny_qwen2_5_vl", tmp_path / "qwen",
+                         log=lambda line: None)
+    cfg = load_config("qwen-vl-lora", [f"model.pretrained.vlm={folder}", "model.decoder.lora_rank=0"])
+    assert count_config_parameters(cfg) == json.loads((folder / "config.json").read_text())["parameters"]
+    shapes = model_shapes(planning_config(cfg))
+    assert set(shapes) == {"vision", "fusion", "heads"}  # no audio, no text encoder
+    tower = shapes["vision"].stack
+    assert tower.windowed_layers == 1 and tower.window == 64 and tower.span < tower.tokens
+    assert tower.block_forward_flops() < dataclasses.replace(tower, window=0).block_forward_flops()
+
+
+def test_plan_search_finds_strategies_for_mindvl_8b(capsys):
+    """The seed's MindVL-8B (a Qwen2.5-ViT-sized tower before a Qwen3-8B-sized decoder) on 64 devices."""
+    from mindvl.cli import main
+    from mindvl.parallel.planner import count_config_parameters
+
+    cfg = load_config("mindvl-8b")
+    assert 8.8e9 < count_config_parameters(cfg) < 9.0e9  # Qwen3-8B's 8.19B + the tower's 0.68B
+    assert main(["plan", "--config", "mindvl-8b", "--search", "--devices", "64", "--memory-cap-gb", "64",
+                 "--top", "3"]) == 0
+    assert "dp" in capsys.readouterr().out
