@@ -33,6 +33,7 @@ def pytest_xdist_auto_num_workers(config):
 # The session fixtures of the generative chain (trained_run -> generative_run -> generative_package -> its server):
 # the tests that use any of them run in one worker, so the chain is trained and packaged once, not in each worker.
 GENERATIVE_CHAIN = {"generative_run", "generative_package", "generative_server"}
+NATIVE_CHAIN = {"native_package"}  # the exported tiny Qwen2.5-VL: export's and serving's tests share one build
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
@@ -43,7 +44,8 @@ def pytest_collection_modifyitems(config, items):
     slow_files = {item.path for item in items if "slow" in item.keywords}
     items.sort(key=lambda item: item.path not in slow_files)  # stable: each file's own order stays
     for item in items:  # xdist's --dist loadgroup runs a group in one worker
-        group = "generative_chain" if GENERATIVE_CHAIN & set(item.fixturenames) else item.nodeid.split("::")[0]
+        group = ("generative_chain" if GENERATIVE_CHAIN & set(item.fixturenames) else
+                 "native_chain" if NATIVE_CHAIN & set(item.fixturenames) else item.nodeid.split("::")[0])
         item.add_marker(pytest.mark.xdist_group(group))
     _skip_slow(items)
 
