@@ -11,8 +11,8 @@ own.
 The manifest's "generation" section holds the vision buckets, the tower's layout, the image and video processor
 settings and the chat's default system turn ("native"); the stored questions are easy-vqa's test images, one,
 two at once and none, with the framework's greedy tokens, which `mindvl export verify` generates again. A request
-whose images take more patches than the largest vision bucket is refused by name. No lite2/ yet (see
-docs/native_resolution.md).
+whose images take more patches than the largest vision bucket is refused by name. No lite2/ yet: the graphs
+convert, the device assets do not read the family's byte-level BPE tokenizer (docs/native_resolution.md).
 """
 from dataclasses import asdict
 from pathlib import Path

@@ -94,8 +94,8 @@ def _native_checked(generator, out: Path, options: PackageOptions, log: Callable
              ("--evaluate", options.evaluate)) if value]
     if given:
         raise PackageError(f"{', '.join(given)}: not available for a converted VLM's package (its graphs are vision "
-                           f"per bucket, prefill per bucket and decode; Lite 2.0 and evaluation: not yet); leave "
-                           f"{given[0]} out")
+                           f"per bucket, prefill per bucket and decode; Lite 2.0: the device assets do not read its "
+                           f"byte-level BPE tokenizer yet; evaluation: not yet); leave {given[0]} out")
     path = write_native_package(generator, out, options.cache_len, buckets=options.prompt_buckets,
                                 vision_buckets=options.vision_buckets, version=options.version, force=options.force,
                                 progress=options.progress)
