@@ -126,6 +126,9 @@ class ContinuousBatcher:
                  max_streams: int = 16) -> None:
         self.spec = GenerationSpec.from_manifest(manifest)
         self.pre = None if self.spec.native else P.preprocess_config(manifest["preprocess"])
+        native = self.spec.native  # a native VLM's image and video processing
+        self.patches = PatchConfig.from_processor(native["patches"]) if native else None
+        self.video = VideoSampling(**native["video"]) if native else None
         self.layout = package_layout(folder, manifest)
         self.graphs = {name: load_graph(folder, manifest, name, key) for name in self.spec.graph_names()}
         self.max_streams = max(1, int(max_streams))
@@ -168,8 +171,7 @@ class ContinuousBatcher:
         opened = [P.open_image(data, f"images[{i}]") for i, data in enumerate(images)]
         if isinstance(video, list):
             video = [P.open_image(data, f"video frame {i}") for i, data in enumerate(video)]
-        found = attachments(opened, video, PatchConfig.from_processor(native["patches"]),
-                            VideoSampling(**native["video"]), native["tokens_per_second"],
+        found = attachments(opened, video, self.patches, self.video, native["tokens_per_second"],
                             max_patches=native["vision_buckets"][-1])
         return NativePrompt(text, found)
 

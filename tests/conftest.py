@@ -144,6 +144,19 @@ def small_generative_overrides(root, *extra):
     return small_overrides(root, *SMALL_GENERATIVE, *extra)
 
 
+def assert_loads_back(model, run_dir):
+    """The run's newest checkpoint, loaded by load_model (its frozen base from the converted folders it names),
+    holds every parameter of `model` bit for bit -> the loaded model."""
+    from mindvl.model_factory import load_model
+    from mindvl.runs import parameter_paths
+
+    _, loaded, _ = load_model(run_dir)
+    expected = {name: param.asnumpy() for name, param in parameter_paths(model).items()}
+    for name, param in parameter_paths(loaded).items():
+        np.testing.assert_array_equal(param.asnumpy(), expected[name], err_msg=name)
+    return loaded
+
+
 def small_generative_config(root, *extra):
     """vlm-tiny over the small data set (its conversation tables), at test size."""
     return load_config("vlm-tiny", small_generative_overrides(root, *extra))

@@ -39,9 +39,9 @@ def _export(args) -> None:
         raise ConfigError("mindvl export: pass --checkpoint CKPT --out PKG, or a subcommand (verify, evaluate, "
                           "compare, quantize, prune, distill, onnx)")
     from mindvl.deploy.export_pipeline import package_and_check, package_native_and_check
-    from mindvl.loading import VLM, describe
     from mindvl.model_factory import load_model
-    if Path(args.checkpoint).is_dir() and describe(args.checkpoint).kind == VLM:
+    from mindvl.pretrained.vlm import is_vlm_folder
+    if is_vlm_folder(args.checkpoint):
         if args.config or args.overrides or args.data_root:
             raise ConfigError("--config, --set and --data-root: a converted VLM folder has no recipe; leave them out")
         _print_export(package_native_and_check(args.checkpoint, args.out, _package_options(args, args.evaluate)),

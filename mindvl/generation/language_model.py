@@ -11,7 +11,6 @@ Open a folder with `mindvl.from_pretrained(folder)`; `LanguageModel(folder)` is 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterator, List, Sequence, Union
 
@@ -117,8 +116,6 @@ class LanguageModel:
 
 def is_llm_folder(folder: Union[str, Path]) -> bool:
     """A folder `mindvl convert llm` wrote (its config.json says so)."""
-    config = Path(folder) / "config.json"
-    try:
-        return config.is_file() and json.loads(config.read_text()).get("format") == FORMAT
-    except (OSError, ValueError):
-        return False
+    from mindvl.pretrained.store import has_format
+
+    return has_format(folder, FORMAT)

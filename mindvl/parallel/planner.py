@@ -449,13 +449,13 @@ def _native_shapes(cfg: Config, frozen: Dict[str, bool], held: Dict[str, bool], 
         frozen = {**frozen, "vision": True, "fusion": True}
     patches = n.max_pixels // n.patch_size ** 2
     tokens = int(cfg.data.packing.length)
-    gated, rms = n.family == "qwen2_5_vl", n.family == "qwen2_5_vl"
+    qwen25 = n.family == "qwen2_5_vl"  # gated MLP, RMSNorm and windows; Qwen2-VL: GELU MLP, LayerNorm, none
     width, merged = n.width, n.width * n.merge ** 2
+    norm = width if qwen25 else 2 * width
     tower = StackShape("vision", width, width, n.mlp_width, n.heads, n.layers, patches, 1, True, False, 0,
-                       gated=gated, norm_params=width if rms else 2 * width,
-                       window=n.window * n.window * n.merge ** 2 if gated else 0,
-                       windowed_layers=n.layers - len(n.full_layers) if gated else 0)
-    merger = (width if rms else 2 * width) + _linear(merged, merged) + _linear(merged, n.out_width)
+                       gated=qwen25, norm_params=norm, window=n.window * n.window * n.merge ** 2 if qwen25 else 0,
+                       windowed_layers=n.layers - len(n.full_layers) if qwen25 else 0)
+    merger = norm + _linear(merged, merged) + _linear(merged, n.out_width)
     vision = ModuleShape(
         "vision", tower, other_params=n.patch_values * width + merger, table_params=0,
         other_forward_flops=2 * patches * n.patch_values * width

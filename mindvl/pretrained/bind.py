@@ -20,6 +20,7 @@ from mindvl.errors import ConfigError, ConversionError
 
 from .llm import load_llm_weights, read_llm_config
 from .store import read_config
+from .vlm import read_vlm_config
 
 KINDS = {"vision": VisionConfig, "text": TextConfig, "audio": AudioConfig}
 SOURCE_OF = {"vision": "dinov2", "text": "minilm", "audio": "whisper-base"}
@@ -69,16 +70,21 @@ def _vlm_folder(model_cfg: ModelConfig) -> Optional[Path]:
     return Path(folder)
 
 
-def bind_vlm(cfg: Config, folder: Path) -> None:
-    """model.decoder and model.native from a converted VLM's config.json (the recipe's LoRA settings kept)."""
-    from .vlm import read_vlm_config
-
+def _bind_decoder(cfg: Config, key: str, read, folder: Path):
+    """model.decoder from a converted folder (`read`: its reader -> (config.json, DecoderConfig)), the recipe's LoRA
+    settings kept; -> what `read` returned. ConfigError naming model.pretrained.<key> when it cannot be read."""
     try:
-        config, decoder = read_vlm_config(folder)
+        config, decoder = read(folder)
     except ConversionError as exc:
-        raise ConfigError(f"model.pretrained.vlm: {exc}") from exc
+        raise ConfigError(f"model.pretrained.{key}: {exc}") from exc
     current = cfg.model.decoder
     cfg.model.decoder = replace(decoder, lora_rank=current.lora_rank, lora_alpha=current.lora_alpha)
+    return config, decoder
+
+
+def bind_vlm(cfg: Config, folder: Path) -> None:
+    """model.decoder and model.native from a converted VLM's config.json (the recipe's LoRA settings kept)."""
+    config, _ = _bind_decoder(cfg, "vlm", read_vlm_config, folder)
     vision, patches = config["vision"], config["patches"]
     cfg.model.native = replace(
         cfg.model.native, **{k: vision[k] for k in ("layers", "width", "heads", "mlp_width", "out_width", "patch_values",
@@ -99,12 +105,7 @@ def bind_pretrained(cfg: Config) -> Config:
         return cfg
     folder = _decoder_folder(cfg.model)
     if folder is not None:
-        try:
-            _, decoder = read_llm_config(folder)
-        except ConversionError as exc:
-            raise ConfigError(f"model.pretrained.decoder: {exc}") from exc
-        current = cfg.model.decoder
-        cfg.model.decoder = replace(decoder, lora_rank=current.lora_rank, lora_alpha=current.lora_alpha)
+        _bind_decoder(cfg, "decoder", read_llm_config, folder)
     for kind, folder in _folders(cfg.model).items():
         config = _read(kind, folder)
         current = getattr(cfg.model, kind)
@@ -223,7 +224,7 @@ def base_weights(model, model_cfg: ModelConfig) -> Tuple[Dict[str, Dict], Set[st
         parts["decoder"] = (folder, read_llm_config(folder)[0])
     whole = _vlm_folder(model_cfg)
     if whole is not None:  # one folder, both parts
-        config = _vlm_config(whole)
+        config = read_vlm_config(whole)[0]
         parts.update({"tower": (whole, config), "decoder": (whole, config)})
     for kind, (folder, config) in parts.items():
         record[kind] = {"folder": str(folder.resolve()), "files": dict(config["files"])}
@@ -245,7 +246,7 @@ def check_base(record: Dict[str, Dict], model_cfg: ModelConfig) -> None:
                               f"{expected['folder']}, which this config does not name; set it to that folder")
         folder = Path(folders[kind])
         try:
-            files = (_vlm_config(folder) if model_cfg.pretrained.vlm else read_llm_config(folder)[0]
+            files = (read_vlm_config(folder)[0] if model_cfg.pretrained.vlm else read_llm_config(folder)[0]
                      if kind == "decoder" else read_config(folder))["files"]
         except ConversionError as exc:
             raise ConfigError(f"model.pretrained.{kind}: {exc}") from exc
@@ -254,8 +255,3 @@ def check_base(record: Dict[str, Dict], model_cfg: ModelConfig) -> None:
                               f"trained on ({expected['folder']}, sha256 {expected['files']}); point it at the "
                               f"same converted folder (or convert the same source again)")
 
-
-def _vlm_config(folder: Path) -> Dict:
-    from .vlm import read_vlm_config
-
-    return read_vlm_config(folder)[0]

@@ -311,12 +311,18 @@ def convert_hf(folder: Union[str, Path], out: Union[str, Path], log=print) -> Pa
 
 def read_llm_config(path: Union[str, Path]) -> Tuple[Dict, DecoderConfig]:
     """(config.json, its DecoderConfig) of a converted LLM folder, every file's checksum verified."""
+    return read_decoder_folder(path, FORMAT, "LLM", "`mindvl convert llm --gguf FILE --out DIR`")
+
+
+def read_decoder_folder(path: Union[str, Path], format_name: str, kind: str, create: str) -> Tuple[Dict, DecoderConfig]:
+    """(config.json, its "decoder" as DecoderConfig) of a converted folder of `format_name` (a mindvl `kind`
+    folder, which `create` writes), every file's checksum verified."""
     path = Path(path)
     config_file = path / CONFIG_FILE
-    config = read_json(config_file, "a converted LLM folder", "`mindvl convert llm --gguf FILE --out DIR`")
-    if config.get("format") != FORMAT:
-        raise ConversionError(f"{config_file}: format {config.get('format')!r} is not a mindvl LLM folder "
-                              f"({FORMAT}); convert it with `mindvl convert llm`")
+    config = read_json(config_file, f"a converted {kind} folder", create)
+    if config.get("format") != format_name:
+        raise ConversionError(f"{config_file}: format {config.get('format')!r} is not a mindvl {kind} folder "
+                              f"({format_name}); convert it with `mindvl convert {kind.lower()}`")
     verify_files(path, config["files"])
     try:
         cfg = build_dataclass(DecoderConfig, config["decoder"], "decoder")

@@ -214,12 +214,14 @@ def checkpoint_template(folder: Path, tokenizer) -> Tuple[Optional[str], str]:
     source, path = _jinja_template(Path(folder))
     if source is None:
         return None, "no chat template in the folder: the family's turns, no system turn"
-    jinja = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    try:
+        jinja = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(source)
+    except TemplateError as exc:
+        raise ConversionError(f"{path}: the chat template does not render ({exc})") from exc
 
     def render(messages) -> str:
         try:
-            return jinja.from_string(source).render(messages=messages, add_generation_prompt=True,
-                                                    add_vision_id=False)
+            return jinja.render(messages=messages, add_generation_prompt=True, add_vision_id=False)
         except TemplateError as exc:
             raise ConversionError(f"{path}: the chat template does not render ({exc})") from exc
 

@@ -142,6 +142,15 @@ def read_json(config_file: Path, what: str, create: str) -> Dict:
         raise ConversionError(f"{config_file}: not {what} ({exc}); create one with {create}") from exc
 
 
+def has_format(folder: Union[str, Path], format_name: str) -> bool:
+    """A folder whose config.json says it holds `format_name` (what a `mindvl convert` wrote)."""
+    config = Path(folder) / "config.json"
+    try:
+        return config.is_file() and json.loads(config.read_text()).get("format") == format_name
+    except (OSError, ValueError):
+        return False
+
+
 def verify_files(path: Path, files: Dict[str, str]) -> None:
     """Every file config.json lists is there with its sha256, or a ConversionError naming it."""
     for name, digest in files.items():

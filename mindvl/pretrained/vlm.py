@@ -24,7 +24,7 @@ from typing import Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from mindvl.config import DecoderConfig, build_dataclass
+from mindvl.config import DecoderConfig
 from mindvl.errors import ConfigError, ConversionError
 
 FORMAT = "mindvl-vlm/1"
@@ -132,29 +132,14 @@ def _processor(path: Path, kind):
 
 def is_vlm_folder(folder: Union[str, Path]) -> bool:
     """A folder `mindvl convert vlm` wrote (its config.json says so)."""
-    config = Path(folder) / "config.json"
-    try:
-        return config.is_file() and json.loads(config.read_text()).get("format") == FORMAT
-    except (OSError, ValueError):
-        return False
+    from .store import has_format
+
+    return has_format(folder, FORMAT)
 
 
 def read_vlm_config(path: Union[str, Path]) -> Tuple[Dict, DecoderConfig]:
     """(config.json, the language model's DecoderConfig) of a converted VLM folder, every file's checksum
     verified."""
-    from .llm import CONFIG_FILE
-    from .store import read_json, verify_files
+    from .llm import read_decoder_folder
 
-    path = Path(path)
-    config_file = path / CONFIG_FILE
-    config = read_json(config_file, "a converted VLM folder", "`mindvl convert vlm --hf DIR --out DIR`")
-    if config.get("format") != FORMAT:
-        raise ConversionError(f"{config_file}: format {config.get('format')!r} is not a mindvl VLM folder ({FORMAT}); "
-                              f"convert it with `mindvl convert vlm`")
-    verify_files(path, config["files"])
-    try:
-        cfg = build_dataclass(DecoderConfig, config["decoder"], "decoder")
-        cfg.validate("decoder")
-    except ConfigError as exc:
-        raise ConversionError(f"{config_file}: {exc}") from exc
-    return config, cfg
+    return read_decoder_folder(path, FORMAT, "VLM", "`mindvl convert vlm --hf DIR --out DIR`")

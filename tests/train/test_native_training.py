@@ -13,6 +13,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import mindvl
+from conftest import assert_loads_back
 from mindvl.config import load_config
 
 REFERENCE = Path(__file__).parents[1] / "references" / "tiny_qwen2_5_vl"
@@ -53,10 +54,7 @@ def test_lora_stores_the_adapters_names_its_base_resumes_and_merges(small_cfg, s
     base = json.loads((step / "train_state.json").read_text())["base"]
     assert set(base) == {"tower", "decoder"} and base["tower"]["folder"] == str(converted.resolve())
 
-    _, loaded, _ = load_model(result.output_dir)
-    expected = {name: param.asnumpy() for name, param in parameter_paths(model).items()}
-    for name, param in parameter_paths(loaded).items():
-        np.testing.assert_array_equal(param.asnumpy(), expected[name], err_msg=name)
+    loaded = assert_loads_back(model, result.output_dir)
 
     resumed_dir = tmp_path / "resumed"
     shutil.copytree(step.parent / "step_00000003", resumed_dir / "checkpoints" / "step_00000003")

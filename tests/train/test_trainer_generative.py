@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from conftest import small_generative_config
+from conftest import assert_loads_back, small_generative_config
 
 
 def test_a_generative_run_lowers_the_loss_and_loads_back_as_a_model_that_answers(generative_run):
@@ -121,10 +121,7 @@ def test_frozen_base_weights_are_named_not_stored_and_come_back_on_load_resume_a
     base = json.loads((step / "train_state.json").read_text())["base"]
     assert set(base) == {"vision", "audio", "decoder"} and all(part["files"] for part in base.values())
 
-    _, loaded, _ = load_model(result.output_dir)
-    expected = {name: param.asnumpy() for name, param in parameter_paths(model).items()}
-    for name, param in parameter_paths(loaded).items():
-        np.testing.assert_array_equal(param.asnumpy(), expected[name], err_msg=name)
+    loaded = assert_loads_back(model, result.output_dir)
 
     resumed_dir = tmp_path / "resumed"
     shutil.copytree(step.parent / "step_00000003", resumed_dir / "checkpoints" / "step_00000003")
