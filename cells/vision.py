@@ -11,43 +11,8 @@ from mindspore import Tensor, nn, ops
 
 from .embedding import learned_tokens
 from .linear import dense
+from .masks import segment_mask
 from .transformer import TransformerStack
-
-
-CUBIC_A = -0.75  # PyTorch's and ONNX's bicubic kernel (MindSpore's ResizeBicubic uses -0.5 with half pixels)
-
-
-def _cubic_matrix(size_in: int, size_out: int) -> np.ndarray:
-    """(size_out, size_in) weights of a 1-D bicubic resize, align_corners=False, borders clamped: what
-    torch.nn.functional.interpolate(mode="bicubic") computes along one axis."""
-    def near(x):  # |x| <= 1
-        return ((CUBIC_A + 2) * x - (CUBIC_A + 3)) * x * x + 1
-
-    def far(x):  # 1 < |x| < 2
-        return ((CUBIC_A * x - 5 * CUBIC_A) * x + 8 * CUBIC_A) * x - 4 * CUBIC_A
-
-    matrix = np.zeros((size_out, size_in), np.float64)
-    for out in range(size_out):
-        real = (out + 0.5) * size_in / size_out - 0.5
-        base = int(np.floor(real))
-        t = real - base
-        for offset, weight in zip((-1, 0, 1, 2), (far(t + 1), near(t), near(1 - t), far(2 - t))):
-            matrix[out, min(max(base + offset, 0), size_in - 1)] += weight
-    return matrix
-
-
-def resize_positions(pos_embed, grid_in: int, grid_out: int) -> np.ndarray:
-    """ViT position table (1, 1 + grid_in^2, width) -> (1, 1 + grid_out^2, width): the CLS position kept,
-    the patch grid resized bicubically (DINOv2's interpolation) so a model runs at another resolution.
-    Done once on the weights, in float64, rather than in the graph: the image size is static."""
-    pos = np.asarray(pos_embed, np.float64)
-    width = pos.shape[-1]
-    if pos.shape != (1, 1 + grid_in * grid_in, width):
-        raise ValueError(f"position table of shape {pos.shape} does not hold 1 + {grid_in}x{grid_in} positions")
-    grid = pos[0, 1:].reshape(grid_in, grid_in, width)
-    resize = _cubic_matrix(grid_in, grid_out)
-    resized = np.einsum("ai,ijc,bj->abc", resize, grid, resize).reshape(1, grid_out * grid_out, width)
-    return np.concatenate([pos[:, :1], resized], axis=1).astype(np.float32)
 
 
 def conv_weight_to_matmul(weight) -> np.ndarray:
@@ -109,3 +74,29 @@ class VisionEncoder(nn.Cell):
     def pooled(self, tokens):
         """(batch, 1 + N, width) -> (batch, width): the CLS token's state (also of cached states)."""
         return tokens[:, 0]
+
+
+class PackedViT(VisionEncoder):
+    """A VisionEncoder (DINOv2) at native resolution: images of any sizes (multiples of the patch) packed along one
+    sequence, each as its CLS row and its patches, attending only within itself.
+
+    patches (1, S, 3*p*p) float32 (zeros at CLS and padding rows), placement (1, S, 2 + grid^2) float32, segments
+    (1, S) int32 (1.. the image a row belongs to, 0 padding) -> states (1, S, width) after the final norm.
+
+    `placement` is computed on the host (mindvl.engine.vision_layout.PackedViTLayout): a patch row holds its
+    bicubic weights over the position table (the table interpolated to its image's grid, as DINOv2 does for a
+    size it was not trained at), a CLS row the CLS position and, in its last column, the CLS token. So one
+    static graph serves every mix of image sizes in its bucket, the interpolation is a MatMul with the position
+    table (which stays a trainable Parameter), and the checkpoint keys are VisionEncoder's at the table's own
+    resolution (the converted folder loads unchanged).
+    """
+
+    def __init__(self, cfg, grid: int, dropout: float = 0.0):
+        super().__init__(cfg, grid * cfg.patch_size, dropout)
+        self.matmul = ops.BatchMatMul()
+
+    def construct(self, patches, placement, segments):
+        table = self.concat((self.pos_embed, self.cls_token))  # (1, 2 + grid^2, width): CLS token last
+        is_cls = placement[:, :, -1:]
+        x = self.add(self.patch_embed(patches) * (1.0 - is_cls), self.matmul(placement, table))
+        return self.encoder(self.dropout(x), segment_mask(segments))

@@ -23,6 +23,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from mindvl.engine.position_table import position_weights
 from mindvl.errors import InputError
 
 
@@ -172,3 +173,67 @@ def packed_inputs(attachments: Sequence[tuple], merge: int, window: int, window_
 def laid_out_patches(grids: Sequence[Sequence[int]], merge: int, window: int, window_rows: bool) -> int:
     """The patches `grids` take packed (with windows as rows, each window padded to a full row)."""
     return vision_layout(grids, merge, window, window_rows).patches if len(grids) else 0
+
+
+@dataclass
+class PackedViTLayout:
+    """Images for a ViT with a CLS token and a learned square position table (DINOv2, cells.vision.PackedViT)
+    packed along one sequence: each image its CLS row, then its patches in the processor's merge-block order (a
+    merge x merge block's patches consecutive, so the merged tokens are a reshape away)."""
+
+    placement: np.ndarray  # (rows, 2 + table^2) float32: CLS position | grid weights | CLS token
+    segments: np.ndarray  # (rows,) int32: 1.. the image a row belongs to
+    grids: List[Tuple[int, int]]  # (h, w) patches of each image
+    merge: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.segments)
+
+    def graph_inputs(self, patches: np.ndarray, bucket: int = 0):
+        """PackedViT's inputs for `patches` (every image's patches in order, (patches, values)): patches, placement
+        and segments with a batch axis of 1, padded to `bucket` rows (0: as many as there are) with rows of segment
+        0, which no image attends to."""
+        size = bucket or self.rows
+        if size < self.rows:
+            raise InputError(f"a vision bucket of {size} rows for {len(self.grids)} images that take {self.rows} (one "
+                             f"CLS row each and their patches); use a larger bucket or fewer, smaller images")
+        if len(patches) != self.rows - len(self.grids):
+            raise InputError(f"{len(patches)} patches for images of {self.rows - len(self.grids)}")
+        packed = np.zeros((size, patches.shape[1]), np.float32)
+        packed[np.flatnonzero(self.placement[:, -1] == 0)] = patches
+        placement = np.zeros((size, self.placement.shape[1]), np.float32)
+        placement[:self.rows] = self.placement
+        return packed[None], placement[None], np.pad(self.segments, (0, size - self.rows))[None]
+
+    def image_states(self, states: np.ndarray, index: int) -> np.ndarray:
+        """The output rows of image `index` as DINOv2 gives them: (1 + h * w, width), the CLS first, then the
+        patches row by row."""
+        start = sum(1 + h * w for h, w in self.grids[:index])
+        grid_h, grid_w = self.grids[index]
+        rows = states[start:start + 1 + grid_h * grid_w]
+        return np.concatenate([rows[:1], rows[1:][_block_order(grid_h, grid_w, self.merge).argsort()]])
+
+
+def _block_order(grid_h: int, grid_w: int, merge: int) -> np.ndarray:
+    """The row-major index of each patch of a grid_h x grid_w grid in merge-block order."""
+    ids = np.arange(grid_h * grid_w).reshape(grid_h // merge, merge, grid_w // merge, merge)
+    return ids.transpose(0, 2, 1, 3).reshape(-1)
+
+
+def packed_vit_layout(grids: Sequence[Sequence[int]], table: int, merge: int = 2) -> PackedViTLayout:
+    """The layout of images of patch grids `grids` ((h, w) each, multiples of `merge`) for a position table of
+    table x table patches (DINOv2: 37)."""
+    placements, segments = [], []
+    for number, grid in enumerate(grids):
+        grid_h, grid_w = (int(v) for v in grid)
+        if grid_h % merge or grid_w % merge or min(grid_h, grid_w) < 1:
+            raise InputError(f"image {number}: a patch grid of {grid_h}x{grid_w}; each side must be a positive "
+                             f"multiple of the merge size {merge}")
+        rows = np.zeros((1 + grid_h * grid_w, 2 + table * table), np.float32)
+        rows[0, [0, -1]] = 1.0  # the CLS row: its position and its token
+        rows[1:, 1:-1] = position_weights(table, grid_h, grid_w)[_block_order(grid_h, grid_w, merge)]
+        placements.append(rows)
+        segments.extend([number + 1] * len(rows))
+    return PackedViTLayout(np.concatenate(placements), np.asarray(segments, np.int32),
+                           [(int(h), int(w)) for h, w in grids], merge)

@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from mindvl.errors import ConversionError
+from mindvl.errors import ConfigError, ConversionError
 from mindvl.files import sha256_file, swap_folder, work_folder
 from mindvl.version import __version__
 
@@ -159,43 +159,50 @@ def verify_files(path: Path, files: Dict[str, str]) -> None:
                                   f"is damaged, convert it again")
 
 
-def build_encoder(kind: str, encoder: Dict, inputs: Dict):
-    """The encoder cell for a converted config (random weights)."""
+def build_encoder(kind: str, encoder: Dict, inputs: Dict, packed: bool = False):
+    """The encoder cell for a converted config (random weights); `packed`: a vision encoder as a PackedViT (images
+    of their own sizes packed along one sequence)."""
     from mindvl.cells.audio import AudioEncoder
     from mindvl.cells.text import TextEncoder
-    from mindvl.cells.vision import VisionEncoder
+    from mindvl.cells.vision import PackedViT, VisionEncoder
     from mindvl.config import AudioConfig, TextConfig, VisionConfig
 
+    grid = int(inputs.get("image_size", 0)) // int(encoder.get("patch_size", 1))
     builders: Dict[str, Callable] = {
         "text": lambda: TextEncoder(TextConfig(**encoder)),
-        "vision": lambda: VisionEncoder(VisionConfig(**encoder), int(inputs["image_size"])),
+        "vision": lambda: (PackedViT(VisionConfig(**encoder), grid) if packed
+                           else VisionEncoder(VisionConfig(**encoder), int(inputs["image_size"]))),
         "audio": lambda: AudioEncoder(AudioConfig(**encoder), int(inputs["n_mels"]), int(inputs["max_frames"])),
     }
     return builders[kind]()
 
 
-def load_converted(path: Union[str, Path], image_size: Optional[int] = None):
+def load_converted(path: Union[str, Path], image_size: Optional[int] = None, packed: bool = False):
     """A converted encoder (folder written by `mindvl convert`) as a ready cell with its weights (what
     `mindvl.from_pretrained` opens such a folder with).
 
     image_size: vision encoders only, build for another resolution; the position embeddings are
-    resized (bicubic, as DINOv2 does) from the converted grid.
+    resized (bicubic, as DINOv2 does) from the converted grid. packed: vision encoders only, a PackedViT that
+    takes images of any sizes packed along one sequence (its positions interpolated per image in the graph).
     """
     from mindspore import Tensor
     from safetensors.numpy import load_file
 
-    from mindvl.cells.vision import resize_positions
+    from mindvl.engine.position_table import resize_positions
 
     path = Path(path)
     config = read_config(path)
     inputs = dict(config["input"])
     weights = load_file(str(path / WEIGHTS_FILE))
+    if packed and (config["kind"] != "vision" or image_size):
+        raise ConfigError(f"{path}: a packed encoder is a vision encoder at every resolution; this folder holds "
+                          f"{config['kind']!r}" + (", and image_size does not apply" if image_size else ""))
     if config["kind"] == "vision" and image_size and image_size != inputs["image_size"]:
         patch = int(config["encoder"]["patch_size"])
         weights["pos_embed"] = resize_positions(weights["pos_embed"], inputs["image_size"] // patch,
                                                 image_size // patch)
         inputs["image_size"] = image_size
-    cell = build_encoder(config["kind"], config["encoder"], inputs)
+    cell = build_encoder(config["kind"], config["encoder"], inputs, packed)
     params = dict(cell.parameters_and_names())
     missing, unexpected = sorted(set(params) - set(weights)), sorted(set(weights) - set(params))
     if missing or unexpected:

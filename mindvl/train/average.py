@@ -69,7 +69,7 @@ def _grid(config: Dict[str, Any]) -> int:
 def _at_first_resolution(name: str, value: np.ndarray, config: Dict[str, Any], first: Dict[str, Any]):
     """A run trained at another image size joins the soup at the first ingredient's: its position table
     is resized (bicubic, as DINOv2 interpolates) to the first one's patch grid. None if that cannot be."""
-    from mindvl.cells.vision import resize_positions
+    from mindvl.engine.position_table import resize_positions
 
     grid_in, grid_out = _grid(config), _grid(first)
     if name != POSITION_TABLE or grid_in == grid_out or value.shape[1] != 1 + grid_in * grid_in:

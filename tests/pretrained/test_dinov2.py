@@ -53,3 +53,44 @@ def test_features_at_224_match_the_onnx_graph_with_interpolated_positions(conver
     hf_error = np.abs(tokens - ref["hf_224"]).max()
     print(f"224x224: max |diff| {onnx_error:.2e} vs onnxruntime, {hf_error:.2e} vs transformers")
     assert onnx_error < ATOL_224 and hf_error < ATOL_224, (onnx_error, hf_error)
+
+
+def _native_inputs(pixels):
+    """uint8 (H, W, 3) at a size of its own -> (its patches in merge-block order, its (h, w) patch grid)."""
+    from mindvl.preprocess.native_resolution import PatchConfig, normalised, patches
+
+    config = PatchConfig(temporal_patch_size=1, image_mean=tuple(IMAGE_MEAN), image_std=tuple(IMAGE_STD))
+    flat, grid = patches(normalised(pixels, config)[None], config)
+    return flat, tuple(int(v) for v in grid[1:])
+
+
+def test_images_of_their_own_sizes_packed_match_transformers_each(converted, ref):
+    """Three photos at sizes of their own (positions interpolated up on one axis and down on the other) in one
+    packed sequence, padded to a bucket: each image's tokens are transformers' for that image alone, so no token
+    attends across images or to the padding."""
+    from mindvl.engine.vision_layout import packed_vit_layout
+    from mindvl.pretrained.store import load_converted
+
+    encoder = load_converted(converted("dinov2"), packed=True)
+    names = sorted(name for name in ref.files if name.startswith("pixels_native_"))
+    inputs = [_native_inputs(ref[name]) for name in names]
+    assert len(inputs) >= 2 and len({grid for _, grid in inputs}) == len(inputs)
+    layout = packed_vit_layout([grid for _, grid in inputs], table=37)
+    bucket = layout.rows + 37
+    states = encoder(*(Tensor(x) for x in layout.graph_inputs(np.concatenate([p for p, _ in inputs]), bucket)))
+    states = states.asnumpy()[0]
+    stride = int(ref["token_stride"])
+    for index, (_, grid) in enumerate(inputs):
+        tokens = layout.image_states(states, index)
+        assert tokens.shape == (1 + grid[0] * grid[1], 384)
+        error = np.abs(tokens[::stride] - ref[f"hf_native_{index}"]).max()
+        print(f"{grid[0]}x{grid[1]} patches, packed: max |diff| {error:.2e} vs transformers")
+        assert error < ATOL_518, f"image {index} ({grid}) differs from transformers by {error:.2e}"
+
+
+def test_a_packed_encoder_takes_no_image_size(converted):
+    from mindvl.errors import ConfigError
+    from mindvl.pretrained.store import load_converted
+
+    with pytest.raises(ConfigError, match="image_size does not apply"):
+        load_converted(converted("dinov2"), image_size=224, packed=True)

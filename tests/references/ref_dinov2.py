@@ -4,6 +4,8 @@
            exposed (`/backbone/layernorm/Add_1_output_0`); the graph interpolates the 37x37 positions
            to 16x16 inside (bicubic). Independent of mindvl's converter.
   518x518: transformers' Dinov2Model (no interpolation at 518) with the same weights, also run at 224.
+  native:  the same Dinov2Model on three photos at sizes of their own (NATIVE_SIZES: wider, taller and wider
+           than the 37x37 table, so its positions are interpolated up on one axis and down on the other).
            Its weights come from mindvl's converted tensors renamed back to Hugging Face names, so this
            checks mindvl's cells, while the onnxruntime output at 224 checks the conversion too.
 Pixels are stored as uint8 (resized with Pillow, bicubic); both sides normalise them with ImageNet's
@@ -15,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 TOKEN_STRIDE = 5
+NATIVE_SIZES = ((196, 280), (308, 140), (112, 560))  # (height, width), multiples of 28 (patch 14, merge 2)
 
 
 def _images(size: int) -> np.ndarray:
@@ -29,6 +32,23 @@ def _images(size: int) -> np.ndarray:
         crop = photo[(h - side) // 2:(h - side) // 2 + side, (w - side) // 2:(w - side) // 2 + side]
         out.append(np.asarray(Image.fromarray(crop).resize((size, size), Image.BICUBIC)))
     return np.stack(out)  # (2, size, size, 3) uint8
+
+
+def _native_images():
+    """china.jpg, flower.jpg and china.jpg again, each resized (Pillow, bicubic) to its NATIVE_SIZES entry from the
+    largest centred crop of that aspect ratio -> uint8 (height, width, 3) arrays."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    photos = load_sample_images().images
+    out = []
+    for photo, (height, width) in zip((photos[0], photos[1], photos[0]), NATIVE_SIZES):
+        h, w = photo.shape[:2]
+        crop_h, crop_w = (h, round(h * width / height)) if w * height > h * width else (round(w * height / width), w)
+        top, left = (h - crop_h) // 2, (w - crop_w) // 2
+        crop = photo[top:top + crop_h, left:left + crop_w]
+        out.append(np.asarray(Image.fromarray(crop).resize((width, height), Image.BICUBIC)))
+    return out
 
 
 def normalise(pixels: np.ndarray) -> np.ndarray:
@@ -93,8 +113,12 @@ def generate(out: Path) -> None:
     with torch.no_grad():
         hf_224 = model(pixel_values=torch.from_numpy(normalise(pixels_224))).last_hidden_state.numpy()
         hf_518 = model(pixel_values=torch.from_numpy(normalise(pixels_518))).last_hidden_state.numpy()
+        native = [model(pixel_values=torch.from_numpy(normalise(pixels[None]))).last_hidden_state.numpy()[0]
+                  for pixels in _native_images()]
     onnx_224 = _onnx_224(pixels_224, onnx_file)
     print(f"transformers vs onnxruntime at 224: max |diff| {np.abs(hf_224 - onnx_224).max():.2e}")
     picked = lambda states: states[:, ::TOKEN_STRIDE].astype(np.float32)  # CLS is token 0
     np.savez_compressed(out, token_stride=TOKEN_STRIDE, pixels_224=pixels_224, pixels_518=pixels_518,
-                        onnx_224=picked(onnx_224), hf_224=picked(hf_224), hf_518=picked(hf_518))
+                        onnx_224=picked(onnx_224), hf_224=picked(hf_224), hf_518=picked(hf_518),
+                        **{f"pixels_native_{i}": pixels for i, pixels in enumerate(_native_images())},
+                        **{f"hf_native_{i}": states[::TOKEN_STRIDE] for i, states in enumerate(native)})

@@ -90,7 +90,7 @@ def test_weights_are_normalised():
 
 
 def test_a_run_at_another_resolution_joins_with_its_position_table_resized(trained_run, tmp_path):
-    from mindvl.cells.vision import resize_positions
+    from mindvl.engine.position_table import resize_positions
 
     _, result = trained_run
     base = Path(result.output_dir)
