@@ -47,6 +47,7 @@ class ConversationSample:
     image_id: int = -1  # the data root's image id (validation hold-out); -1: none or not from a root
     question_id: int = -1  # a spoken easy-VQA question: its clips in speech.mindrecord stand for `audio`
     extra_images: Tuple[bytes, ...] = ()  # the images after the first, in order (a multi-image sample)
+    other_image_id: int = -1  # a derived "pair": its other image's id (validation holds both out or neither)
 
     @property
     def attachments(self) -> Tuple[int, int]:
@@ -164,7 +165,7 @@ def derived_conversations(rows: Sequence[VQARow], split: str, multi_every: int =
     (`question_id`): the loader picks one of its clips per epoch, as the classifier's loader does."""
     samples: List[ConversationSample] = []
     described = set()
-    before = None  # the image described last, and its caption
+    before = None  # the image described last, its caption and its id
     for row in rows:
         key = f"{split}-{row.sample_id}"
         common = dict(image_id=row.image_id)
@@ -185,8 +186,8 @@ def derived_conversations(rows: Sequence[VQARow], split: str, multi_every: int =
                     samples.append(ConversationSample(
                         f"{split}-image{row.image_id}-pair", _turns(f"{IMAGE}{IMAGE}\n{DESCRIBE_BOTH}",
                                                                     f"{before[1]}, then {row.caption}"),
-                        before[0], kind="pair", extra_images=(row.image,), **common))
-            before = (row.image, row.caption)
+                        before[0], kind="pair", extra_images=(row.image,), other_image_id=before[2], **common))
+            before = (row.image, row.caption, row.image_id)
     return samples
 
 
@@ -194,7 +195,8 @@ def table_row(sample: ConversationSample, sample_id: int) -> Dict:
     """A sample as a row of records.CONVERSATION_SCHEMA (its audio already int16 PCM, or named by question)."""
     return {"sample_id": sample_id, "conversation": sample.id, "kind": sample.kind,
             "turns": json.dumps(conversations_of(sample.turns), ensure_ascii=False), "image": pack_images(sample.images),
-            "image_id": sample.image_id, "question_id": sample.question_id, "pcm": sample.audio or b""}
+            "image_id": sample.image_id, "other_image_id": sample.other_image_id, "question_id": sample.question_id,
+            "pcm": sample.audio or b""}
 
 
 def from_table_row(row: Dict) -> ConversationSample:
@@ -202,7 +204,7 @@ def from_table_row(row: Dict) -> ConversationSample:
     images, pcm = images_of(row["image"]), as_bytes(row["pcm"])
     return ConversationSample(str(row["conversation"]), conversation_turns(json.loads(str(row["turns"]))),
                               images[0] if images else None, pcm or None, str(row["kind"]), int(row["image_id"]),
-                              int(row["question_id"]), tuple(images[1:]))
+                              int(row["question_id"]), tuple(images[1:]), int(row["other_image_id"]))
 
 
 def read_conversation_table(root: Union[str, Path], split: str) -> List[ConversationSample]:

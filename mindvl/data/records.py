@@ -53,6 +53,7 @@ CONVERSATION_SCHEMA = {
     "turns": {"type": "string"},  # JSON, the LLaVA convention: [{"from": "user", "value": "<image> ..."}, ...]
     "image": {"type": "bytes"},  # the encoded image; empty: none; several: pack_images' container
     "image_id": {"type": "int32"},  # the example tables' image id (validation hold-out); -1: none
+    "other_image_id": {"type": "int32"},  # a derived "pair"'s other image (held out with it); -1: none
     "question_id": {"type": "int32"},  # a spoken question: one of its clips in speech.mindrecord; else -1
     "pcm": {"type": "bytes"},  # the conversation's own recording, int16 at the sample rate; empty: none
 }

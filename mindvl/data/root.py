@@ -32,7 +32,7 @@ def load_tokenizer(root: Union[str, Path]) -> P.TextTokenizer:
     return P.TextTokenizer.load(require_file(Path(root), "tokenizer.json"))
 
 
-FORMAT_VERSION = 4  # 3: the conversation tables; 4: "pair" conversations (two images)
+FORMAT_VERSION = 5  # 3: the conversation tables; 4: "pair" conversations (two images); 5: a pair's other image id
 # files every complete root holds; the split tables are listed in meta.json "tables" (see is_complete)
 DATA_FILES = ("tokenizer.json", "meta.json", "card.json", "report.json", "quarantine.jsonl",
               "speech.mindrecord", "speech.mindrecord.db")

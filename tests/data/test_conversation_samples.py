@@ -88,6 +88,8 @@ def test_a_build_derives_typed_spoken_caption_multi_turn_and_two_image_conversat
     pair = next(s for s in samples if s.kind == "pair")
     captions = {s.image: s.turns[1].parts[0] for s in samples if s.kind == "caption"}
     assert pair.turns[1].parts == (f"{captions[pair.images[0]]}, then {captions[pair.images[1]]}",)
+    ids = {s.image: s.image_id for s in samples if s.kind == "caption"}
+    assert (pair.other_image_id, pair.image_id) == (ids[pair.images[0]], ids[pair.images[1]])  # both recorded
     multi = next(s for s in samples if s.kind == "multi")
     assert [t.role for t in multi.turns] == ["user", "assistant", "user", "assistant"]
     assert multi.turns[2].parts == (DESCRIBE,)

@@ -70,17 +70,21 @@ def conversation_files(cfg: Config, split: str) -> Tuple[Path, List[str], int]:
 
 
 def conversation_rows(cfg: Config, split: str) -> np.ndarray:
-    """Row indices of `split` in its conversation table: "test" all; "train" all but the conversations of the
-    held-out validation images; "validation" exactly those."""
+    """Row indices of `split` in its conversation table: "test" all; "train" all but the conversations that show
+    a held-out validation image; "validation" those that show only held-out images (a "pair" of a held-out and a
+    training image is in neither)."""
     root, files, count = conversation_files(cfg, split)
     fraction = float(cfg.data.validation_fraction)
     if split == "test" or (split == "train" and fraction == 0):
         return np.arange(count)
     _, example_files, _ = open_split(cfg, "train")
     held = validation_images(image_ids_of(example_files), fraction, int(cfg.data.seed))
-    image_ids = np.asarray([int(row["image_id"]) for path in files for row in records.read_table(path, ["image_id"])])
-    held_out = np.isin(image_ids, held) & (image_ids >= 0)
-    return np.flatnonzero(held_out if split == "validation" else ~held_out)
+    ids = np.asarray([(int(row["image_id"]), int(row["other_image_id"])) for path in files
+                      for row in records.read_table(path, ["image_id", "other_image_id"])], np.int64).reshape(-1, 2)
+    held_out = np.isin(ids, held) & (ids >= 0)  # per image of a row; a "pair" holds two
+    if split == "validation":  # every image of the row held out
+        return np.flatnonzero(held_out[:, 0] & (held_out[:, 1] | (ids[:, 1] < 0)))
+    return np.flatnonzero(~held_out.any(axis=1))  # no image of the row held out
 
 
 @dataclass

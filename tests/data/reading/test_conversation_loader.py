@@ -97,13 +97,20 @@ def test_a_conversation_stream_resumes_exactly_where_it_stood(cfg):
 
 
 def test_validation_holds_out_the_conversations_of_the_classifiers_held_out_images(cfg, small_cfg):
+    """Every image a training conversation shows is a training image, a two-image "pair" included (its other image
+    is recorded); validation shows only held-out ones; a pair of one of each is read by neither."""
     held_cfg = small_generative_config(small_cfg.data.root, "data.validation_fraction=0.25")
     _, files, _ = open_split(held_cfg, "train")
     held = set(validation_images(image_ids_of(files), 0.25, held_cfg.data.seed).tolist())
-    image_of = np.asarray([int(r["image_id"]) for r in read_split(cfg.data.root, "conversations-train", ["image_id"])])
+    rows = read_split(cfg.data.root, "conversations-train", ["image_id", "other_image_id", "kind"])
+    shown = [{int(r["image_id"]), int(r["other_image_id"])} - {-1} for r in rows]
     train, validation = conversation_rows(held_cfg, "train"), conversation_rows(held_cfg, "validation")
-    assert set(image_of[validation]) == held and not held & set(image_of[train])
-    assert sorted([*train, *validation]) == list(range(len(image_of)))
+    assert not any(shown[r] & held for r in train)
+    assert all(shown[r] <= held for r in validation) and set().union(*(shown[r] for r in validation)) == held
+    neither = sorted(set(range(len(rows))) - set(train) - set(validation))
+    assert not set(train) & set(validation)
+    assert all(str(rows[r]["kind"]) == "pair" and len(shown[r]) == 2 and len(shown[r] & held) == 1 for r in neither)
+    assert any(str(rows[r]["kind"]) == "pair" for r in train)
     seen = np.concatenate([b["sample_id"] for b in _epoch(held_cfg, "validation", batch_size=8)])
     assert sorted(seen.tolist()) == one_image(cfg, validation, "train")
 
