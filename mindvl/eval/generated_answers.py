@@ -72,18 +72,29 @@ class GenerativeEvaluator:
             self.chat, self.generator = generator.chat, generator
             self.batch_size = int(batch_size) or BATCH
             return
+        large = sum(int(p.size) for p in model.decoder.get_parameters()) > LARGE_DECODER
+        self.batch_size = int(batch_size) or (LARGE_DECODER_BATCH if large else BATCH)
+        cache_len = int(self.cfg.data.packing.length) + CAPTION_TOKENS
+        if cfg.model.is_native:  # images at their own resolution, typed questions (the tower hears nothing)
+            from mindvl.generation.native_generator import NativeGenerator
+
+            self.generator = NativeGenerator.from_run(cfg, model, cache_len, kernels)
+            self.chat = self.generator.layout.chat
+            return
         from mindvl.generation.multimodal_generator import MultimodalGenerator
 
         self.chat = recipe_chat(cfg, model.image_tokens, model.audio_tokens)
-        large = sum(int(p.size) for p in model.decoder.get_parameters()) > LARGE_DECODER
-        self.batch_size = int(batch_size) or (LARGE_DECODER_BATCH if large else BATCH)
-        self.generator = MultimodalGenerator(model, self.chat.tokenizer, self.chat, cfg.preprocess,
-                                             cache_len=int(cfg.data.packing.length) + CAPTION_TOKENS,
+        self.generator = MultimodalGenerator(model, self.chat.tokenizer, self.chat, cfg.preprocess, cache_len=cache_len,
                                              kernels=kernels)
+
+    @property
+    def modalities(self) -> Tuple[Tuple[str, str], ...]:
+        """(modality, conversation kind) of the questions it asks: typed, and spoken where the model hears."""
+        return (("text", "vqa"),) if self.cfg.model.is_native else (("text", "vqa"), ("audio", "spoken"))
 
     def evaluate(self, split: str = "test", captions: bool = True, progress: bool = True,
                  limit: int = 0) -> Dict[str, Any]:
-        """{"vqa_text", "vqa_audio": accuracy, accuracy_<kind>, count; "caption": bleu4, cider_d, count,
+        """{"vqa_text", "vqa_audio" (a model that hears): accuracy, accuracy_<kind>, count; "caption": bleu4, cider_d, count,
         examples; "baseline": the majority answer and its accuracy on the typed questions; "seconds"}.
         `limit` > 0: only the split's first `limit` typed questions, spoken questions and descriptions (a
         bounded look, as the quickstart of a pretrained decoder takes; 0: all)."""
@@ -91,7 +102,7 @@ class GenerativeEvaluator:
         chosen = self._chosen(split)
         stage = Stage(Path(self.cfg.data.root), self.cfg, split, 0)
         report: Dict[str, Any] = {}
-        for modality, kind in (("text", "vqa"), ("audio", "spoken")):
+        for modality, kind in self.modalities:
             items = [(row, s) for row, s in chosen if s.kind == kind][:limit or None]
             answers = self._generate([self._prompt(stage, row, s) for row, s in items], ANSWER_TOKENS,
                                      f"eval {split} ({modality})", progress)
@@ -110,9 +121,10 @@ class GenerativeEvaluator:
         return report
 
     def questions(self, split: str, count: int) -> List[Tuple[ConversationSample, Any]]:
-        """The split's first `count` questions, alternately typed and spoken, each with its prompt."""
+        """The split's first `count` questions, alternately typed and spoken (where the model hears), each with its
+        prompt."""
         chosen = self._chosen(split)
-        kinds = (("vqa", "spoken") * count)[:count]
+        kinds = (tuple(kind for _, kind in self.modalities) * count)[:count]
         pools = {kind: iter([(row, s) for row, s in chosen if s.kind == kind]) for kind in set(kinds)}
         stage = Stage(Path(self.cfg.data.root), self.cfg, split, 0)
         return [(sample, self._prompt(stage, row, sample)) for row, sample in
@@ -131,12 +143,15 @@ class GenerativeEvaluator:
         """The sample's first user turn as a user would send it: the image, the typed question or the clip."""
         from mindvl.generation.multimodal_generator import MultimodalPrompt
 
+        question = "".join(part for part in sample.turns[0].parts if isinstance(part, str)).strip()
+        if self.cfg.model.is_native:  # the images as they are: the generator cuts each at its own resolution
+            return self.generator.prompt(question, [_picture(data, f"conversation {sample.id} image {i}")
+                                                    for i, data in enumerate(sample.images)])
         image = P.decode_image(sample.image, self.cfg.preprocess, name=f"conversation {sample.id} image")
         if sample.question_id >= 0:
             tables = stage.tables
             mel, mask = tables.mel(stage.clip(tables, sample.question_id, row))
             return MultimodalPrompt("", image, mel, mask)
-        question = "".join(part for part in sample.turns[0].parts if isinstance(part, str)).strip()
         return MultimodalPrompt(question, image)
 
     def _generate(self, prompts: list, max_new_tokens: int, what: str, progress: bool) -> List[str]:
@@ -145,6 +160,21 @@ class GenerativeEvaluator:
             batch = prompts[start:start + self.batch_size]
             texts += [answer.text for answer in self.generator.generate(batch, max_new_tokens=max_new_tokens)]
         return texts
+
+
+def _picture(data: bytes, name: str):
+    """An encoded image as an RGB PIL image, or InputError naming it."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    from mindvl.errors import InputError
+
+    try:
+        with Image.open(io.BytesIO(data)) as picture:
+            return picture.convert("RGB")
+    except (OSError, UnidentifiedImageError) as exc:
+        raise InputError(f"{name}: not a readable image ({exc})") from exc
 
 
 def _vqa_scores(expected: List[str], generated: List[str]) -> Dict[str, float]:

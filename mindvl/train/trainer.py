@@ -36,7 +36,7 @@ from mindvl.train.metrics_log import MetricsLog
 from mindvl.train.result import TrainResult
 from mindvl.train.wiring import build_training
 
-BEST_METRIC = "val_vqa"  # mean validation VQA accuracy over text and spoken questions
+BEST_METRIC = "val_vqa"  # mean validation VQA accuracy over text and spoken questions (typed only: a native VLM)
 logger = logging.getLogger("mindvl.train")
 
 
@@ -298,17 +298,19 @@ class Trainer:
 
             self.evaluator = self.evaluator or GenerativeEvaluator(self.cfg, self.model)
             report = self.evaluator.evaluate("validation", captions=False, progress=False)
-        for modality in ("text", "audio"):
+        modalities = [m for m, _ in self.evaluator.modalities] if self.generative else ["text", "audio"]
+        for modality in modalities:
             if self.generative:
                 result = report[f"vqa_{modality}"]
             else:
                 result = vqa_accuracy(self.cfg, self.model, modality, progress=False, tokens=self.tokens,
                                       split="validation")
             metrics[f"vqa_{modality}"] = round(result["accuracy"], 4)
-        metrics[BEST_METRIC] = round((metrics["vqa_text"] + metrics["vqa_audio"]) / 2, 4)
+        metrics[BEST_METRIC] = round(sum(metrics[f"vqa_{m}"] for m in modalities) / len(modalities), 4)
         self.model.set_train(True)
         log.write(metrics)
-        self._write(f"step {step}: validation VQA text {metrics['vqa_text']:.1%}, spoken {metrics['vqa_audio']:.1%}")
+        self._write(f"step {step}: validation VQA " + ", ".join(
+            f"{'typed' if m == 'text' else 'spoken'} {metrics[f'vqa_{m}']:.1%}" for m in modalities))
         return metrics
 
     # ------------------------------------------------------------------ logging

@@ -149,11 +149,9 @@ def _check_recipe(cfg: Config) -> None:
         raise ConfigError("train.distill.teacher: not available for a generative recipe yet (model.decoder); "
                           "remove it to train the generative model")
     if cfg.model.is_native:
-        given = [key for key, value in (("model.pretrained.cache", cfg.model.pretrained.cache),
-                                        ("train.eval_every", cfg.train.eval_every)) if value]
-        if given:
-            raise ConfigError(f"{given[0]}: not available for a native-resolution VLM yet; set it to its default "
-                              f"(\"\" or 0) and evaluate the run with `mindvl generate` or an exported package")
+        if cfg.model.pretrained.cache:
+            raise ConfigError("model.pretrained.cache: not available for a native-resolution VLM yet (its tower's "
+                              "tokens are not cached); set it to \"\"")
     if cfg.train.eval_every and cfg.data.validation_fraction <= 0:
         raise ConfigError("train.eval_every: evaluation during training needs a validation split; set "
                           "data.validation_fraction (e.g. 0.05) or train.eval_every=0")
