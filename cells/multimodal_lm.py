@@ -78,23 +78,31 @@ class MultimodalLM(nn.Cell):
         self.audio = AudioEncoder(model_cfg.audio, pre.n_mels, pre.max_audio_frames, model_cfg.dropout)
         self.decoder = CausalLM(dec, cache_len)
         self.grid, self.image_pool, self.image_tokens, self.audio_pool, self.audio_tokens = modality_tokens(model_cfg, pre)
-        self.image_proj = Projector(model_cfg.vision.width, dec.width, model_cfg.projector.hidden)
+        self.image_concat = model_cfg.projector.image_merge == "concat"  # a block's patches side by side
+        merged = self.image_pool ** 2 if self.image_concat else 1
+        self.image_proj = Projector(model_cfg.vision.width * merged, dec.width, model_cfg.projector.hidden)
         self.audio_proj = Projector(model_cfg.audio.width, dec.width, model_cfg.projector.hidden)
         self.width = dec.width
         self.reshape = ops.Reshape()
+        self.transpose = ops.Transpose()
         self.concat = ops.Concat(axis=0)
         self.expand = ops.ExpandDims()
         self.slots = SlotWriter()
 
     # -- each modality's tokens in the decoder's width ----------------------------------------------
     def image_states(self, image_tokens):
-        """Vision states (B, 1 + N, width) -> (B, image_tokens, decoder width): the CLS dropped, patches
-        mean-pooled in image_pool x image_pool blocks, projected."""
+        """Vision states (B, 1 + N, width) -> (B, image_tokens, decoder width): the CLS dropped, each image_pool x
+        image_pool block of patches averaged (projector.image_merge "mean") or its states concatenated row by row
+        ("concat"), projected."""
         batch, k, side = image_tokens.shape[0], self.image_pool, self.grid // self.image_pool
         patches = image_tokens[:, 1:]
         if k > 1:
             grid = self.reshape(patches, (batch, side, k, side, k, -1))
-            patches = self.reshape(grid.mean(axis=(2, 4)), (batch, side * side, -1))
+            if self.image_concat:
+                blocks = self.transpose(grid, (0, 1, 3, 2, 4, 5))  # (B, side, side, k, k, width)
+                patches = self.reshape(blocks, (batch, side * side, -1))
+            else:
+                patches = self.reshape(grid.mean(axis=(2, 4)), (batch, side * side, -1))
         return self.image_proj(patches)
 
     def audio_states(self, audio_tokens, token_mask):

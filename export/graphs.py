@@ -27,6 +27,10 @@ class TensorSpec:
     shape: Tuple[int, ...]  # -1: dynamic
 
     def with_batch(self, batch: int) -> "TensorSpec":
+        """The batch axis (a dynamic first dimension) fixed to `batch`; a tensor without one is kept as it is (a
+        native VLM's packed vision sequence and its tokens)."""
+        if not self.shape or self.shape[0] >= 0:
+            return self
         return TensorSpec(self.name, self.dtype, (batch, *self.shape[1:]))
 
     def placeholder(self) -> ms.Tensor:

@@ -19,7 +19,7 @@ import json
 import math
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Sequence, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -30,7 +30,7 @@ from mindvl.cells.activation import GELUTanh
 from mindvl.cells.attention import MultiHeadAttention
 from mindvl.cells.norm import LayerNorm, StandardRMSNorm
 from mindvl.cells.portable import DecomposedLayerNorm, PowRsqrt, substituted
-from mindvl.cells.rotary import Rotary
+from mindvl.cells.rotary import AxialRotary, Rotary
 from mindvl.errors import PackageError
 from mindvl.export.graphs import export_graph
 from mindvl.export.lite2_mindir import LITE2_MINDIR_VERSION, convert_mindir
@@ -103,6 +103,7 @@ def _lite2_substitutions():
     return [(LayerNorm, "layer_norm", lambda cell: DecomposedLayerNorm(cell.eps)),
             (StandardRMSNorm, "rsqrt", lambda cell: PowRsqrt()),
             (Rotary, "cos", lambda cell: HalfAngleCos()),
+            (AxialRotary, "cos", lambda cell: HalfAngleCos()),
             (GELUTanh, "gelu", lambda cell: ExpTanhGELU()),
             (MultiHeadAttention, "select", lambda cell: BroadcastSelect())]
 
@@ -268,6 +269,30 @@ def write_generative_lite2(work: Path, model, samples: Sequence[Tuple], spec, ch
         raise PackageError(f"--target lite2: the decoder's tokenizer is a {kind} model; the device assets support "
                            f"WordLevel and WordPiece (a decoder trained on the data's tokenizer, as vlm-tiny's); "
                            f"leave --target lite2 out")
+
+    def assets(folder: Path, graphs: Mapping[str, dict]) -> Dict[str, str]:
+        found = device_assets(folder, TextTokenizer(chat.tokenizer), [], pre, {n: g["file"] for n, g in graphs.items()},
+                              GENERATIVE_BATCH)
+        return {**found, "generation": generation_assets(folder, spec, chat)}
+
+    return {**_generation_lite2(work, model, samples, assets),
+            "chat_template": {part: getattr(chat.template, part) for part in (*TEMPLATE_PARTS, "stop")}}
+
+
+def write_native_lite2(work: Path, model, samples: Sequence[Tuple]) -> dict:
+    """lite2/ for a native-resolution VLM's package (export/native_prefill_decode.py): its vision, prefill and
+    decode graphs at batch 1 as write_generative_lite2 writes a generative package's, for the Python device pipeline
+    (mindvl.lite.DevicePipeline), which tokenises with the package's tokenizer.json. No plain-text device assets:
+    the C++ runner reads WordLevel and WordPiece vocabularies, and the family's tokenizer is byte-level BPE."""
+    return {**_generation_lite2(work, model, samples, lambda folder, graphs: {}),
+            "runner": "the C++ runner reads WordLevel and WordPiece vocabularies only; this package's tokenizer is "
+                      "byte-level BPE: generate with the Python device pipeline"}
+
+
+def _generation_lite2(work: Path, model, samples: Sequence[Tuple], assets: Callable) -> dict:
+    """lite2/ of a generation package: each graph of `samples` ((GraphSpec, its batch-1 sample inputs)) at batch 1,
+    stored with the framework's outputs on those inputs, its parameters pointing into weights.bin; `assets(folder,
+    graphs)` writes the device's files -> the manifest's "lite2" entry."""
     folder = work / FOLDER
     folder.mkdir()
     graphs = _export_graphs(folder, model, [graph for graph, _ in samples], GENERATIVE_BATCH)
@@ -277,12 +302,9 @@ def write_generative_lite2(work: Path, model, samples: Sequence[Tuple], spec, ch
                                   outputs=[t.to_dict() for t in static.outputs],
                                   samples=_write_samples(work, static, graph.build(model), inputs))
     sizes = point_into_weights(work, [g["file"] for g in graphs.values()])
-    assets = device_assets(folder, TextTokenizer(chat.tokenizer), [], pre, {n: g["file"] for n, g in graphs.items()},
-                           GENERATIVE_BATCH)
-    assets["generation"] = generation_assets(folder, spec, chat)
+    device = assets(folder, graphs)
     return {"mindir_version": LITE2_MINDIR_VERSION, "batch": GENERATIVE_BATCH, "graphs": graphs,
             "substituted": SUBSTITUTED, "weights": {"file": "weights.bin", **sizes},
-            "chat_template": {part: getattr(chat.template, part) for part in (*TEMPLATE_PARTS, "stop")},
-            "device": {k: f"{FOLDER}/{v}" for k, v in assets.items()},
+            "device": {k: f"{FOLDER}/{v}" for k, v in device.items()},
             "note": "batch 1, static shapes; the parameters are external data in ../weights.bin; run with any "
                     "thread count"}

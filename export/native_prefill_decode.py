@@ -11,8 +11,9 @@ own.
 The manifest's "generation" section holds the vision buckets, the tower's layout, the image and video processor
 settings and the chat's default system turn ("native"); the stored questions are easy-vqa's test images, one,
 two at once and none, with the framework's greedy tokens, which `mindvl export verify` generates again. A request
-whose images take more patches than the largest vision bucket is refused by name. No lite2/ yet: the graphs
-convert, the device assets do not read the family's byte-level BPE tokenizer (docs/native_resolution.md).
+whose images take more patches than the largest vision bucket is refused by name. With `lite2` the same graphs at
+batch 1 go to lite2/ for MindSpore Lite 2.0 (export/lite2_folder.py write_native_lite2): the Python device pipeline
+generates with them; the C++ runner does not read the family's byte-level BPE tokenizer.
 """
 from dataclasses import asdict
 from pathlib import Path
@@ -23,6 +24,7 @@ from mindvl.engine.native_prompts import NativePrompt, NativePromptLayout
 from mindvl.engine.package_graphs import GenerationSpec, prefill_name, vision_name
 from mindvl.errors import PackageError
 from mindvl.export.graphs import GraphSpec, TensorSpec
+from mindvl.export.lite2_folder import write_native_lite2
 from mindvl.export.prefill_decode import (MAX_NEW_TOKENS, GenerationPackage, cache_specs, decode_graph,
                                           prefill_buckets, write_generation_package)
 
@@ -89,10 +91,10 @@ def sample_prompts(generator, count: int = SAMPLE_QUESTIONS) -> List[NativePromp
 def write_native_package(generator, out: Path, cache_len: int = 0, max_new_tokens: int = MAX_NEW_TOKENS,
                          buckets: Sequence[int] = (), vision_buckets: Sequence[int] = (), version: int = 1,
                          force: bool = False, progress: bool = True,
-                         source: Optional[Mapping[str, object]] = None) -> Path:
+                         source: Optional[Mapping[str, object]] = None, lite2: bool = False) -> Path:
     """Export a NativeGenerator's model into the package `out`. cache_len 0: the decoder's max_positions, at most
     1024 (the model's cache is rebuilt at it); buckets: the prompt lengths (prefill_buckets'); vision_buckets: the
-    packed patches a vision graph takes (default VISION_BUCKETS)."""
+    packed patches a vision graph takes (default VISION_BUCKETS); lite2: also the graphs for MindSpore Lite 2.0."""
     lm = generator.lm
     cache_len = int(cache_len or min(lm.cfg.max_positions, 1024))
     spec = native_spec(generator, cache_len, max_new_tokens, buckets, vision_buckets)
@@ -113,5 +115,6 @@ def write_native_package(generator, out: Path, cache_len: int = 0, max_new_token
         generator.name, generator.model, spec, native_graph_specs(spec), layout, prompts,
         lambda p: {f"{k}.{name}": value for k, (_, patches, grid, _) in enumerate(p.attachments)
                    for name, value in (("patches", patches), ("grid", grid))},
-        entry, {"architecture": generator.architecture}, {})
+        entry, {"architecture": generator.architecture}, {},
+        (lambda work, samples: write_native_lite2(work, generator.model, samples)) if lite2 else None)
     return write_generation_package(package, out, source, version, force, progress)

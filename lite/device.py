@@ -109,10 +109,11 @@ class DevicePipeline:
             raise LiteError(f"threads={threads!r}: expected 1 or more workers per modality")
         self.package = Path(package)
         self.manifest = read_manifest(self.package)
-        recorded = self.manifest["preprocess"]
-        self.pre = P.preprocess_config(recorded)
-        check_files(self.package, self.manifest, [recorded["tokenizer"]])
         self.generative = self.manifest.get("kind") == "generative"
+        native = self.generative and bool(self.manifest["generation"].get("native"))  # a VLM's own processing
+        recorded = self.manifest["generation" if native else "preprocess"]
+        self.pre = None if native else P.preprocess_config(recorded)
+        check_files(self.package, self.manifest, [recorded["tokenizer"]])
         self.model = self.graphs = None
         if self.generative:
             self._init_generation(backend, context)
@@ -139,6 +140,11 @@ class DevicePipeline:
         self.graphs = GenerationGraphs(self.package, backend, context)
         self.spec, self.backend = self.graphs.spec, self.graphs.backend_name
         self.layout = package_layout(self.package, self.manifest)
+        if self.spec.native:  # images and video at their own resolution (NativeRequests cuts them)
+            from mindvl.engine.native_prompts import NativeRequests
+
+            self.requests = NativeRequests(self.spec.native)
+            return
         # the image and audio stages (RequestInputs.pixels / speech); the vqa tokenizer is never asked for
         self.inputs = P.RequestInputs(self.pre, lambda: P.TextTokenizer(self.layout.chat.tokenizer))
 
@@ -256,9 +262,11 @@ class DevicePipeline:
         return results
 
     # -- generation (a generative package)
-    def _prompt(self, image: Optional[bytes], question: Optional[str], audio: Optional[bytes]):
-        """The request as a MultimodalPrompt, its image and audio preprocessed on their lanes at once
-        -> (prompt, timings of the image and audio tasks). None or empty: no image, no typed or spoken question."""
+    def _prompt(self, image: Optional[bytes], question: Optional[str], audio: Optional[bytes],
+                images: Sequence[bytes] = (), video=None):
+        """The request as a MultimodalPrompt, its image and audio preprocessed on their lanes at once (a native
+        package's: a NativePrompt, its images and video cut at their own resolution) -> (prompt, timings of the
+        image and audio tasks). None or empty: no image, no typed or spoken question."""
         from mindvl.engine.prompts import MultimodalPrompt
 
         question = "" if question is None else P.expect(question, str, "question")
@@ -266,6 +274,14 @@ class DevicePipeline:
         image = b"" if image is None else P.expect(image, bytes, "image")
         if not question.strip() and not audio:
             raise P.InputError("generate: question and audio are both empty; ask as text, as audio or both")
+        if self.spec.native:
+            start = time.perf_counter()
+            images = [image] * bool(image) + [P.expect(data, bytes, f"images[{i}]") for i, data in enumerate(images)]
+            prompt = self._lanes["image"].submit(self.requests.prompt, question, images, audio or None, video).result()
+            return prompt, {"image": time.perf_counter() - start, "audio": 0.0}
+        if images or video is not None:
+            raise P.InputError("images, video: this package's model takes one image (`image`) per question and no "
+                               "video")
         image_task = None if not image else self._lanes["image"].submit(_timed, self.inputs.pixels, image)
         audio_task = None if not audio else self._lanes["audio"].submit(_timed, self.inputs.speech, audio, "audio")
         wait([t for t in (image_task, audio_task) if t is not None])  # both, even when one fails
@@ -274,22 +290,24 @@ class DevicePipeline:
         return MultimodalPrompt(question, pixels, mel, frames), {"image": image_seconds, "audio": audio_seconds}
 
     def stream(self, image: Optional[bytes] = None, question: Optional[str] = None, audio: Optional[bytes] = None,
-               **settings) -> Iterator[Delta]:
+               images: Sequence[bytes] = (), video=None, **settings) -> Iterator[Delta]:
         """Generate an answer to a question (typed, spoken or both) about an optional image, yielding each
-        token's Delta (token, text, logprob, finish on the last) as it is chosen. settings: SamplingConfig's
-        (max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop_strings, seed, ...); greedy by
-        default. InputError names a bad input; ConfigError a bad setting or a prompt too long."""
-        yield from self._generate(image, question, audio, settings, DeviceGeneration(""))
+        token's Delta (token, text, logprob, finish on the last) as it is chosen. A native VLM's package (Qwen2-VL,
+        Qwen2.5-VL) also takes several `images` (files' bytes) and a `video` (a file's bytes, or its frames' files).
+        settings: SamplingConfig's (max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop_strings,
+        seed, ...); greedy by default. InputError names a bad input; ConfigError a bad setting or a prompt too long."""
+        yield from self._generate((image, question, audio, images, video), settings, DeviceGeneration(""))
 
     def generate(self, image: Optional[bytes] = None, question: Optional[str] = None,
-                 audio: Optional[bytes] = None, **settings) -> DeviceGeneration:
+                 audio: Optional[bytes] = None, images: Sequence[bytes] = (), video=None,
+                 **settings) -> DeviceGeneration:
         """`stream`'s answer whole, with its timings (DeviceGeneration)."""
         result = DeviceGeneration("")
-        for delta in self._generate(image, question, audio, settings, result):
+        for delta in self._generate((image, question, audio, images, video), settings, result):
             result.add(delta)
         return result
 
-    def _generate(self, image, question, audio, settings: dict, record: DeviceGeneration) -> Iterator[Delta]:
+    def _generate(self, request: tuple, settings: dict, record: DeviceGeneration) -> Iterator[Delta]:
         """The deltas of one answer; `record` gets its prompt length and timings."""
         from mindvl.engine.decode_loop import DecodeBatch
         from mindvl.engine.package_graphs import PackageGraphs
@@ -298,7 +316,7 @@ class DevicePipeline:
         start = time.perf_counter()
         config = sampling_config(**settings)
         self.layout.limits.check_new_tokens(config.max_new_tokens)  # before the image and the clip are decoded
-        prompt, modality_seconds = self._prompt(image, question, audio)
+        prompt, modality_seconds = self._prompt(*request)
         timings = record.timings
         timings.update(modality_seconds, preprocess=time.perf_counter() - start)
         with self._model_lock:  # one generation at a time on the graphs

@@ -335,9 +335,10 @@ class LiteModel:
 
     # -- conveniences
     def run(self, arrays: Union[Mapping[str, np.ndarray], Sequence[np.ndarray]]) -> Dict[str, np.ndarray]:
-        """Predict from arrays (in input order, or by input name) -> {output name: array}. A new batch size
-        resizes the model; a static graph that cannot resize (its shape constants hold the batch, as
-        the lite2 graphs' do) gets the rows in chunks of its own batch, the last one padded."""
+        """Predict from arrays (in input order, or by input name) -> {output name: array}. Arrays of the inputs'
+        own shapes run as they are; a new batch size resizes the model; a static graph that cannot resize (its shape
+        constants hold the batch, as the lite2 graphs' do) gets the rows in chunks of its own batch, the last one
+        padded."""
         inputs = self.get_inputs()
         if isinstance(arrays, Mapping):
             missing = [t.name for t in inputs if t.name not in arrays]
@@ -347,6 +348,8 @@ class LiteModel:
         arrays = [np.asarray(a).astype(t.dtype, copy=False) for a, t in zip(arrays, inputs)]
         if len(arrays) != len(inputs):
             raise LiteError(f"run: {len(arrays)} arrays for {len(inputs)} inputs")
+        if all(a.shape == tuple(t.shape) for a, t in zip(arrays, inputs)):  # as the graph takes them, batch axis or
+            return self._predict_arrays(arrays)  # not (a native VLM's vision graph: one packed sequence)
         for array, tensor in zip(arrays, inputs):
             if array.shape[1:] != tensor.shape[1:] or array.shape[0] != arrays[0].shape[0]:
                 raise LiteError(f"run: input {tensor.name} has shape {list(array.shape)}; the model takes "

@@ -42,6 +42,7 @@ class Choice:
 # "auto": in training each fused kernel where it times faster at the model's shapes; in generation the fused
 # kernels, which were faster (and leaner) at every prefill and decode shape timed.
 KERNELS = Choice(("auto", "standard", "fused"), "auto")
+IMAGE_MERGES = Choice(("mean", "concat"), "mean")  # model.projector.image_merge
 
 # model.<encoder>.activation (cells/activation.py); a decoder also takes silu (SwiGLU's)
 ENCODER_ACTIVATIONS = Choice(("gelu", "gelu_tanh", "relu"), "gelu")

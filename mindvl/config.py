@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from mindvl.choices import (CONVERSATION_KINDS, DECODER_ACTIVATIONS, DTYPES, ENCODER_ACTIVATIONS, IMAGE_HASHES, KERNELS,
-                            LAYER_TYPES, LOSS_SCALE_MODES, LOSS_WEIGHTINGS, NORMS, POOLINGS, UNKNOWN_CHARS)
+from mindvl.choices import (CONVERSATION_KINDS, DECODER_ACTIVATIONS, DTYPES, ENCODER_ACTIVATIONS, IMAGE_HASHES, IMAGE_MERGES,
+                            KERNELS, LAYER_TYPES, LOSS_SCALE_MODES, LOSS_WEIGHTINGS, NORMS, POOLINGS, UNKNOWN_CHARS)
 from mindvl.errors import ConfigError
 
 RECIPE_DIR = Path(__file__).parent / "configs"
@@ -189,16 +189,20 @@ class PretrainedConfig:
 @dataclass
 class ProjectorConfig:
     """How the encoders' states enter the decoder of a generative model (model.projector): each encoder's
-    tokens are mean-pooled to at most a budget, then an MLP (Linear, GELU, Linear: LLaVA's mlp2x_gelu)
+    tokens are pooled to at most a budget, then an MLP (Linear, GELU, Linear: LLaVA's mlp2x_gelu)
     maps them to the decoder's width. Fewer tokens make every step cheaper and let longer conversations
-    fit; LLaVA-style pooling keeps 64 of DINOv2's 256 patches at 224 px."""
+    fit; LLaVA-style pooling keeps 64 of DINOv2's 256 patches at 224 px. image_merge: how a k x k block of
+    patches becomes one token, "mean" (averaged) or "concat" (their states side by side, the MLP reading k^2 x
+    the vision width: Qwen2-VL's merger, which keeps where in the block each patch was)."""
 
     image_tokens: int = 64  # at most; patches pooled in k x k blocks, the smallest k dividing the grid that fits
     audio_tokens: int = 32  # at most per clip; the encoder's tokens pooled in runs of k (valid tokens only)
     hidden: int = 0  # the MLP's hidden width; 0: the decoder's width
+    image_merge: str = "mean"
 
     def validate(self) -> None:
         _positive(self, "model.projector", ["image_tokens", "audio_tokens"])
+        IMAGE_MERGES.check("model.projector.image_merge", self.image_merge)
         if self.hidden < 0:
             raise ConfigError(f"model.projector.hidden: expected 0 (the decoder's width) or more, got {self.hidden}")
 

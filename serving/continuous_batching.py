@@ -24,13 +24,12 @@ import numpy as np
 
 from mindvl import preprocess as P
 from mindvl.engine.decode_loop import DecodeBatch
-from mindvl.engine.native_prompts import NativePrompt
+from mindvl.engine.native_prompts import NativePrompt, NativeRequests
 from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
 from mindvl.engine.prompts import MultimodalPrompt, preprocessed_prompt
 from mindvl.engine.sampling import Generation, SamplingConfig, sampling_config
 from mindvl.errors import ConfigError, InputError, shown
 from mindvl.package_reader import graph_caller, load_graph
-from mindvl.preprocess.native_resolution import PatchConfig, VideoSampling, attachments
 
 LOG = logging.getLogger("mindvl.serving")
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # what the graphs compile for (DecodeBatch.sizes); more rows pad up
@@ -127,8 +126,7 @@ class ContinuousBatcher:
         self.spec = GenerationSpec.from_manifest(manifest)
         self.pre = None if self.spec.native else P.preprocess_config(manifest["preprocess"])
         native = self.spec.native  # a native VLM's image and video processing
-        self.patches = PatchConfig.from_processor(native["patches"]) if native else None
-        self.video = VideoSampling(**native["video"]) if native else None
+        self.requests = NativeRequests(native) if native else None
         self.layout = package_layout(folder, manifest)
         self.graphs = {name: load_graph(folder, manifest, name, key) for name in self.spec.graph_names()}
         self.max_streams = max(1, int(max_streams))
@@ -153,7 +151,7 @@ class ContinuousBatcher:
         self.layout.limits.check_new_tokens(settings.max_new_tokens, "max_tokens")  # before anything is decoded
         self.layout.check_text(text or "")
         if self.spec.native:
-            prompt = self._native_prompt(text or "", [image] * (image is not None) + list(images), audio, video)
+            prompt = self.requests.prompt(text or "", [image] * (image is not None) + list(images), audio, video)
         elif images or video is not None:
             raise InputError("images, video: this model takes one image (`image`) per question and no video")
         else:
@@ -161,19 +159,6 @@ class ContinuousBatcher:
         prompt.rendered = self.layout.render(prompt)
         self.batch.admit([prompt], [settings], "max_tokens")  # the bucket and the cache's room
         return prompt
-
-    def _native_prompt(self, text: str, images: Sequence[bytes], audio: Optional[bytes], video) -> NativePrompt:
-        """Each image decoded within the decode budget and cut at its own resolution; a video from its file's
-        bytes (its header checked against the vision graphs first) or its frames' files."""
-        if audio is not None:
-            raise InputError("audio: this model reads images and video; send the question as text")
-        native = self.spec.native
-        opened = [P.open_image(data, f"images[{i}]") for i, data in enumerate(images)]
-        if isinstance(video, list):
-            video = [P.open_image(data, f"video frame {i}") for i, data in enumerate(video)]
-        found = attachments(opened, video, self.patches, self.video, native["tokens_per_second"],
-                            max_patches=native["vision_buckets"][-1])
-        return NativePrompt(text, found)
 
     def submit(self, prompt: MultimodalPrompt, settings: SamplingConfig,
                loop: asyncio.AbstractEventLoop) -> GenerationRequest:

@@ -411,7 +411,7 @@ def generative_server(vqa_package, generative_package, tmp_path_factory):
 def native_package(tmp_path_factory):
     """The tiny Qwen2.5-VL checkpoint (tests/references; video frames within its image processor's small pixel
     bounds) converted and exported as a package: vision graphs of 256 and 512 patches, prompt buckets of 64 and 128
-    tokens, a cache of 256 -> (the converted folder, the package)."""
+    tokens, a cache of 256, and the same graphs for Lite 2.0 (lite2/) -> (the converted folder, the package)."""
     import json
 
     from mindvl.deploy.export_pipeline import PackageOptions, package_native_and_check
@@ -421,7 +421,8 @@ def native_package(tmp_path_factory):
     source = shutil.copytree(Path(__file__).parent / "references" / "tiny_qwen2_5_vl", root / "hf")
     (source / "video_preprocessor_config.json").write_text(json.dumps({"min_pixels": 3136, "max_pixels": 47040}))
     folder = convert_vlm(source, root / "converted", log=lambda line: None)
-    options = PackageOptions(prompt_buckets=(64, 128), cache_len=256, vision_buckets=(256, 512), progress=False)
+    options = PackageOptions(prompt_buckets=(64, 128), cache_len=256, vision_buckets=(256, 512), progress=False,
+                             lite2_batch=1)
     package_native_and_check(folder, root / "package", options, log=lambda line: None)
     return folder, root / "package"
 

@@ -15,6 +15,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_config_args(quick)
     quick.add_argument("--workdir", default="mindvl_quickstart", help="folder for data, run and export")
     quick.add_argument("--max-steps", type=int, default=None, metavar="N",
-                       help="training steps (of each stage, for a generative recipe); 0: the recipe's own. "
-                            "Default: the recipe's own, 60 a stage for a recipe over a pretrained decoder")
+                       help="training steps (of each stage, for a generative recipe); default (or 0): the "
+                            "recipe's own")
     quick.set_defaults(func=_quickstart)

@@ -87,18 +87,20 @@ def package_native_and_check(folder: Path, out: Path, options: PackageOptions,
 
 def _native_checked(generator, out: Path, options: PackageOptions, log: Callable[[str], None]) -> dict:
     """A NativeGenerator's model written as a package and verified."""
+    from mindvl.export.lite2_folder import GENERATIVE_BATCH
     from mindvl.export.native_prefill_decode import write_native_package
 
     given = [flag for flag, value in (("--static-batch", options.static_batches), ("--key-file/--key-env",
-             options.key), ("--graph", options.graphs), ("--target lite2", options.lite2_batch),
-             ("--evaluate", options.evaluate)) if value]
+             options.key), ("--graph", options.graphs), ("--evaluate", options.evaluate)) if value]
     if given:
         raise PackageError(f"{', '.join(given)}: not available for a converted VLM's package (its graphs are vision "
-                           f"per bucket, prefill per bucket and decode; Lite 2.0: the device assets do not read its "
-                           f"byte-level BPE tokenizer yet; evaluation: not yet); leave {given[0]} out")
+                           f"per bucket, prefill per bucket and decode; evaluation: not yet); leave {given[0]} out")
+    if options.lite2_batch not in (None, GENERATIVE_BATCH):
+        raise PackageError(f"--lite2-batch {options.lite2_batch}: a VLM package's lite2 graphs have batch "
+                           f"{GENERATIVE_BATCH} (the device generates one sequence at a time); leave --lite2-batch out")
     path = write_native_package(generator, out, options.cache_len, buckets=options.prompt_buckets,
                                 vision_buckets=options.vision_buckets, version=options.version, force=options.force,
-                                progress=options.progress)
+                                progress=options.progress, lite2=options.lite2_batch is not None)
     return _checked(path, options, log)
 
 

@@ -19,7 +19,8 @@ from mindvl.chat import IMAGE_SLOT, VIDEO_SLOT, ChatEncoder, Turn
 from mindvl.engine.prompts import GenerationLimits, PromptBatch, _Layout
 from mindvl.engine.vision_layout import laid_out_patches, mrope_positions, packed_inputs
 from mindvl.errors import ConfigError, InputError
-from mindvl.preprocess.native_resolution import IMAGE, VIDEO
+from mindvl.preprocess import open_image
+from mindvl.preprocess.native_resolution import IMAGE, VIDEO, PatchConfig, VideoSampling, attachments
 
 
 
@@ -35,6 +36,29 @@ class NativePrompt:
     @property
     def patches(self) -> int:
         return sum(int(np.prod(grid)) for _, _, grid, _ in self.attachments)
+
+
+class NativeRequests:
+    """A native package's requests (files' bytes, as the server and the device pipeline receive them) as
+    NativePrompts, with the package's image and video processing (its manifest's generation.native section)."""
+
+    def __init__(self, native: dict) -> None:
+        self.tokens_per_second, self.max_patches = native["tokens_per_second"], native["vision_buckets"][-1]
+        self.patches = PatchConfig.from_processor(native["patches"])
+        self.video = VideoSampling(**native["video"])
+
+    def prompt(self, text: str, images: Sequence[bytes] = (), audio: Optional[bytes] = None,
+               video=None) -> NativePrompt:
+        """Each image decoded within the decode budget and cut at its own resolution; a video from its file's bytes
+        (its header checked against the largest vision graph first) or its frames' files. CPU work: call it from a
+        worker thread, never an event loop."""
+        if audio is not None:
+            raise InputError("audio: this model reads images and video; send the question as text")
+        opened = [open_image(data, f"images[{i}]") for i, data in enumerate(images)]
+        if isinstance(video, list):
+            video = [open_image(data, f"video frame {i}") for i, data in enumerate(video)]
+        return NativePrompt(text, attachments(opened, video, self.patches, self.video, self.tokens_per_second,
+                                              max_patches=self.max_patches))
 
 
 class NativePromptLayout(_Layout):

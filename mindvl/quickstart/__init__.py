@@ -11,12 +11,11 @@ from mindvl.quickstart.vlm import run_generative_quickstart
 
 def run_quickstart(workdir: str = "mindvl_quickstart", config: str = "tiny", overrides: Sequence[str] = (),
                    progress: bool = True, max_steps: Optional[int] = None) -> Dict[str, Any]:
-    """`max_steps` bounds training (each stage of a generative recipe; 0: the recipes' own; None: the
-    recipe's default, which for a pretrained decoder is generative.PRETRAINED_STEPS)."""
+    """`max_steps` bounds training (each stage of a generative recipe); 0 or None: the recipes' own."""
     work = Path(workdir)
     if load_config(config, overrides).model.generative:
         return run_generative_quickstart(work, config, overrides, progress, max_steps)
-    bound = [] if max_steps is None else [f"train.max_steps={max_steps}"]
+    bound = [f"train.max_steps={max_steps}"] if max_steps else []
     cfg = load_config(config, [f"data.root={work / 'data'}", f"train.output_dir={work / 'run'}", *overrides, *bound])
     return run_classifier_quickstart(work, cfg, progress)
 

@@ -3,9 +3,10 @@ the pretrained weights a recipe names and does not find, train every stage of th
 stage's train.init_from is the run of the stage before: tiny -> vlm-tiny, vlm-s-align -> vlm-s), evaluate the
 generated answers and descriptions, answer a few typed and spoken questions, then summarise.
 
-A recipe over a pretrained decoder runs a few steps a second at best on a CPU, so its stages are bounded
-(`max_steps`, PRETRAINED_STEPS unless given) and its evaluation looks at the first EVAL_LIMIT questions of
-each kind; the tiny recipes run whole. Exporting and serving the generative model is not part of it yet.
+Every stage trains for its recipe's own train.max_steps (vlm-s's are sized so that the whole quickstart fits 40
+minutes on 2 cores and ends with a model worth trying: docs/quickstart.md measures it); `max_steps` bounds them
+instead. Over a pretrained decoder the evaluation looks at the first EVAL_LIMIT questions of each kind; the tiny
+recipes' whole test split. Exporting and serving the generative model is not part of it yet.
 """
 import json
 import time
@@ -18,7 +19,6 @@ from mindvl.errors import ConfigError
 from mindvl.quickstart.plots import plots_row, write_plots
 from mindvl.quickstart.report import nonzero, pct, stage, table
 
-PRETRAINED_STEPS = 60  # a stage over a converted decoder: ~2 samples/s at batch 8 on 2 cores
 EVAL_LIMIT = 200  # questions of each kind (and descriptions) its evaluation generates for
 QUESTIONS = 4  # answered at the end: half typed, half spoken
 CONVERTED = {"vision": "dinov2", "text": "minilm", "audio": "whisper-base"}  # pretrained-s's encoders
@@ -43,8 +43,7 @@ def recipe_stages(config: str, overrides: Sequence[str] = ()) -> List[str]:
 
 def run_generative_quickstart(work: Path, config: str, overrides: Sequence[str] = (), progress: bool = True,
                               max_steps: Optional[int] = None) -> Dict[str, Any]:
-    """The whole generative path of `config` in `work`; `max_steps` bounds every stage (0: the recipes' own,
-    None: PRETRAINED_STEPS for a pretrained decoder, the recipes' own otherwise)."""
+    """The whole generative path of `config` in `work`; `max_steps` bounds every stage (0 or None: the recipes' own)."""
     from mindvl.data.build.builder import build_dataset
     from mindvl.eval.generated_answers import GenerativeEvaluator
     from mindvl.model_factory import load_model
@@ -54,7 +53,7 @@ def run_generative_quickstart(work: Path, config: str, overrides: Sequence[str] 
     common = [f"data.root={work / 'data'}", *overrides]
     final = load_config(config, common)
     pretrained = bool(final.model.pretrained.decoder)
-    steps = (PRETRAINED_STEPS if pretrained else 0) if max_steps is None else max_steps
+    steps = max_steps or 0
     stage(f"1/5 build data ({names[0]})")
     data_cfg = load_config(names[0], common)
     report = build_dataset(data_cfg, progress=progress)

@@ -75,6 +75,31 @@ def test_token_budgets_pool_the_encoders():
         pool_factor(7, 0, square=False)
 
 
+def test_concat_merge_lays_each_block_of_patches_side_by_side():
+    """projector.image_merge "concat": each 2 x 2 block's patch states, row by row, form one token's input (the
+    projector reads 4 x the vision width); "mean" averages them."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mindvl.cells.multimodal_lm import MultimodalLM
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    cfg = _config()
+    cfg.projector.image_merge = "concat"
+    model = MultimodalLM(cfg, PRE)  # 4 x 4 patches of 8 px, 4 tokens: 2 x 2 blocks
+    assert model.image_proj.fc1.weight.shape[1] == 4 * 32
+    states = np.random.default_rng(0).standard_normal((1, 17, 32)).astype(np.float32)
+    seen = []
+    model.image_proj.construct = lambda x: seen.append(x.asnumpy()) or x
+    model.image_states(Tensor(states))
+    grid = states[0, 1:].reshape(4, 4, 32)
+    want = np.stack([np.concatenate([grid[r + i, c + j] for i in (0, 1) for j in (0, 1)])
+                     for r in (0, 2) for c in (0, 2)])
+    np.testing.assert_array_equal(seen[0][0], want)
+    with pytest.raises(Exception, match="model.projector.image_merge"):
+        ProjectorConfig(image_merge="max").validate()
+
+
 def test_packed_conversations_compute_what_they_compute_alone():
     """Three conversations sharing a row, with sliding-window layers whose window the prompts cross."""
     import mindspore as ms

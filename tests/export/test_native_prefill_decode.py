@@ -1,7 +1,8 @@
 """A converted native-resolution VLM (the tiny Qwen2.5-VL) exported as a package: vision graphs per patch bucket,
 prefill per prompt bucket and one decode graph, verified on their samples and on the stored easy-vqa questions
-(one image, two at once, text), generating through the package's graphs exactly what the framework generates; the
-options a VLM's package does not take refused by name."""
+(one image, two at once, text), generating through the package's graphs exactly what the framework generates, on
+MindSpore Lite 2.0 too (lite2/, the Python device pipeline); the options a VLM's package does not take refused by
+name."""
 import json
 
 import numpy as np
@@ -31,6 +32,10 @@ def test_the_graphs_and_the_stored_questions_reproduce_the_framework(package):
     assert [len(p["attachments"]) for p in samples] == [1, 2, 0]
     report = verify_package(path)
     assert report.ok and any(c.graph == "generate" for c in report.checks)
+    # Lite 2.0: each graph at batch 1 on its samples, and the stored questions generated one at a time
+    assert list(manifest["lite2"]["graphs"]) == list(manifest["graphs"]) and not manifest["lite2"]["device"]
+    checked = {c.graph for c in report.checks}
+    assert {f"lite2/{name}" for name in manifest["graphs"]} | {"lite2/generate"} <= checked, checked
     # the framework (a NativeGenerator, mindvl's fused decoder kernels) generates the stored tokens too
     generator = NativeGenerator.from_folder(folder, 256)
     prompts = stored_prompts(path, manifest)
@@ -56,8 +61,32 @@ def test_images_past_the_largest_vision_graph_are_refused_by_name(package):
 def test_options_a_vlm_package_does_not_take_are_refused(package, tmp_path, capsys):
     folder, _ = package
     out = str(tmp_path / "p")
-    assert main(["export", "--checkpoint", str(folder), "--out", out, "--target", "lite2"]) == 2
-    assert "--target lite2: not available for a converted VLM's package" in capsys.readouterr().err
+    assert main(["export", "--checkpoint", str(folder), "--out", out, "--target", "lite2", "--lite2-batch", "2"]) == 2
+    assert "--lite2-batch 2: a VLM package's lite2 graphs have batch 1" in capsys.readouterr().err
     assert main(["export", "--checkpoint", str(folder), "--out", out, "--vision-bucket", "100"]) == 2
     assert "--vision-bucket 100: expected a positive multiple of 64 patches" in capsys.readouterr().err
     assert main(["export", "--checkpoint", str(folder), "--out", out, "--config", "tiny"]) == 2
+
+
+def test_the_device_pipeline_generates_the_stored_questions_on_lite2(package):
+    """mindvl.lite.DevicePipeline over the package's lite2/ graphs, each stored question sent as a device app sends
+    it (the images' files, the question): the framework's tokens; audio refused by name."""
+    import easy_vqa
+
+    from mindvl.errors import InputError
+    from mindvl.lite import DevicePipeline
+
+    _, path = package
+    manifest = json.loads((path / "manifest.json").read_text())
+    questions, _, image_ids = easy_vqa.get_test_questions()
+    paths = easy_vqa.get_test_image_paths()
+    files = [[paths[image_ids[0]]], [paths[image_ids[0] + 1], paths[image_ids[0] + 2]], []]  # sample_prompts' images
+    with DevicePipeline(path, backend="lite2") as device:
+        assert device.backend == "lite2"
+        for stored, images in zip(manifest["generation_samples"]["prompts"], files):
+            sent = [open(file, "rb").read() for file in images]
+            got = device.generate(question=stored["question"], images=sent,
+                                  max_new_tokens=manifest["generation_samples"]["max_new_tokens"])
+            assert got.tokens == stored["tokens"], stored["question"]
+        with pytest.raises(InputError, match="audio: this model reads images and video"):
+            device.generate(question="what is it?", audio=b"RIFF")
