@@ -194,6 +194,16 @@ def write_lite2(work: Path, model, specs: Sequence, batch: int, tokenizer, label
 # ----------------------------------------------------------------------------- generative packages
 
 GENERATIVE_BATCH = 1  # the device generates one sequence at a time; Lite 2.0 builds no dynamic batch
+
+
+def wants_generation_lite2(lite2_batch, package: str) -> bool:
+    """Whether a generation package (`package`: what kind, for the message) gets lite2/: `lite2_batch` None (no
+    --target lite2) or GENERATIVE_BATCH; any other batch is refused by name."""
+    if lite2_batch not in (None, GENERATIVE_BATCH):
+        raise PackageError(f"--lite2-batch {lite2_batch}: a {package} package's lite2 graphs have batch "
+                           f"{GENERATIVE_BATCH} (the device generates one sequence at a time; the rows of a batch run "
+                           f"in turn); leave --lite2-batch out")
+    return lite2_batch is not None
 TEMPLATE_PARTS = ("bos", "user", "assistant", "end", "image_open", "image_close", "audio_open", "audio_close")
 
 

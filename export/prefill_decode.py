@@ -32,7 +32,7 @@ from mindvl.engine.prompts import MultimodalPrompt, PromptLayout, prompt_buckets
 from mindvl.engine.sampling import sampling_config
 from mindvl.errors import PackageError
 from mindvl.export.graphs import GraphSpec, TensorSpec
-from mindvl.export.lite2_folder import GENERATIVE_BATCH, write_generative_lite2
+from mindvl.export.lite2_folder import GENERATIVE_BATCH, wants_generation_lite2, write_generative_lite2
 from mindvl.export.package_writer import file_entries, manifest_head, write_graph
 from mindvl.export.shared_weights import share_weights
 from mindvl.files import swap_folder, work_folder
@@ -198,10 +198,7 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
     out). cache_len 0: the decoder's max_positions, at most 512; buckets: generation_spec's. lite2_batch: also
     write lite2/, the generation graphs for the MindSpore Lite 2.0 runtime (export/lite2_folder.py
     write_generative_lite2); batch 1 only."""
-    if lite2_batch not in (None, GENERATIVE_BATCH):
-        raise PackageError(f"--lite2-batch {lite2_batch}: a generative package's lite2 graphs have batch "
-                           f"{GENERATIVE_BATCH} (the device generates one sequence at a time; the rows of a batch run "
-                           f"in turn); leave --lite2-batch out")
+    lite2 = wants_generation_lite2(lite2_batch, "generative")
     lm = model.decoder
     cache_len = int(cache_len or min(lm.cfg.max_positions, 512))
     spec = generation_spec(model, chat, cache_len, max_new_tokens, buckets)
@@ -215,7 +212,7 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
         lambda p: {"question": p.question, "image": p.image is not None, "audio": p.mel is not None},
         {"preprocess": {**preprocess_dict(cfg.preprocess), "tokenizer": spec.tokenizer}},
         {"config.json": json.dumps(cfg.to_dict(), indent=2)},
-        None if lite2_batch is None else
+        None if not lite2 else
         lambda work, samples: write_generative_lite2(work, model, samples, spec, chat, cfg.preprocess))
     return write_generation_package(package, out, source, version, force, progress, compression)
 

@@ -275,10 +275,10 @@ class DevicePipeline:
         if not question.strip() and not audio:
             raise P.InputError("generate: question and audio are both empty; ask as text, as audio or both")
         if self.spec.native:
-            start = time.perf_counter()
             images = [image] * bool(image) + [P.expect(data, bytes, f"images[{i}]") for i, data in enumerate(images)]
-            prompt = self._lanes["image"].submit(self.requests.prompt, question, images, audio or None, video).result()
-            return prompt, {"image": time.perf_counter() - start, "audio": 0.0}
+            prompt, seconds, _ = self._lanes["image"].submit(_timed, self.requests.prompt, question, images,
+                                                             audio or None, video).result()
+            return prompt, {"image": seconds, "audio": 0.0}
         if images or video is not None:
             raise P.InputError("images, video: this package's model takes one image (`image`) per question and no "
                                "video")

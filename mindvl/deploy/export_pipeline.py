@@ -87,7 +87,7 @@ def package_native_and_check(folder: Path, out: Path, options: PackageOptions,
 
 def _native_checked(generator, out: Path, options: PackageOptions, log: Callable[[str], None]) -> dict:
     """A NativeGenerator's model written as a package and verified."""
-    from mindvl.export.lite2_folder import GENERATIVE_BATCH
+    from mindvl.export.lite2_folder import wants_generation_lite2
     from mindvl.export.native_prefill_decode import write_native_package
 
     given = [flag for flag, value in (("--static-batch", options.static_batches), ("--key-file/--key-env",
@@ -95,12 +95,9 @@ def _native_checked(generator, out: Path, options: PackageOptions, log: Callable
     if given:
         raise PackageError(f"{', '.join(given)}: not available for a converted VLM's package (its graphs are vision "
                            f"per bucket, prefill per bucket and decode; evaluation: not yet); leave {given[0]} out")
-    if options.lite2_batch not in (None, GENERATIVE_BATCH):
-        raise PackageError(f"--lite2-batch {options.lite2_batch}: a VLM package's lite2 graphs have batch "
-                           f"{GENERATIVE_BATCH} (the device generates one sequence at a time); leave --lite2-batch out")
     path = write_native_package(generator, out, options.cache_len, buckets=options.prompt_buckets,
                                 vision_buckets=options.vision_buckets, version=options.version, force=options.force,
-                                progress=options.progress, lite2=options.lite2_batch is not None)
+                                progress=options.progress, lite2=wants_generation_lite2(options.lite2_batch, "VLM"))
     return _checked(path, options, log)
 
 
