@@ -1,5 +1,5 @@
 """`build_cells`: the cells of a model config with random weights (a MultimodalModel, a MultimodalLM when
-the config has a decoder, a NativeVLM when it has a native-resolution tower). Callers that want a model with weights use `mindvl.model_factory.create_model` (a
+the config has a decoder, a NativeVLM when it has a native-resolution tower: `native_tower`). Callers that want a model with weights use `mindvl.model_factory.create_model` (a
 recipe) or `mindvl.from_pretrained` (a trained run); `count_cell_parameters` counts a built cell's (the
 planner counts a config's: count_config_parameters)."""
 from typing import Union
@@ -21,12 +21,11 @@ def build_cells(model_cfg, pre_cfg, cache_len: int = 0) -> Union[MultimodalModel
     decoder's shape bound, e.g. from a converted LLM folder; `cache_len`: its generation graphs'), else a
     MultimodalModel, whose model_cfg.text.vocab_size must hold the tokenizer's size (the recipe's 0 means
     "from the data set"). A ValueError says what to bind first otherwise."""
-    if model_cfg.native.layers > 0:
+    if model_cfg.native.layers > 0 or model_cfg.native.vit:
         from .decoder import CausalLM
-        from .native_vision import NativeVisionTower
         from .native_vlm import NativeVLM
 
-        return NativeVLM(NativeVisionTower(**model_cfg.native.tower()), CausalLM(model_cfg.decoder, cache_len))
+        return NativeVLM(native_tower(model_cfg), CausalLM(model_cfg.decoder, cache_len))
     if model_cfg.generative:
         if model_cfg.decoder.layers <= 0:
             raise ValueError("model.decoder: a generative model needs its decoder's shape (layers > 0); bind it from "
@@ -37,3 +36,20 @@ def build_cells(model_cfg, pre_cfg, cache_len: int = 0) -> Union[MultimodalModel
                          f"{model_cfg.text.vocab_size}; set it from the data set's tokenizer before "
                          f"build_cells (mindvl.model_factory.create_model does)")
     return MultimodalModel(model_cfg, pre_cfg)
+
+
+def native_tower(model_cfg) -> nn.Cell:
+    """A native-resolution VLM's vision tower: the Qwen family's NativeVisionTower, or for model.native.family
+    "dinov2" a ViTTower over model.vision (its position table bound: model.native.table) projected to the decoder's
+    width."""
+    from .native_vision import NativeVisionTower, ViTTower
+    from .vision import PackedViT
+
+    native = model_cfg.native
+    if not native.vit:
+        return NativeVisionTower(**native.tower())
+    if native.table <= 0 or model_cfg.decoder.width <= 0:
+        raise ValueError("model.native.table and model.decoder: a dinov2 tower needs its position table and the "
+                         "decoder's width; bind them from model.pretrained.vision and .decoder before build_cells")
+    vit = PackedViT(model_cfg.vision, native.table, model_cfg.dropout)
+    return ViTTower(vit, model_cfg.decoder.width, native.merge, model_cfg.projector.hidden)

@@ -90,3 +90,28 @@ class NativeVisionTower(nn.Cell):
             else:
                 x = block(x, windowed, rotary)
         return self.gather(self.merger(x), restore, 1)
+
+
+class ViTTower(nn.Cell):
+    """A ViT with a CLS token (cells.vision.PackedViT: DINOv2) as a native-resolution tower: patches, placement,
+    segments (PackedViT's inputs), keep (T * merge^2,) int32 -> (1, T, out_width).
+
+    `keep` gathers every image's patch rows in merge-block order (engine.vision_layout.ViTPacking), so each merge x
+    merge block's states lie side by side; a block becomes one token, its states concatenated (the Qwen2-VL merger's
+    order, and a generative recipe's projector.image_merge "concat") and projected by an MLP to the decoder's width.
+    Children (and so checkpoint keys): vit. (the converted encoder's own keys under it), projector.
+    """
+
+    def __init__(self, vit, out_width: int, merge: int = 2, hidden: int = 0):
+        from .multimodal_lm import Projector
+
+        super().__init__()
+        self.vit = vit
+        self.unit = merge * merge
+        self.projector = Projector(vit.width * self.unit, out_width, hidden)
+        self.gather = ops.Gather()
+        self.reshape = ops.Reshape()
+
+    def construct(self, patches, placement, segments, keep):
+        states = self.gather(self.vit(patches, placement, segments), keep, 1)  # (1, T * merge^2, width)
+        return self.projector(self.reshape(states, (1, keep.shape[0] // self.unit, -1)))

@@ -14,10 +14,11 @@ from .slots import SlotWriter
 
 
 class NativeVLM(nn.Cell):
-    """construct(ids, segment, positions, slot_index, label_index, patches, vision_positions, frames, windows,
-    restore) -> logits (L, vocab) at the labelled positions: packed conversations as MultimodalLM takes them
-    (mindvl.data.reading.native_packing lays them out), positions (R, S, 3) M-RoPE, slot_index into the batch's
-    images' merged tokens (their count: not a slot), the images packed as engine.vision_layout.graph_inputs."""
+    """construct(ids, segment, positions, slot_index, label_index, *vision) -> logits (L, vocab) at the labelled
+    positions: packed conversations as MultimodalLM takes them (mindvl.data.reading.native_packing lays them out),
+    positions (R, S, 3) M-RoPE (or (R, S) for a 1-D decoder), slot_index into the batch's images' merged tokens
+    (their count: not a slot), `vision` the tower's inputs (the images packed as engine.vision_layout's packing for
+    the tower says: NativeVisionTower's five, ViTTower's four)."""
 
     def __init__(self, tower: NativeVisionTower, decoder: CausalLM):
         super().__init__()
@@ -25,13 +26,12 @@ class NativeVLM(nn.Cell):
         self.decoder = decoder
         self.slots = SlotWriter()
 
-    def embed(self, ids, slot_index, patches, vision_positions, frames, windows, restore):
+    def embed(self, ids, slot_index, *vision):
         """ids (rows, seq) embedded, each slot (slot_index < the batch's vision tokens) holding its vision token."""
-        return self.fill(ids, self.tower(patches, vision_positions, frames, windows, restore)[0], slot_index)
+        return self.fill(ids, self.tower(*vision)[0], slot_index)
 
-    def construct(self, ids, segment, positions, slot_index, label_index, patches, vision_positions, frames, windows,
-                  restore):
-        x = self.embed(ids, slot_index, patches, vision_positions, frames, windows, restore)
+    def construct(self, ids, segment, positions, slot_index, label_index, *vision):
+        x = self.embed(ids, slot_index, *vision)
         return self.decoder.logits_at(self.decoder.packed_states(x, segment, positions), label_index)
 
     def fill(self, ids, vision_tokens, slot_index):
@@ -40,14 +40,14 @@ class NativeVLM(nn.Cell):
 
 
 class NativePrefill(nn.Cell):
-    """construct(ids, valid, positions, slot_index, patches, vision_positions, frames, windows, restore) ->
-    CausalLM.prefill's outputs: positions (rows, seq, 3) M-RoPE, slot_index (rows, seq) into the packed images'
-    tokens (their count: not a slot), the vision inputs of engine.vision_layout's graph_inputs."""
+    """construct(ids, valid, positions, slot_index, *vision) -> CausalLM.prefill's outputs: positions (rows, seq, 3)
+    M-RoPE (or (rows, seq)), slot_index (rows, seq) into the packed images' tokens (their count: not a slot), the
+    tower's inputs (NativeVLM's `vision`)."""
 
     def __init__(self, model: NativeVLM):
         super().__init__(auto_prefix=False)
         self.model = model
 
-    def construct(self, ids, valid, positions, slot_index, patches, vision_positions, frames, windows, restore):
-        x = self.model.embed(ids, slot_index, patches, vision_positions, frames, windows, restore)
+    def construct(self, ids, valid, positions, slot_index, *vision):
+        x = self.model.embed(ids, slot_index, *vision)
         return self.model.decoder.prefill_embedded(x, valid, positions)

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import List, Mapping, Optional, Sequence
 
 from mindvl.cells import NativePrefillNet, NativeVisionNet
-from mindvl.engine.native_prompts import NativePrompt, NativePromptLayout
+from mindvl.engine.native_prompts import NativePrompt
 from mindvl.engine.package_graphs import GenerationSpec, prefill_name, vision_name
+from mindvl.engine.vision_layout import WindowedPacking
 from mindvl.errors import PackageError
 from mindvl.export.graphs import GraphSpec, TensorSpec
 from mindvl.export.lite2_folder import write_native_lite2
@@ -37,14 +38,19 @@ def native_spec(generator, cache_len: int, max_new_tokens: int, buckets: Sequenc
     """The package's GenerationSpec: prefill buckets as a generative run's, the vision buckets checked against the
     tower's layout (multiples of a window row, or of a merged block)."""
     layout, lm = generator.layout, generator.lm
-    unit = layout.window ** 2 * layout.merge ** 2 if layout.window_rows else layout.merge ** 2
+    packing = layout.packing
+    if not isinstance(packing, WindowedPacking):
+        raise PackageError("export: a native recipe with a ViT tower (model.native.family dinov2) is not packaged yet "
+                           "(its vision graph takes other inputs and its decoder 1-D positions); generate with "
+                           "`mindvl generate --model RUN` or mindvl.from_pretrained(RUN) meanwhile")
+    unit = packing.window ** 2 * packing.merge ** 2 if packing.window_rows else packing.merge ** 2
     vision_buckets = sorted(set(vision_buckets)) or list(VISION_BUCKETS)
     wrong = [v for v in vision_buckets if v < unit or v % unit]
     if wrong:
         raise PackageError(f"--vision-bucket {wrong[0]}: expected a positive multiple of {unit} patches (the tower's "
-                           f"{'window row' if layout.window_rows else 'merged block'})")
-    native = {"vision_buckets": vision_buckets, "merge": layout.merge, "window": layout.window,
-              "window_rows": layout.window_rows, "patch_values": layout.patch_values,
+                           f"{'window row' if packing.window_rows else 'merged block'})")
+    native = {"vision_buckets": vision_buckets, "merge": packing.merge, "window": packing.window,
+              "window_rows": packing.window_rows, "patch_values": packing.patch_values,
               "tokens_per_second": generator.tokens_per_second, "patches": asdict(generator.patches),
               "video": asdict(generator.video), "default_system": layout.chat.template.default_system}
     return GenerationSpec(cache_len=cache_len, buckets=prefill_buckets(cache_len, max_new_tokens, buckets),
@@ -100,10 +106,7 @@ def write_native_package(generator, out: Path, cache_len: int = 0, max_new_token
     spec = native_spec(generator, cache_len, max_new_tokens, buckets, vision_buckets)
     lm.cache_len = cache_len  # a constant of the generation graphs
     generator.model.set_train(False)
-    old = generator.layout
-    layout = NativePromptLayout(old.chat, spec.limits, old.merge, old.window, old.window_rows,
-                                patch_values=old.patch_values, stop_ids=spec.stop_ids,
-                                vision_buckets=spec.native["vision_buckets"])
+    layout = generator.layout.for_graphs(spec.limits, spec.native["vision_buckets"], spec.stop_ids)
     prompts = [p for p in sample_prompts(generator) if layout.vision_size([p]) <= spec.native["vision_buckets"][-1]]
     source = dict(source or generator.source)
 

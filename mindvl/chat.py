@@ -93,7 +93,7 @@ def recipe_template(model_cfg) -> str:
     name = model_cfg.chat_template
     if name != AUTO:
         return chat_template(name).name
-    if model_cfg.is_native:  # Qwen2-VL, Qwen2.5-VL
+    if model_cfg.is_native and not model_cfg.native.vit:  # Qwen2-VL, Qwen2.5-VL
         return "qwen"
     folder = model_cfg.pretrained.decoder
     if not folder:

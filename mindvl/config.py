@@ -213,7 +213,13 @@ class NativeConfig:
     a run's config.json rebuilds it): the tower (cells.native_vision.NativeVisionTower's settings, `window` its
     windows' side in merged blocks), how images are cut (mindvl.preprocess.native_resolution.PatchConfig's
     fields), the M-RoPE time scale of a video, and the chat's default system turn. layers 0: no native tower.
-    vision_bucket: a training batch's packed patches are padded to a multiple of it (one graph per size met)."""
+    vision_bucket: a training batch's packed patches are padded to a multiple of it (one graph per size met).
+
+    family "dinov2": a ViT with a CLS token as the tower instead (cells.native_vision.ViTTower): the encoder is
+    model.vision (from model.pretrained.vision), its position table `table` x `table` patches (bound from the
+    converted folder), each merge x merge block of patch states concatenated and projected (model.projector's
+    hidden width) into a decoder of its own (model.pretrained.decoder); images cut at their own resolution with
+    temporal_patch_size 1 and the encoder's normalisation."""
 
     layers: int = 0
     width: int = 0
@@ -237,16 +243,29 @@ class NativeConfig:
     converted: str = ""  # the converted folder it came from (bound; kept by a merge): `mindvl export hf` writes
     #                      a trained run back in that checkpoint's layout, with its files
     vision_bucket: int = 256
+    table: int = 0  # family "dinov2": the side of the encoder's position table, in patches (bound)
+
+    @property
+    def vit(self) -> bool:
+        """The tower is a ViT with a CLS token (family "dinov2") rather than the Qwen family's."""
+        return self.family == "dinov2"
 
     def validate(self) -> None:
         if self.layers < 0:
             raise ConfigError(f"model.native.layers: expected 0 (no native tower) or more, got {self.layers}")
-        if self.layers:
+        if self.vit:
+            _positive(self, "model.native", ["patch_values", "merge", "patch_size", "min_pixels", "max_pixels",
+                                              "vision_bucket"])
+            if self.layers or self.temporal_patch_size != 1:
+                raise ConfigError("model.native: a dinov2 tower is model.vision (layers 0 here) and cuts images "
+                                  "with temporal_patch_size 1")
+        elif self.layers:
             _positive(self, "model.native", ["width", "heads", "mlp_width", "out_width", "patch_values", "merge",
                                               "patch_size", "temporal_patch_size", "min_pixels", "max_pixels",
                                               "vision_bucket"])
             if self.family not in ("qwen2_5_vl", "qwen2_vl"):
-                raise ConfigError(f"model.native.family: expected qwen2_5_vl or qwen2_vl, got {self.family!r}")
+                raise ConfigError(f"model.native.family: expected qwen2_5_vl, qwen2_vl or dinov2, got "
+                                  f"{self.family!r}")
 
     def tower(self) -> Dict[str, Any]:
         """NativeVisionTower's keyword settings."""
@@ -319,7 +338,7 @@ class ModelConfig:
     @property
     def is_native(self) -> bool:
         """A native-resolution VLM (model.native's tower, or a converted VLM to take it from)."""
-        return self.native.layers > 0 or bool(self.pretrained.vlm)
+        return self.native.layers > 0 or bool(self.pretrained.vlm) or self.native.vit
 
     def stacks(self) -> Tuple[str, ...]:
         """The Transformer stacks the model runs, in pipeline order (STACKS without the text encoder when

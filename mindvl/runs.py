@@ -157,13 +157,13 @@ def read_weights(path: Path) -> Dict[str, np.ndarray]:
 
 def assign_state(model: nn.Cell, weights: Dict[str, np.ndarray], source: str, base: Sequence[str] = ()) -> None:
     """Set every parameter of `model` from `weights` by name, strictly: missing, unexpected or mis-shaped
-    entries raise CheckpointError naming `source` and the parameter. `base`: the top-level parts (e.g.
-    "vision", "decoder") whose frozen weights the model already holds from their converted folders: their
-    parameters other than LoRA adapters may be absent (a checkpoint stores only what trained)."""
+    entries raise CheckpointError naming `source` and the parameter. `base`: the paths of the parts (e.g.
+    "vision", "decoder", "tower.vit") whose frozen weights the model already holds from their converted folders:
+    their parameters other than LoRA adapters may be absent (a checkpoint stores only what trained)."""
     from mindvl.cells.linear import is_adapter
 
     params = parameter_paths(model)
-    held = {name for name in params if name.split(".", 1)[0] in base and not is_adapter(name)}
+    held = {name for name in params if any(name.startswith(f"{part}.") for part in base) and not is_adapter(name)}
     params = {name: param for name, param in params.items() if name in weights or name not in held}
     missing = sorted(set(params) - set(weights))
     unexpected = sorted(set(weights) - set(params))
@@ -188,5 +188,6 @@ def load_model_weights(model: nn.Cell, path: Path) -> Dict[str, Any]:
     """
     path = resolve_checkpoint(path)
     state = read_state(path.parent) if (path.parent / STATE_FILE).is_file() else {}
-    assign_state(model, read_weights(path), str(path), tuple(state.get("base", {})))
+    base = state.get("base", {})  # each part at its path in the model (recorded since the ViT towers; else its name)
+    assign_state(model, read_weights(path), str(path), tuple(part.get("path", kind) for kind, part in base.items()))
     return state

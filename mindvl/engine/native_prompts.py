@@ -11,13 +11,13 @@ in order, each in the processor's order).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from mindvl.chat import IMAGE_SLOT, VIDEO_SLOT, ChatEncoder, Turn
 from mindvl.engine.prompts import GenerationLimits, PromptBatch, _Layout
-from mindvl.engine.vision_layout import laid_out_patches, mrope_positions, packed_inputs
+from mindvl.engine.vision_layout import ViTPacking, WindowedPacking, mrope_positions
 from mindvl.errors import ConfigError, InputError
 from mindvl.preprocess import open_image
 from mindvl.preprocess.native_resolution import IMAGE, VIDEO, PatchConfig, VideoSampling, attachments
@@ -63,38 +63,38 @@ class NativeRequests:
 
 class NativePromptLayout(_Layout):
     """Renders NativePrompts with a chat encoder (its template has image and video slot tokens) and lays a batch
-    out for NativePrefill. window: the tower's windows in merged blocks (0: none); window_rows: pad windows to
-    rows (the tower's window_row); stop_ids: ids that end an answer besides the template's turn end (a
-    checkpoint's end-of-text). vision_buckets: the packed patches' sizes a package's vision graphs take (the
-    smallest that holds a batch's; more are refused by name); without them the patches are padded to a multiple
-    of vision_bucket (the framework's graphs compile per size). The merged tokens are padded to the largest size's
-    count, so the prefill graphs take one shape of vision tokens."""
+    out for NativePrefill. packing: how the tower takes packed images (engine.vision_layout's WindowedPacking for
+    the Qwen family, ViTPacking for a ViT with a CLS token); mrope: the decoder's positions are M-RoPE's (rows,
+    bucket, 3), else 1-D (rows, bucket), each token at its index; stop_ids: ids that end an answer besides the
+    template's turn end (a checkpoint's end-of-text). vision_buckets: the packed patches' sizes a package's vision
+    graphs take (the smallest that holds a batch's; more are refused by name); without them the patches are padded
+    to a multiple of vision_bucket (the framework's graphs compile per size). The merged tokens are padded to the
+    largest size's count, so the prefill graphs take one shape of vision tokens."""
 
-    def __init__(self, chat: ChatEncoder, limits: GenerationLimits, merge: int = 2, window: int = 0,
-                 window_rows: bool = False, vision_bucket: int = 64, patch_values: int = 1176,
-                 stop_ids: Sequence[int] = (), vision_buckets: Sequence[int] = ()):
+    def __init__(self, chat: ChatEncoder, limits: GenerationLimits, packing: Union[WindowedPacking, ViTPacking],
+                 vision_bucket: int = 64, stop_ids: Sequence[int] = (), vision_buckets: Sequence[int] = (),
+                 mrope: bool = True):
         super().__init__(chat.tokenizer, limits, chat.pad_id, [chat.stop_id, *stop_ids])
-        self.chat = chat
-        self.patch_values = patch_values
-        self.merge, self.window, self.window_rows, self.vision_bucket = merge, window, window_rows, vision_bucket
+        self.chat, self.packing, self.mrope = chat, packing, mrope
+        self.merge, self.vision_bucket = packing.merge, vision_bucket
         self.vision_buckets = tuple(sorted(vision_buckets))
         self.pads = {IMAGE: chat.slot_ids[IMAGE_SLOT], VIDEO: chat.slot_ids[VIDEO_SLOT]}
         self._extra_stops = tuple(stop_ids)
 
     def with_buckets(self, buckets: Sequence[int]) -> "NativePromptLayout":
         """This layout over other prompt buckets (one graph's bucket when export writes its samples)."""
-        return NativePromptLayout(self.chat, self.limits.with_buckets(buckets), self.merge, self.window,
-                                  self.window_rows, self.vision_bucket, self.patch_values, self._extra_stops,
-                                  self.vision_buckets)
+        return self.for_graphs(self.limits.with_buckets(buckets), self.vision_buckets, self._extra_stops)
 
-    def text_only(self, prompt: NativePrompt) -> NativePrompt:
-        return NativePrompt(prompt.question)
+    def for_graphs(self, limits: GenerationLimits, vision_buckets: Sequence[int],
+                   stop_ids: Sequence[int]) -> "NativePromptLayout":
+        """This layout (its chat, packing and positions) under a package's limits, vision buckets and stop ids."""
+        return NativePromptLayout(self.chat, limits, self.packing, self.vision_bucket, stop_ids, vision_buckets,
+                                  self.mrope)
 
     def vision_size(self, prompts: Sequence[NativePrompt]) -> int:
         """The patches `prompts`' attachments take packed together (windows padded to rows), or InputError when
         no vision graph holds them."""
-        needed = laid_out_patches([grid for p in prompts for _, _, grid, _ in p.attachments], self.merge, self.window,
-                                  self.window_rows)
+        needed = self.packing.laid_out([grid for p in prompts for _, _, grid, _ in p.attachments])
         if not self.vision_buckets:
             return max(-(-needed // self.vision_bucket), 1) * self.vision_bucket
         fitting = [b for b in self.vision_buckets if b >= needed]
@@ -111,6 +111,9 @@ class NativePromptLayout(_Layout):
     @staticmethod
     def is_single(prompts) -> bool:
         return isinstance(prompts, NativePrompt)
+
+    def text_only(self, prompt: NativePrompt) -> NativePrompt:
+        return NativePrompt(prompt.question)
 
     def encode(self, prompt: NativePrompt) -> np.ndarray:
         """The user turn: the attachments in order, then the question (as the family's processors place a
@@ -130,16 +133,20 @@ class NativePromptLayout(_Layout):
         bucket, encoded = self.admit(prompts, max_new_tokens)
         ids, valid = self._left_padded(encoded, bucket)
         rows = len(prompts)
-        positions = np.zeros((rows, bucket, 3), np.int32)
+        positions = np.zeros((rows, bucket, 3) if self.mrope else (rows, bucket), np.int32)
         deltas = np.zeros(rows, np.int64)
-        vision = self.vision_inputs(prompts)
-        slot_index = np.full((rows, bucket), len(vision[-1]), np.int32)  # the token capacity: not a slot
+        size = self.vision_size(prompts)
+        vision = self.vision_inputs(prompts, size)
+        slot_index = np.full((rows, bucket), self.capacity(size), np.int32)  # the token capacity: not a slot
         first = 0
         for row, (prompt, tokens) in enumerate(zip(prompts, encoded)):
-            grids = [grid for _, _, grid, _ in prompt.attachments]
-            place, deltas[row] = mrope_positions(tokens, grids, list(self.pads.values()), self.merge,
-                                                 [step for *_, step in prompt.attachments])
-            positions[row, bucket - len(tokens):] = place.T
+            if self.mrope:
+                grids = [grid for _, _, grid, _ in prompt.attachments]
+                place, deltas[row] = mrope_positions(tokens, grids, list(self.pads.values()), self.merge,
+                                                     [step for *_, step in prompt.attachments])
+                positions[row, bucket - len(tokens):] = place.T
+            else:
+                positions[row, bucket - len(tokens):] = np.arange(len(tokens))
             is_pad = np.isin(tokens, list(self.pads.values()))
             slot_index[row, bucket - len(tokens):][is_pad] = first + np.arange(int(is_pad.sum()))
             first += int(is_pad.sum())
@@ -148,10 +155,13 @@ class NativePromptLayout(_Layout):
                            positions=positions, deltas=deltas, vision=vision)
 
     def vision_inputs(self, prompts: Sequence[NativePrompt], size: int = 0) -> tuple:
-        """The vision graph's inputs for `prompts`' attachments packed in order (engine.vision_layout.packed_inputs),
-        in `size` patches (0: vision_size's), the merged tokens' order padded to the token capacity (the largest
-        vision bucket's; without buckets, this size's)."""
+        """The vision graph's inputs for `prompts`' attachments packed in order (the packing's), in `size` patches
+        (0: vision_size's), the merged tokens padded to the token capacity (the largest vision bucket's; without
+        buckets, this size's)."""
         size = size or self.vision_size(prompts)
-        capacity = (self.vision_buckets[-1] if self.vision_buckets else size) // self.merge ** 2
-        return packed_inputs([a for p in prompts for a in p.attachments], self.merge, self.window, self.window_rows,
-                             size, capacity, self.patch_values)
+        return self.packing.inputs([a for p in prompts for a in p.attachments], size, self.capacity(size))
+
+    def capacity(self, size: int) -> int:
+        """The merged tokens the vision inputs of `size` patches hold (the largest vision bucket's; without buckets,
+        this size's): their count is "not a slot"."""
+        return (self.vision_buckets[-1] if self.vision_buckets else size) // self.merge ** 2

@@ -98,14 +98,16 @@ def package_layout(folder: Path, manifest: dict) -> _Layout:
     """The prompt layout of a generative package: its chat template, preprocessing (or a native package's vision
     layout) and limits."""
     from mindvl.engine.native_prompts import NativePromptLayout
+    from mindvl.engine.vision_layout import WindowedPacking
     from mindvl.preprocess import preprocess_config
 
     spec = GenerationSpec.from_manifest(manifest)
     chat = package_chat(folder, spec)
     if spec.native:
         native = spec.native
-        return NativePromptLayout(chat, spec.limits, native["merge"], native["window"], native["window_rows"],
-                                  patch_values=native["patch_values"], stop_ids=spec.stop_ids,
+        return NativePromptLayout(chat, spec.limits, WindowedPacking(native["merge"], native["window"],
+                                                                  native["window_rows"], native["patch_values"]),
+                                  stop_ids=spec.stop_ids,
                                   vision_buckets=native["vision_buckets"])
     return PromptLayout(chat, preprocess_config(manifest["preprocess"]), spec.limits, spec.pad_id, spec.stop_ids)
 

@@ -17,9 +17,14 @@ merge x merge block consecutive, `mindvl.preprocess.native_resolution.patches`):
   -1, segment 0), so that a windowed layer runs over (windows, window^2 x merge^2) rows, each attending within
   itself, instead of one (patches x patches) masked product: the windowed layers (28 of Qwen2.5-VL-7B's 32) then
   cost what their windows cost.
+
+A ViT with a CLS token and a learned position table (DINOv2 as a native-resolution encoder) takes its images
+otherwise (`PackedViTLayout`): each image its CLS row, then its patches in merge-block order. The two ways are
+`WindowedPacking` and `ViTPacking`, one interface: what the prompts, the training packer and the exported
+graphs ask of a tower (the patches a batch takes laid out, and the tower's inputs, by name).
 """
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -237,3 +242,71 @@ def packed_vit_layout(grids: Sequence[Sequence[int]], table: int, merge: int = 2
         segments.extend([number + 1] * len(rows))
     return PackedViTLayout(np.concatenate(placements), np.asarray(segments, np.int32),
                            [(int(h), int(w)) for h, w in grids], merge)
+
+
+@dataclass(frozen=True)
+class WindowedPacking:
+    """A Qwen2-VL / Qwen2.5-VL tower's packed inputs (cells.native_vision.NativeVisionTower): window order, 2D
+    positions, frame and window segments, and the merged tokens' restore order."""
+
+    merge: int = 2
+    window: int = 0
+    window_rows: bool = False
+    patch_values: int = 1176
+    names = ("patches", "vision_positions", "frames", "windows", "restore")
+
+    def laid_out(self, grids: Sequence[Sequence[int]]) -> int:
+        """The patches `grids` ((t, h, w) each) take packed."""
+        return laid_out_patches(grids, self.merge, self.window, self.window_rows)
+
+    def inputs(self, attachments: Sequence[tuple], size: int, capacity: int) -> tuple:
+        """The tower's inputs (packed_inputs) in `size` patches, `capacity` merged tokens."""
+        return packed_inputs(attachments, self.merge, self.window, self.window_rows, size, capacity,
+                             self.patch_values)
+
+
+@dataclass(frozen=True)
+class ViTPacking:
+    """A ViT with a CLS token and a learned table of table x table positions (DINOv2; cells.native_vision.ViTTower)
+    over packed images: PackedViTLayout's patches, placement and segments, and `keep`, the rows of every image's
+    patches in merge-block order (each merged token's merge^2 patches consecutive), padded to the capacity with row
+    0 (tokens past the batch's are never a slot). Images only: a ViT has no time axis (a video is refused)."""
+
+    table: int = 37
+    merge: int = 2
+    patch_values: int = 588
+    names = ("patches", "placement", "segments", "keep")
+
+    def laid_out(self, grids: Sequence[Sequence[int]]) -> int:
+        """The rows `grids` ((1, h, w) each) take packed: a CLS row and h x w patches each."""
+        return sum(1 + int(h) * int(w) for _, h, w in self._images(grids))
+
+    def inputs(self, attachments: Sequence[tuple], size: int, capacity: int) -> tuple:
+        unit = self.merge * self.merge
+        if attachments:
+            layout = packed_vit_layout([(h, w) for _, h, w in self._images([a[2] for a in attachments])], self.table,
+                                       self.merge)
+            packed = layout.graph_inputs(np.concatenate([patches for _, patches, _, _ in attachments]), size)
+            keep = np.flatnonzero(layout.placement[:, -1] == 0).astype(np.int32)
+        else:
+            packed = (np.zeros((1, size, self.patch_values), np.float32),
+                      np.zeros((1, size, 2 + self.table * self.table), np.float32), np.zeros((1, size), np.int32))
+            keep = np.zeros(0, np.int32)
+        return (*packed, np.pad(keep, (0, capacity * unit - len(keep))))
+
+    @staticmethod
+    def _images(grids: Sequence[Sequence[int]]) -> List[Tuple[int, int, int]]:
+        found = [tuple(int(v) for v in grid) for grid in grids]
+        for number, (frames, _, _) in enumerate(found):
+            if frames != 1:
+                raise InputError(f"attachment {number}: a video ({frames} temporal patches); this model's vision "
+                                 f"encoder reads images only: send its frames as images")
+        return found
+
+
+def tower_packing(native) -> Union[WindowedPacking, ViTPacking]:
+    """How a recipe's native tower (config.NativeConfig, model.native) takes packed images: ViTPacking for a dinov2
+    tower, else WindowedPacking with the family's windows and merge."""
+    if native.vit:
+        return ViTPacking(native.table, native.merge, native.patch_values)
+    return WindowedPacking(native.merge, native.window, native.window > 0, native.patch_values)

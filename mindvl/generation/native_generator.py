@@ -17,6 +17,7 @@ import numpy as np
 
 from mindvl.choices import KERNELS
 from mindvl.engine.native_prompts import NativePrompt, NativePromptLayout
+from mindvl.engine.vision_layout import WindowedPacking, tower_packing
 from mindvl.errors import InputError
 from mindvl.generation.language_model import LanguageModel, decoder_kernels
 
@@ -30,12 +31,12 @@ class NativeGenerator(LanguageModel):
     """A NativeVLM with its chat encoder and processor settings, ready to generate: a converted VLM folder
     (`from_folder`, what mindvl.from_pretrained opens) or a trained native run (`from_run`).
 
-    window: the tower's windows in merged blocks (0: none); cache_len: the key/value cache's length (prompt, vision
-    tokens included, + new tokens); kernels: mindvl.choices.KERNELS for the language model (LanguageModel's; the
-    vision tower runs MindSpore's operators); stop_ids: besides the chat's turn end; name, source, architecture:
-    what a package exported from it records."""
+    packing: how the tower takes packed images (engine.vision_layout's WindowedPacking or ViTPacking); cache_len:
+    the key/value cache's length (prompt, vision tokens included, + new tokens); kernels: mindvl.choices.KERNELS for
+    the language model (LanguageModel's; the vision tower runs MindSpore's operators); stop_ids: besides the chat's
+    turn end; name, source, architecture: what a package exported from it records."""
 
-    def __init__(self, model, chat, patches, video, tokens_per_second: float, window: int, cache_len: int = 1024,
+    def __init__(self, model, chat, patches, video, tokens_per_second: float, packing, cache_len: int = 1024,
                  kernels: str = KERNELS.default, stop_ids: Sequence[int] = (), name: str = "vlm",
                  source: Optional[dict] = None, architecture: str = ""):
         import mindspore as ms
@@ -57,8 +58,7 @@ class NativeGenerator(LanguageModel):
         model.set_train(False)
         decoder_kernels(model.decoder, kernels)
         self.model, self.lm = model, model.decoder
-        self.layout = NativePromptLayout(chat, limits, patches.merge_size, window, window_rows=window > 0,
-                                         patch_values=patches.patch_values, stop_ids=stop_ids)
+        self.layout = NativePromptLayout(chat, limits, packing, stop_ids=stop_ids, mrope=bool(self.cfg.mrope_section))
         self.stop_ids = set(self.layout.stop_ids)
         self.prefill_graph = NativePrefill(model)
         self.decode_graph = Decode(model.decoder)
@@ -91,8 +91,10 @@ class NativeGenerator(LanguageModel):
         template = dataclasses.replace(chat_template(config["chat"]["template"]),
                                        default_system=config["chat"]["default_system"])
         chat = ChatEncoder(Tokenizer.from_file(str(folder / TOKENIZER_FILE)), template, 0, 0, config["tokens"]["pad"])
-        return cls(model, chat, PatchConfig.from_processor(config["patches"]), VideoSampling(**config["video"]),
-                   tokens_per_second, window, cache_len, kernels, config["tokens"]["stop"], folder.name,
+        patches = PatchConfig.from_processor(config["patches"])
+        packing = WindowedPacking(patches.merge_size, window, window > 0, patches.patch_values)
+        return cls(model, chat, patches, VideoSampling(**config["video"]), tokens_per_second, packing, cache_len,
+                   kernels, config["tokens"]["stop"], folder.name,
                    {"checkpoint": str(folder), "converted_from": config["source"]}, config["architecture"])
 
     @classmethod
@@ -104,7 +106,7 @@ class NativeGenerator(LanguageModel):
 
         native = cfg.model.native
         return cls(model, recipe_chat(cfg, 0, 0), PatchConfig(**native.patches()), VideoSampling(),
-                   native.tokens_per_second, native.window, cache_len, kernels, name=cfg.name, source=source,
+                   native.tokens_per_second, tower_packing(native), cache_len, kernels, name=cfg.name, source=source,
                    architecture=native.family)
 
     def prompt(self, question: str, images: Sequence[ImageLike] = (), video=None,

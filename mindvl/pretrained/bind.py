@@ -46,6 +46,14 @@ def _read(kind: str, folder: Path) -> Dict:
     return config
 
 
+def _part(model, model_cfg: ModelConfig, kind: str):
+    """(cell, its path in `model`) holding converted `kind`'s weights: model.<kind>, or a native VLM's ViT tower's
+    encoder (model.native.family "dinov2": tower.vit)."""
+    if kind == "vision" and model_cfg.native.vit:
+        return model.tower.vit, "tower.vit"
+    return getattr(model, kind), kind
+
+
 def _decoder_folder(model_cfg: ModelConfig) -> Optional[Path]:
     folder = model_cfg.pretrained.decoder
     if not folder:
@@ -113,10 +121,25 @@ def bind_pretrained(cfg: Config) -> Config:
         if kind == "text":  # the data's tokenizer may add [BOS]/[EOS] after the encoder's vocabulary
             encoder["vocab_size"] = current.vocab_size
             _check_tokenizer(cfg.data, folder)
+        elif kind == "vision" and cfg.model.native.vit:
+            _bind_vit_tower(cfg, folder, config)
         else:
             _PREPROCESS_CHECKS[kind](cfg.preprocess, folder, config)
         setattr(cfg.model, kind, KINDS[kind](**encoder))
     return cfg
+
+
+def _bind_vit_tower(cfg: Config, folder: Path, config: Dict) -> None:
+    """model.native of a dinov2 tower from its converted encoder: the position table's side, the patch and its
+    values; the recipe's normalisation checked against the encoder's."""
+    inputs, patch = config["input"], int(config["encoder"]["patch_size"])
+    native = cfg.model.native
+    for key in ("image_mean", "image_std"):
+        if [round(v, 6) for v in getattr(native, key)] != [round(v, 6) for v in inputs[key]]:
+            raise ConfigError(f"model.native.{key}: {getattr(native, key)} but {folder} was trained with "
+                              f"{inputs[key]}; set model.native.{key}: {inputs[key]}")
+    cfg.model.native = replace(native, table=int(inputs["image_size"]) // patch, patch_size=patch,
+                               patch_values=3 * patch * patch)
 
 
 def _check_vision(pre: PreprocessConfig, folder: Path, config: Dict) -> None:
@@ -171,9 +194,9 @@ def load_pretrained(model, cfg: Config) -> int:
 
     loaded = 0
     for kind, folder in _folders(cfg.model).items():
-        image_size = cfg.preprocess.image_size if kind == "vision" else None
+        image_size = cfg.preprocess.image_size if kind == "vision" and not cfg.model.native.vit else None
         source = dict(load_converted(folder, image_size=image_size).parameters_and_names())
-        target = dict(getattr(model, kind).parameters_and_names())
+        target = dict(_part(model, cfg.model, kind)[0].parameters_and_names())
         adapters = {name for name in target if is_adapter(name)}
         if set(target) - adapters != set(source):
             raise ConfigError(f"model.pretrained.{kind}: {folder} does not fit the model's {kind} encoder "
@@ -227,8 +250,9 @@ def base_weights(model, model_cfg: ModelConfig) -> Tuple[Dict[str, Dict], Set[st
         config = read_vlm_config(whole)[0]
         parts.update({"tower": (whole, config), "decoder": (whole, config)})
     for kind, (folder, config) in parts.items():
-        record[kind] = {"folder": str(folder.resolve()), "files": dict(config["files"])}
-        names |= {f"{kind}.{name}" for name, param in getattr(model, kind).parameters_and_names()
+        cell, path = _part(model, model_cfg, kind)
+        record[kind] = {"folder": str(folder.resolve()), "files": dict(config["files"]), "path": path}
+        names |= {f"{path}.{name}" for name, param in cell.parameters_and_names()
                   if not is_adapter(name) and not param.requires_grad}
     return record, names
 

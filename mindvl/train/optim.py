@@ -21,8 +21,8 @@ def module_of(name: str) -> str:
     top = name.split(".", 1)[0]
     if top == "decoder":  # a generative model's decoder stands where the fusion Transformer does
         return "fusion"
-    if top == "tower":  # a native-resolution VLM's vision tower
-        return "vision"
+    if top == "tower":  # a native-resolution VLM's vision tower (a ViT tower's projector: with the heads)
+        return "heads" if name.startswith("tower.projector.") else "vision"
     return top if top in STACKS else "heads"
 
 

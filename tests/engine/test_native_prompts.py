@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 from mindvl.chat import ChatEncoder, chat_template
 from mindvl.engine.native_prompts import IMAGE, VIDEO, NativePrompt, NativePromptLayout
 from mindvl.engine.prompts import GenerationLimits
-from mindvl.engine.vision_layout import mrope_positions
+from mindvl.engine.vision_layout import WindowedPacking, mrope_positions
 from mindvl.errors import InputError
 
 REFERENCE = Path(__file__).parents[1] / "references" / "tiny_qwen2_5_vl"
@@ -22,7 +22,7 @@ CASES = ["one_image", "two_images", "video", "text"]
 
 def layout(**settings) -> NativePromptLayout:
     chat = ChatEncoder(Tokenizer.from_file(str(REFERENCE / "tokenizer.json")), chat_template("qwen"), 0, 0)
-    return NativePromptLayout(chat, GenerationLimits.for_cache(256), window=4, window_rows=True, **settings)
+    return NativePromptLayout(chat, GenerationLimits.for_cache(256), WindowedPacking(2, 4, True), **settings)
 
 
 def prompt(case):

@@ -58,3 +58,19 @@ def test_refusals_name_the_image_and_the_bucket():
         layout.graph_inputs(np.zeros((4, 3), np.float32), bucket=4)
     with pytest.raises(InputError, match="3 patches for images of 4"):
         layout.graph_inputs(np.zeros((3, 3), np.float32))
+
+
+def test_vit_packing_keeps_each_images_patch_rows_in_order_and_refuses_a_video():
+    from mindvl.engine.vision_layout import ViTPacking
+
+    packing = ViTPacking(table=4, merge=2, patch_values=3)
+    grids = [(1, 2, 2), (1, 2, 4)]
+    assert packing.laid_out(grids) == (1 + 4) + (1 + 8)
+    attachments = [("image", np.ones((4, 3), np.float32), grids[0], 1.0),
+                   ("image", np.full((8, 3), 2, np.float32), grids[1], 1.0)]
+    patches, placement, segments, keep = packing.inputs(attachments, size=16, capacity=4)
+    assert patches.shape == (1, 16, 3) and placement.shape == (1, 16, 18) and segments.shape == (1, 16)
+    np.testing.assert_array_equal(keep, [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 0, 0, 0, 0])  # CLS rows 0 and 5
+    np.testing.assert_array_equal(patches[0, keep[:12], 0], [1] * 4 + [2] * 8)
+    with pytest.raises(InputError, match="attachment 0: a video .* reads images only"):
+        packing.laid_out([(2, 2, 2)])

@@ -24,11 +24,11 @@ from mindvl.data import records
 from mindvl.data.reading.conversation_loader import (TABLE_COLUMNS, ConversationSizes, ConversationStream,
                                                      turns_json, conversation_files)
 from mindvl.data.reading.conversation_packing import CONVERSATION_COLUMNS, ConversationPacker
-from mindvl.data.reading.native_packing import VISION_COLUMNS, NativeConversationPacker
+from mindvl.data.reading.native_packing import NativeConversationPacker
 from mindvl.data.reading.stages import Stage
+from mindvl.engine.vision_layout import tower_packing
 from mindvl.preprocess.native_resolution import IMAGE, PatchConfig, image_patches, smart_resize
 
-NATIVE_TRAIN_COLUMNS = CONVERSATION_COLUMNS + VISION_COLUMNS  # what NativeVLM's loss takes, in order
 NO_AUDIO = "a native-resolution VLM reads no audio; leave spoken conversations out (data.conversation_kinds)"
 
 
@@ -68,8 +68,13 @@ def native_conversation_sizes(cfg: Config, split: str, chat: ChatEncoder) -> Con
     return ConversationSizes(np.asarray(tokens), np.asarray(labels), refused, np.asarray(kinds))
 
 
+def native_train_columns(cfg: Config) -> tuple:
+    """What NativeVLM's loss takes, in order: the packed conversations' columns, then the tower's inputs."""
+    return CONVERSATION_COLUMNS + tower_packing(cfg.model.native).names
+
+
 class NativeConversationStage(Stage):
-    """Batch op: conversation rows -> sample ids and NATIVE_TRAIN_COLUMNS."""
+    """Batch op: conversation rows -> sample ids and native_train_columns."""
 
     def __init__(self, root, cfg: Config, split: str, epoch: int, chat: ChatEncoder, packer: NativeConversationPacker):
         super().__init__(root, cfg, split, epoch)
@@ -92,25 +97,24 @@ class NativeConversationStage(Stage):
 
 def native_pipeline(cfg: Config, split: str, files: List[str], rows: np.ndarray, epoch: int, batch_size: int,
                     drop_remainder: bool, chat: ChatEncoder, packer: NativeConversationPacker):
-    """The mindspore.dataset pipeline over `rows` (in that order); columns sample_id + NATIVE_TRAIN_COLUMNS."""
+    """The mindspore.dataset pipeline over `rows` (in that order); columns sample_id + native_train_columns."""
     import mindspore.dataset as ds
 
     workers = max(1, min(int(cfg.data.num_workers), os.cpu_count() or 1))
     data = ds.MindDataset(files, columns_list=list(TABLE_COLUMNS), sampler=ds.SubsetSampler([int(i) for i in rows]))
     stage = NativeConversationStage(Path(cfg.data.root), cfg, split, epoch, chat, packer)
     return data.batch(batch_size, drop_remainder=drop_remainder, per_batch_map=stage,
-                      input_columns=list(TABLE_COLUMNS), output_columns=["sample_id", *NATIVE_TRAIN_COLUMNS],
+                      input_columns=list(TABLE_COLUMNS), output_columns=["sample_id", *native_train_columns(cfg)],
                       num_parallel_workers=workers, python_multiprocessing=False)
 
 
 class NativeConversationStream(ConversationStream):
     """ConversationStream for a native-resolution VLM: its sizes, packer and pipeline; `columns`:
-    NATIVE_TRAIN_COLUMNS."""
-
-    columns = NATIVE_TRAIN_COLUMNS
+    native_train_columns."""
 
     def __init__(self, cfg: Config, shard_id=None, num_shards=None, state=None) -> None:
         super().__init__(cfg, 0, 0, shard_id, num_shards, state)
+        self.columns = native_train_columns(cfg)
 
     def measure(self, cfg: Config) -> ConversationSizes:
         return native_conversation_sizes(cfg, "train", self.chat)
@@ -118,8 +122,7 @@ class NativeConversationStream(ConversationStream):
     def make_packer(self, packer: ConversationPacker) -> NativeConversationPacker:
         native = self.cfg.model.native
         return NativeConversationPacker(packer.length, packer.row_buckets, packer.label_buckets, native.vision_bucket,
-                                        native.merge, native.window, native.window > 0, native.patch_values,
-                                        packer.pad_id)
+                                        tower_packing(native), bool(self.cfg.model.decoder.mrope_section), packer.pad_id)
 
     def _pipeline(self, rows: np.ndarray, epoch: int):
         return native_pipeline(self.cfg, "train", self.files, rows, epoch, self.micro_batch_size, True, self.chat,

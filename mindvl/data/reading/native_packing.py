@@ -2,40 +2,37 @@
 
 As ConversationPacker packs them (rows of data.packing.length tokens, a segment per conversation, labels where
 the assistant speaks), with what a native model needs instead of fixed slots: each conversation's M-RoPE positions
-(engine.vision_layout.mrope_positions, restarting per conversation, (R, S, 3)), its vision tokens' slots pointing
-into the batch's images packed on one vision sequence in conversation order, and that sequence
-(engine.vision_layout.packed_inputs) padded to a multiple of model.native.vision_bucket patches: graph mode
-compiles once per (rows, labels, patches) met.
+(engine.vision_layout.mrope_positions, restarting per conversation, (R, S, 3); a 1-D decoder's positions count
+on through the vision tokens, (R, S)), its vision tokens' slots pointing into the batch's images packed on one
+vision sequence in conversation order, and that sequence (the tower's packing: engine.vision_layout's
+WindowedPacking or ViTPacking) padded to a multiple of model.native.vision_bucket patches: graph mode compiles
+once per (rows, labels, patches) met.
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Sequence, Tuple, Union
 
 import numpy as np
 
 from mindvl.chat import IMAGE_SLOT, TEXT, VIDEO_SLOT, Rendered
 from mindvl.data.reading.conversation_packing import ConversationPacker, PackedConversations
-from mindvl.engine.vision_layout import laid_out_patches, mrope_positions, packed_inputs
+from mindvl.engine.vision_layout import ViTPacking, WindowedPacking, mrope_positions
 from mindvl.errors import InputError
 
-VISION_COLUMNS = ("patches", "vision_positions", "frames", "windows", "restore")
-
-
 class NativeConversationPacker(ConversationPacker):
-    """length, row_buckets, label_buckets: ConversationPacker's; vision_bucket: the patches' multiple; merge,
-    window, window_rows, patch_values: the tower's layout (model.native)."""
+    """length, row_buckets, label_buckets: ConversationPacker's; vision_bucket: the patches' multiple; packing: the
+    tower's (model.native); mrope: the decoder's positions are M-RoPE's."""
 
     def __init__(self, length: int, row_buckets: Sequence[int], label_buckets: Sequence[int], vision_bucket: int,
-                 merge: int, window: int, window_rows: bool, patch_values: int, pad_id: int = 0) -> None:
+                 packing: Union[WindowedPacking, ViTPacking], mrope: bool = True, pad_id: int = 0) -> None:
         super().__init__(length, row_buckets, label_buckets, 0, 0, pad_id)
-        self.vision_bucket, self.merge, self.window, self.window_rows = vision_bucket, merge, window, window_rows
-        self.patch_values = patch_values
+        self.vision_bucket, self.packing, self.mrope, self.merge = vision_bucket, packing, mrope, packing.merge
 
     def describe(self) -> str:
         return f"{super().describe()}, images packed in multiples of {self.vision_bucket} patches"
 
     def vision_size(self, grids: Sequence[Sequence[int]]) -> int:
-        needed = laid_out_patches(grids, self.merge, self.window, self.window_rows)
+        needed = self.packing.laid_out(grids)
         return max(-(-needed // self.vision_bucket), 1) * self.vision_bucket
 
     def __call__(self, batch: Sequence[Rendered], attachments: Sequence[Sequence[tuple]]
@@ -55,10 +52,13 @@ class NativeConversationPacker(ConversationPacker):
             rows = np.full(len(sample), capacity, np.int32)
             rows[is_vision] = first + np.arange(expected)
             first += expected
-            vision_ids = np.unique(sample.ids[sample.kinds != TEXT])
-            place, _ = mrope_positions(sample.ids, [grid for _, _, grid, _ in items], vision_ids.tolist(), self.merge,
-                                       [step for *_, step in items])
+            if self.mrope:
+                vision_ids = np.unique(sample.ids[sample.kinds != TEXT])
+                place, _ = mrope_positions(sample.ids, [grid for _, _, grid, _ in items], vision_ids.tolist(),
+                                           self.merge, [step for *_, step in items])
+                positions.append(place.T)
+            else:
+                positions.append(np.arange(len(sample)))
             slots.append(rows)
-            positions.append(place.T)
-        vision = packed_inputs(packed, self.merge, self.window, self.window_rows, size, capacity, self.patch_values)
+        vision = self.packing.inputs(packed, size, capacity)
         return self.pack(batch, slots, positions, capacity), vision
