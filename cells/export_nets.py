@@ -187,8 +187,21 @@ class NativeVisionNet(nn.Cell):
         return self.tower(patches, vision_positions, frames, windows, restore)[0]
 
 
+class ViTVisionNet(nn.Cell):
+    """(patches (1, V, patch_values), placement (1, V, 2 + table^2) float32, segments (1, V) int32, keep (T * merge^2,)
+    int32) -> vision_tokens (T, width): a ViT tower's (cells.native_vision.ViTTower) vision graph, the images packed
+    in V rows (engine.vision_layout.ViTPacking), their merged tokens padded to the package's token capacity T."""
+
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.tower = model.tower
+
+    def construct(self, patches, placement, segments, keep):
+        return self.tower(patches, placement, segments, keep)[0]
+
+
 class NativePrefillNet(nn.Cell):
-    """(ids, valid (B, L) int32, positions (B, L, 3) int32 M-RoPE, slot_index (B, L) int32, vision_tokens (T,
+    """(ids, valid (B, L) int32, positions (B, L, 3) int32 M-RoPE (or (B, L): a 1-D decoder), slot_index (B, L) int32, vision_tokens (T,
     width)) -> (last logits, every layer's key cache, then every value cache): one prompt-length bucket; slot_index
     T marks text."""
 

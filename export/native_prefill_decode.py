@@ -19,10 +19,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence
 
-from mindvl.cells import NativePrefillNet, NativeVisionNet
+from mindvl.cells import NativePrefillNet, NativeVisionNet, ViTVisionNet
 from mindvl.engine.native_prompts import NativePrompt
 from mindvl.engine.package_graphs import GenerationSpec, prefill_name, vision_name
-from mindvl.engine.vision_layout import WindowedPacking
+from mindvl.engine.vision_layout import ViTPacking
 from mindvl.errors import PackageError
 from mindvl.export.graphs import GraphSpec, TensorSpec
 from mindvl.export.lite2_folder import write_native_lite2
@@ -36,23 +36,24 @@ SAMPLE_QUESTIONS = 3  # easy-vqa test images: one with its question, two at once
 def native_spec(generator, cache_len: int, max_new_tokens: int, buckets: Sequence[int],
                 vision_buckets: Sequence[int]) -> GenerationSpec:
     """The package's GenerationSpec: prefill buckets as a generative run's, the vision buckets checked against the
-    tower's layout (multiples of a window row, or of a merged block)."""
+    tower's layout (multiples of a window row, or of a merged block; a ViT tower's: rows, each image a CLS row and
+    its patches, at least a merged block's)."""
     layout, lm = generator.layout, generator.lm
     packing = layout.packing
-    if not isinstance(packing, WindowedPacking):
-        raise PackageError("export: a native recipe with a ViT tower (model.native.family dinov2) is not packaged yet "
-                           "(its vision graph takes other inputs and its decoder 1-D positions); generate with "
-                           "`mindvl generate --model RUN` or mindvl.from_pretrained(RUN) meanwhile")
-    unit = packing.window ** 2 * packing.merge ** 2 if packing.window_rows else packing.merge ** 2
+    vit = isinstance(packing, ViTPacking)
+    windowed = not vit and packing.window_rows
+    unit = packing.window ** 2 * packing.merge ** 2 if windowed else packing.merge ** 2
     vision_buckets = sorted(set(vision_buckets)) or list(VISION_BUCKETS)
-    wrong = [v for v in vision_buckets if v < unit or v % unit]
+    wrong = [v for v in vision_buckets if v < unit or (v % unit and not vit)]
     if wrong:
         raise PackageError(f"--vision-bucket {wrong[0]}: expected a positive multiple of {unit} patches (the tower's "
-                           f"{'window row' if packing.window_rows else 'merged block'})")
-    native = {"vision_buckets": vision_buckets, "merge": packing.merge, "window": packing.window,
-              "window_rows": packing.window_rows, "patch_values": packing.patch_values,
-              "tokens_per_second": generator.tokens_per_second, "patches": asdict(generator.patches),
-              "video": asdict(generator.video), "default_system": layout.chat.template.default_system}
+                           f"{'window row' if windowed else 'merged block'})")
+    tower = ({"packing": "vit", "table": packing.table} if vit else
+             {"packing": "windowed", "window": packing.window, "window_rows": packing.window_rows})
+    native = {"vision_buckets": vision_buckets, "merge": packing.merge, "patch_values": packing.patch_values, **tower,
+              "mrope": layout.mrope, "tokens_per_second": generator.tokens_per_second,
+              "patches": asdict(generator.patches), "video": asdict(generator.video),
+              "default_system": layout.chat.template.default_system}
     return GenerationSpec(cache_len=cache_len, buckets=prefill_buckets(cache_len, max_new_tokens, buckets),
                           layers=lm.layers, vocab_size=lm.cfg.vocab_size, width=lm.width, kv_width=lm.kv_width,
                           image_tokens=0, audio_tokens=0, pad_id=layout.pad_id, stop_ids=sorted(layout.stop_ids),
@@ -62,19 +63,27 @@ def native_spec(generator, cache_len: int, max_new_tokens: int, buckets: Sequenc
 def native_graph_specs(spec: GenerationSpec) -> List[GraphSpec]:
     native = spec.native
     tokens = TensorSpec("vision_tokens", "float32", (spec.vision_capacity, spec.width))
+    vit = native.get("packing") == "vit"
     specs = []
     for size in native["vision_buckets"]:
+        if vit:
+            merged = spec.vision_capacity * native["merge"] ** 2
+            inputs = [TensorSpec("patches", "float32", (1, size, native["patch_values"])),
+                      TensorSpec("placement", "float32", (1, size, 2 + native["table"] ** 2)),
+                      TensorSpec("segments", "int32", (1, size)), TensorSpec("keep", "int32", (merged,))]
+        else:
+            inputs = [TensorSpec("patches", "float32", (1, size, native["patch_values"])),
+                      TensorSpec("vision_positions", "int32", (1, size, 2)),
+                      TensorSpec("frames", "int32", (1, size)), TensorSpec("windows", "int32", (1, size)),
+                      TensorSpec("restore", "int32", (spec.vision_capacity,))]
         specs.append(GraphSpec(vision_name(size), f"images packed in {size} patches -> their merged tokens",
-                               NativeVisionNet,
-                               [TensorSpec("patches", "float32", (1, size, native["patch_values"])),
-                                TensorSpec("vision_positions", "int32", (1, size, 2)),
-                                TensorSpec("frames", "int32", (1, size)), TensorSpec("windows", "int32", (1, size)),
-                                TensorSpec("restore", "int32", (spec.vision_capacity,))], [tokens]))
+                               ViTVisionNet if vit else NativeVisionNet, inputs, [tokens]))
+    positions = (3,) if native.get("mrope", True) else ()
     for bucket in spec.buckets:
         row = [TensorSpec(name, "int32", (-1, bucket)) for name in ("ids", "valid")]
         specs.append(GraphSpec(prefill_name(bucket), f"a left-padded prompt of {bucket} tokens and its images' tokens "
                                                      f"-> its last logits and the caches", NativePrefillNet,
-                               [*row, TensorSpec("positions", "int32", (-1, bucket, 3)),
+                               [*row, TensorSpec("positions", "int32", (-1, bucket, *positions)),
                                 TensorSpec("slot_index", "int32", (-1, bucket)), tokens],
                                [TensorSpec("logits", "float32", (-1, spec.vocab_size)), *cache_specs(spec)]))
     return specs + [decode_graph(spec)]
@@ -102,6 +111,9 @@ def write_native_package(generator, out: Path, cache_len: int = 0, max_new_token
     1024 (the model's cache is rebuilt at it); buckets: the prompt lengths (prefill_buckets'); vision_buckets: the
     packed patches a vision graph takes (default VISION_BUCKETS); lite2: also the graphs for MindSpore Lite 2.0."""
     lm = generator.lm
+    if lite2 and isinstance(generator.layout.packing, ViTPacking):
+        raise PackageError("--target lite2: a native recipe with a ViT tower (model.native.family dinov2) has no Lite 2.0 "
+                           "graphs yet; export it for the framework and the server (without --target lite2)")
     cache_len = int(cache_len or min(lm.cfg.max_positions, 1024))
     spec = native_spec(generator, cache_len, max_new_tokens, buckets, vision_buckets)
     lm.cache_len = cache_len  # a constant of the generation graphs

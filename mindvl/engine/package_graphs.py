@@ -98,17 +98,15 @@ def package_layout(folder: Path, manifest: dict) -> _Layout:
     """The prompt layout of a generative package: its chat template, preprocessing (or a native package's vision
     layout) and limits."""
     from mindvl.engine.native_prompts import NativePromptLayout
-    from mindvl.engine.vision_layout import WindowedPacking
+    from mindvl.engine.vision_layout import package_packing
     from mindvl.preprocess import preprocess_config
 
     spec = GenerationSpec.from_manifest(manifest)
     chat = package_chat(folder, spec)
     if spec.native:
         native = spec.native
-        return NativePromptLayout(chat, spec.limits, WindowedPacking(native["merge"], native["window"],
-                                                                  native["window_rows"], native["patch_values"]),
-                                  stop_ids=spec.stop_ids,
-                                  vision_buckets=native["vision_buckets"])
+        return NativePromptLayout(chat, spec.limits, package_packing(native), stop_ids=spec.stop_ids,
+                                  vision_buckets=native["vision_buckets"], mrope=native.get("mrope", True))
     return PromptLayout(chat, preprocess_config(manifest["preprocess"]), spec.limits, spec.pad_id, spec.stop_ids)
 
 
@@ -135,9 +133,10 @@ class PackageGraphs:
         return [batch.ids, batch.valid.astype(np.int32), batch.slot_index, image_tokens, audio_tokens]
 
     def _native_prefill_inputs(self, batch: PromptBatch) -> List[np.ndarray]:
-        """The vision graph of the batch's packed size first, only when it has a real patch (segment ids > 0)."""
-        patches, positions, frames, windows, restore = batch.vision
-        if frames.any():
+        """The vision graph of the batch's packed size first, only when it has a real patch (segment ids > 0: the
+        frames of WindowedPacking's inputs, the segments of ViTPacking's, both third)."""
+        patches, segments = batch.vision[0], batch.vision[2]
+        if segments.any():
             tokens = self.to_numpy(self.run(vision_name(patches.shape[1]), list(batch.vision))[0])
         else:
             tokens = np.zeros((self.spec.vision_capacity, self.spec.width), np.float32)

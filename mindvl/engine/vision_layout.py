@@ -310,3 +310,11 @@ def tower_packing(native) -> Union[WindowedPacking, ViTPacking]:
     if native.vit:
         return ViTPacking(native.table, native.merge, native.patch_values)
     return WindowedPacking(native.merge, native.window, native.window > 0, native.patch_values)
+
+
+def package_packing(native: dict) -> Union[WindowedPacking, ViTPacking]:
+    """The packing a native package's manifest records (its generation.native section; packages of the Qwen family
+    written before ViT towers record no "packing")."""
+    if native.get("packing") == "vit":
+        return ViTPacking(native["table"], native["merge"], native["patch_values"])
+    return WindowedPacking(native["merge"], native["window"], native["window_rows"], native["patch_values"])
