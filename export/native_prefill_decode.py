@@ -22,7 +22,7 @@ from typing import List, Mapping, Optional, Sequence
 from mindvl.cells import NativePrefillNet, NativeVisionNet, ViTVisionNet
 from mindvl.engine.native_prompts import NativePrompt
 from mindvl.engine.package_graphs import GenerationSpec, prefill_name, vision_name
-from mindvl.engine.vision_layout import ViTPacking
+from mindvl.engine.vision_layout import ViTPacking, package_packing
 from mindvl.errors import PackageError
 from mindvl.export.graphs import GraphSpec, TensorSpec
 from mindvl.export.lite2_folder import write_native_lite2
@@ -48,10 +48,7 @@ def native_spec(generator, cache_len: int, max_new_tokens: int, buckets: Sequenc
     if wrong:
         raise PackageError(f"--vision-bucket {wrong[0]}: expected a positive multiple of {unit} patches (the tower's "
                            f"{'window row' if windowed else 'merged block'})")
-    tower = ({"packing": "vit", "table": packing.table} if vit else
-             {"packing": "windowed", "window": packing.window, "window_rows": packing.window_rows})
-    native = {"vision_buckets": vision_buckets, "merge": packing.merge, "patch_values": packing.patch_values, **tower,
-              "mrope": layout.mrope, "tokens_per_second": generator.tokens_per_second,
+    native = {"vision_buckets": vision_buckets, **packing.manifest(), "mrope": layout.mrope, "tokens_per_second": generator.tokens_per_second,
               "patches": asdict(generator.patches), "video": asdict(generator.video),
               "default_system": layout.chat.template.default_system}
     return GenerationSpec(cache_len=cache_len, buckets=prefill_buckets(cache_len, max_new_tokens, buckets),
@@ -63,21 +60,12 @@ def native_spec(generator, cache_len: int, max_new_tokens: int, buckets: Sequenc
 def native_graph_specs(spec: GenerationSpec) -> List[GraphSpec]:
     native = spec.native
     tokens = TensorSpec("vision_tokens", "float32", (spec.vision_capacity, spec.width))
-    vit = native.get("packing") == "vit"
+    packing = package_packing(native)
     specs = []
     for size in native["vision_buckets"]:
-        if vit:
-            merged = spec.vision_capacity * native["merge"] ** 2
-            inputs = [TensorSpec("patches", "float32", (1, size, native["patch_values"])),
-                      TensorSpec("placement", "float32", (1, size, 2 + native["table"] ** 2)),
-                      TensorSpec("segments", "int32", (1, size)), TensorSpec("keep", "int32", (merged,))]
-        else:
-            inputs = [TensorSpec("patches", "float32", (1, size, native["patch_values"])),
-                      TensorSpec("vision_positions", "int32", (1, size, 2)),
-                      TensorSpec("frames", "int32", (1, size)), TensorSpec("windows", "int32", (1, size)),
-                      TensorSpec("restore", "int32", (spec.vision_capacity,))]
+        inputs = [TensorSpec(*entry) for entry in packing.specs(size, spec.vision_capacity)]
         specs.append(GraphSpec(vision_name(size), f"images packed in {size} patches -> their merged tokens",
-                               ViTVisionNet if vit else NativeVisionNet, inputs, [tokens]))
+                               ViTVisionNet if isinstance(packing, ViTPacking) else NativeVisionNet, inputs, [tokens]))
     positions = (3,) if native.get("mrope", True) else ()
     for bucket in spec.buckets:
         row = [TensorSpec(name, "int32", (-1, bucket)) for name in ("ids", "valid")]

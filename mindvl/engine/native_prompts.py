@@ -76,7 +76,7 @@ class NativePromptLayout(_Layout):
                  mrope: bool = True):
         super().__init__(chat.tokenizer, limits, chat.pad_id, [chat.stop_id, *stop_ids])
         self.chat, self.packing, self.mrope = chat, packing, mrope
-        self.merge, self.vision_bucket = packing.merge, vision_bucket
+        self.vision_bucket = vision_bucket
         self.vision_buckets = tuple(sorted(vision_buckets))
         self.pads = {IMAGE: chat.slot_ids[IMAGE_SLOT], VIDEO: chat.slot_ids[VIDEO_SLOT]}
         self._extra_stops = tuple(stop_ids)
@@ -125,7 +125,7 @@ class NativePromptLayout(_Layout):
         self.check_text(prompt.question)
         kinds = [IMAGE_SLOT if kind == IMAGE else VIDEO_SLOT for kind, *_ in prompt.attachments]
         turn = Turn("user", (*kinds, *([prompt.question] if prompt.question else [])))
-        sizes = [int(np.prod(grid)) // self.merge ** 2 for _, _, grid, _ in prompt.attachments]
+        sizes = [int(np.prod(grid)) // self.packing.merge ** 2 for _, _, grid, _ in prompt.attachments]
         return self.chat.prompt([turn], images=kinds.count(IMAGE_SLOT), videos=kinds.count(VIDEO_SLOT),
                                 sizes=sizes).ids
 
@@ -142,7 +142,7 @@ class NativePromptLayout(_Layout):
         for row, (prompt, tokens) in enumerate(zip(prompts, encoded)):
             if self.mrope:
                 grids = [grid for _, _, grid, _ in prompt.attachments]
-                place, deltas[row] = mrope_positions(tokens, grids, list(self.pads.values()), self.merge,
+                place, deltas[row] = mrope_positions(tokens, grids, list(self.pads.values()), self.packing.merge,
                                                      [step for *_, step in prompt.attachments])
                 positions[row, bucket - len(tokens):] = place.T
             else:
@@ -164,4 +164,4 @@ class NativePromptLayout(_Layout):
     def capacity(self, size: int) -> int:
         """The merged tokens the vision inputs of `size` patches hold (the largest vision bucket's; without buckets,
         this size's): their count is "not a slot"."""
-        return (self.vision_buckets[-1] if self.vision_buckets else size) // self.merge ** 2
+        return (self.vision_buckets[-1] if self.vision_buckets else size) // self.packing.merge ** 2

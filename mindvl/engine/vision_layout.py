@@ -264,6 +264,16 @@ class WindowedPacking:
         return packed_inputs(attachments, self.merge, self.window, self.window_rows, size, capacity,
                              self.patch_values)
 
+    def specs(self, size: int, capacity: int) -> List[Tuple[str, str, tuple]]:
+        """(name, dtype, shape) of each input, in `names`' order, at `size` patches and `capacity` merged tokens."""
+        return [("patches", "float32", (1, size, self.patch_values)), ("vision_positions", "int32", (1, size, 2)),
+                ("frames", "int32", (1, size)), ("windows", "int32", (1, size)), ("restore", "int32", (capacity,))]
+
+    def manifest(self) -> dict:
+        """What a package records of it (package_packing reads it back)."""
+        return {"packing": "windowed", "merge": self.merge, "window": self.window, "window_rows": self.window_rows,
+                "patch_values": self.patch_values}
+
 
 @dataclass(frozen=True)
 class ViTPacking:
@@ -293,6 +303,14 @@ class ViTPacking:
                       np.zeros((1, size, 2 + self.table * self.table), np.float32), np.zeros((1, size), np.int32))
             keep = np.zeros(0, np.int32)
         return (*packed, np.pad(keep, (0, capacity * unit - len(keep))))
+
+    def specs(self, size: int, capacity: int) -> List[Tuple[str, str, tuple]]:
+        return [("patches", "float32", (1, size, self.patch_values)),
+                ("placement", "float32", (1, size, 2 + self.table * self.table)), ("segments", "int32", (1, size)),
+                ("keep", "int32", (capacity * self.merge * self.merge,))]
+
+    def manifest(self) -> dict:
+        return {"packing": "vit", "table": self.table, "merge": self.merge, "patch_values": self.patch_values}
 
     @staticmethod
     def _images(grids: Sequence[Sequence[int]]) -> List[Tuple[int, int, int]]:

@@ -19,6 +19,7 @@ from mindvl.data.reading.conversation_packing import ConversationPacker, PackedC
 from mindvl.engine.vision_layout import ViTPacking, WindowedPacking, mrope_positions
 from mindvl.errors import InputError
 
+
 class NativeConversationPacker(ConversationPacker):
     """length, row_buckets, label_buckets: ConversationPacker's; vision_bucket: the patches' multiple; packing: the
     tower's (model.native); mrope: the decoder's positions are M-RoPE's."""
@@ -26,7 +27,7 @@ class NativeConversationPacker(ConversationPacker):
     def __init__(self, length: int, row_buckets: Sequence[int], label_buckets: Sequence[int], vision_bucket: int,
                  packing: Union[WindowedPacking, ViTPacking], mrope: bool = True, pad_id: int = 0) -> None:
         super().__init__(length, row_buckets, label_buckets, 0, 0, pad_id)
-        self.vision_bucket, self.packing, self.mrope, self.merge = vision_bucket, packing, mrope, packing.merge
+        self.vision_bucket, self.packing, self.mrope = vision_bucket, packing, mrope
 
     def describe(self) -> str:
         return f"{super().describe()}, images packed in multiples of {self.vision_bucket} patches"
@@ -41,11 +42,11 @@ class NativeConversationPacker(ConversationPacker):
         grid, time step) each, in the order of its slots)."""
         packed = [a for items in attachments for a in items]
         size = self.vision_size([grid for _, _, grid, _ in packed])
-        capacity = size // self.merge ** 2
+        capacity = size // self.packing.merge ** 2
         slots, positions, first = [], [], 0
         for index, (sample, items) in enumerate(zip(batch, attachments)):
             is_vision = np.isin(sample.kinds, (IMAGE_SLOT, VIDEO_SLOT))
-            expected = sum(int(np.prod(grid)) // self.merge ** 2 for _, _, grid, _ in items)
+            expected = sum(int(np.prod(grid)) // self.packing.merge ** 2 for _, _, grid, _ in items)
             if int(is_vision.sum()) != expected:
                 raise InputError(f"conversation {index}: {int(is_vision.sum())} vision slots for attachments of "
                                  f"{expected} tokens; render it with their sizes")
@@ -55,7 +56,7 @@ class NativeConversationPacker(ConversationPacker):
             if self.mrope:
                 vision_ids = np.unique(sample.ids[sample.kinds != TEXT])
                 place, _ = mrope_positions(sample.ids, [grid for _, _, grid, _ in items], vision_ids.tolist(),
-                                           self.merge, [step for *_, step in items])
+                                           self.packing.merge, [step for *_, step in items])
                 positions.append(place.T)
             else:
                 positions.append(np.arange(len(sample)))
