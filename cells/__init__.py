@@ -4,7 +4,7 @@ from .attention import MultiHeadAttention
 from .audio import AudioEncoder
 from .eval_nets import EncodeNet, StateAnswerNet, StateGenerateNet
 from .export_nets import (AnswerNet, AttachmentNet, AudioEmbedNet, DecodeNet, GenerateNet, ImageEmbedNet,
-                          NativePrefillNet, NativeVisionNet, PrefillNet, TextEmbedNet, ViTVisionNet, VQANet)
+                          NativePrefillNet, NativeSpeechNet, NativeVisionNet, PrefillNet, TextEmbedNet, ViTVisionNet, VQANet)
 from .factory import build_cells, count_cell_parameters
 from .fusion import FusionTransformer
 from .heads import ContrastiveHead, LogitScale, NormDenseHead
@@ -20,7 +20,7 @@ from .vision import VisionEncoder, conv_weight_to_matmul
 __all__ = [
     "create_activation", "MultiHeadAttention", "AudioEncoder", "AnswerNet", "AudioEmbedNet", "GenerateNet",
     "EncodeNet", "StateAnswerNet", "StateGenerateNet", "AttachmentNet", "PrefillNet", "DecodeNet",
-    "NativeVisionNet", "NativePrefillNet", "ViTVisionNet",
+    "NativeVisionNet", "NativePrefillNet", "NativeSpeechNet", "ViTVisionNet",
     "ImageEmbedNet", "TextEmbedNet", "VQANet", "build_cells", "count_cell_parameters", "FusionTransformer", "NormDenseHead", "ContrastiveHead",
     "LogitScale", "MASK_VALUE", "padding_mask", "prefix_lm_mask", "segment_mask",
     "MultimodalModel", "MultimodalLM", "TokenInputModel", "LayerNorm", "create_norm", "Int8Linear", "TextEncoder", "TransformerBlock",

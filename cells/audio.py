@@ -38,6 +38,7 @@ class AudioEncoder(nn.Cell):
         if max_frames % 2:
             raise ValueError(f"max_frames must be even (the encoder halves time), got {max_frames}")
         self.width = cfg.width
+        self.max_frames = max_frames
         self.conv1 = Conv1dMatMul(n_mels, cfg.width, kernel=3, stride=1, padding=1)
         self.act1 = create_activation(cfg.activation)
         self.conv2 = Conv1dMatMul(cfg.width, cfg.width, kernel=3, stride=2, padding=1)

@@ -200,17 +200,31 @@ class ViTVisionNet(nn.Cell):
         return self.tower(patches, placement, segments, keep)[0]
 
 
+class NativeSpeechNet(nn.Cell):
+    """(mel (B, n_mels, T), frame_mask (B, T) float32) -> audio_tokens (B, A, width): the clips of a native VLM that
+    hears (cells.native_vlm.NativeVLM.speech), each its pooled, projected tokens (zeros in, the projector's bias
+    out: a row without a clip, whose slots nothing reads)."""
+
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, mel, frame_mask):
+        return self.model.speech(mel, frame_mask)
+
+
 class NativePrefillNet(nn.Cell):
     """(ids, valid (B, L) int32, positions (B, L, 3) int32 M-RoPE (or (B, L): a 1-D decoder), slot_index (B, L) int32, vision_tokens (T,
-    width)) -> (last logits, every layer's key cache, then every value cache): one prompt-length bucket; slot_index
-    T marks text."""
+    width)[, audio_tokens (B, A, width): a model that hears]) -> (last logits, every layer's key cache, then every
+    value cache): one prompt-length bucket; slot_index T (T + B x A where it hears) marks text."""
 
     def __init__(self, model):
         super().__init__(auto_prefix=False)
         self.model = model
         self.cast = ops.Cast()
 
-    def construct(self, ids, valid, positions, slot_index, vision_tokens):
-        x = self.model.fill(ids, vision_tokens, slot_index)
+    def construct(self, ids, valid, positions, slot_index, vision_tokens, *audio_tokens):
+        table = self.model.table(vision_tokens, audio_tokens[0]) if self.model.hears else vision_tokens
+        x = self.model.fill(ids, table, slot_index)
         logits, keys, values = self.model.decoder.prefill_embedded(x, self.cast(valid, mstype.bool_), positions)
         return (logits,) + keys + values

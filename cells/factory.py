@@ -25,7 +25,8 @@ def build_cells(model_cfg, pre_cfg, cache_len: int = 0) -> Union[MultimodalModel
         from .decoder import CausalLM
         from .native_vlm import NativeVLM
 
-        return NativeVLM(native_tower(model_cfg), CausalLM(model_cfg.decoder, cache_len))
+        return NativeVLM(native_tower(model_cfg), CausalLM(model_cfg.decoder, cache_len), *native_audio(model_cfg, pre_cfg),
+                         projector_hidden=model_cfg.projector.hidden)
     if model_cfg.generative:
         if model_cfg.decoder.layers <= 0:
             raise ValueError("model.decoder: a generative model needs its decoder's shape (layers > 0); bind it from "
@@ -36,6 +37,17 @@ def build_cells(model_cfg, pre_cfg, cache_len: int = 0) -> Union[MultimodalModel
                          f"{model_cfg.text.vocab_size}; set it from the data set's tokenizer before "
                          f"build_cells (mindvl.model_factory.create_model does)")
     return MultimodalModel(model_cfg, pre_cfg)
+
+
+def native_audio(model_cfg, pre_cfg) -> tuple:
+    """(audio encoder, its pooling) of a native-resolution VLM that hears (model.native.audio), else (None, 1)."""
+    if not model_cfg.native.audio:
+        return None, 1
+    from .audio import AudioEncoder
+    from .multimodal_lm import audio_pooling
+
+    audio = AudioEncoder(model_cfg.audio, pre_cfg.n_mels, pre_cfg.max_audio_frames, model_cfg.dropout)
+    return audio, audio_pooling(model_cfg, pre_cfg)[0]
 
 
 def native_tower(model_cfg) -> nn.Cell:

@@ -37,8 +37,25 @@ def modality_tokens(model_cfg, pre):
     proj = model_cfg.projector
     grid = pre.image_size // model_cfg.vision.patch_size
     image_pool = pool_factor(grid * grid, proj.image_tokens, square=True)
-    audio_pool = pool_factor(pre.max_audio_frames // 2, proj.audio_tokens, square=False)
-    return grid, image_pool, (grid // image_pool) ** 2, audio_pool, pre.max_audio_frames // 2 // audio_pool
+    return (grid, image_pool, (grid // image_pool) ** 2, *audio_pooling(model_cfg, pre))
+
+
+def audio_pooling(model_cfg, pre):
+    """(audio pooling, audio tokens): the runs of encoder tokens averaged into one, and the tokens one clip of
+    pre.max_audio_frames takes in the decoder's sequence (model.projector.audio_tokens at most)."""
+    pool = pool_factor(pre.max_audio_frames // 2, model_cfg.projector.audio_tokens, square=False)
+    return pool, pre.max_audio_frames // 2 // pool
+
+
+def pooled_audio(audio_tokens, token_mask, pool: int):
+    """Audio states (B, T/2, width) and their mask (B, T/2) -> (B, T/2 / pool, width): runs of `pool` tokens
+    averaged over their valid ones (zeros past the clip). Both generative models' speech goes through it."""
+    if pool == 1:
+        return audio_tokens
+    batch, count = audio_tokens.shape[0], audio_tokens.shape[1] // pool
+    runs = ops.reshape(audio_tokens * ops.expand_dims(token_mask, 2), (batch, count, pool, -1))
+    counts = ops.reshape(token_mask, (batch, count, pool)).sum(axis=2, keepdims=True)
+    return runs.sum(axis=2) / ops.maximum(counts, 1.0)
 
 
 class Projector(nn.Cell):
@@ -86,7 +103,6 @@ class MultimodalLM(nn.Cell):
         self.reshape = ops.Reshape()
         self.transpose = ops.Transpose()
         self.concat = ops.Concat(axis=0)
-        self.expand = ops.ExpandDims()
         self.slots = SlotWriter()
 
     # -- each modality's tokens in the decoder's width ----------------------------------------------
@@ -107,13 +123,8 @@ class MultimodalLM(nn.Cell):
 
     def audio_states(self, audio_tokens, token_mask):
         """Audio states (B, T/2, width) and their mask (B, T/2) -> (B, audio_tokens, decoder width): runs of
-        audio_pool tokens averaged over their valid ones (zeros past the clip), projected."""
-        batch, k = audio_tokens.shape[0], self.audio_pool
-        if k > 1:
-            runs = self.reshape(audio_tokens * self.expand(token_mask, 2), (batch, self.audio_tokens, k, -1))
-            counts = self.reshape(token_mask, (batch, self.audio_tokens, k)).sum(axis=2, keepdims=True)
-            audio_tokens = runs.sum(axis=2) / ops.maximum(counts, 1.0)
-        return self.audio_proj(audio_tokens)
+        audio_pool tokens averaged over their valid ones (pooled_audio), projected."""
+        return self.audio_proj(pooled_audio(audio_tokens, token_mask, self.audio_pool))
 
     def encode(self, image, mel, frame_mask):
         """The attachments -> (image tokens (B, image_tokens, width), audio tokens (B, audio_tokens, width))."""

@@ -6,6 +6,9 @@ own.
                           their merged tokens, padded to the largest V's count T (one graph per vision bucket V)
   prefill_<L>.mindir      a prompt of L tokens (left-padded) with M-RoPE positions (B, L, 3) and its images'
                           tokens (T, width) -> last logits and the key/value caches
+  speech.mindir           a model that hears (a dinov2 recipe with model.native.audio): the clips' log-mels (B, n_mels,
+                          T) -> their pooled, projected tokens (B, A, width), which the prefill graphs take after the
+                          vision tokens
   decode.mindir           the decoder's step (each token at its index plus its prompt's M-RoPE delta)
 
 The manifest's "generation" section holds the vision buckets, the tower's layout, the image and video processor
@@ -19,13 +22,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence
 
-from mindvl.cells import NativePrefillNet, NativeVisionNet, ViTVisionNet
+from mindvl.cells import NativePrefillNet, NativeSpeechNet, NativeVisionNet, ViTVisionNet
 from mindvl.engine.native_prompts import NativePrompt
-from mindvl.engine.package_graphs import GenerationSpec, prefill_name, vision_name
+from mindvl.engine.package_graphs import SPEECH, GenerationSpec, prefill_name, vision_name
 from mindvl.engine.vision_layout import ViTPacking, package_packing
 from mindvl.errors import PackageError
 from mindvl.export.graphs import GraphSpec, TensorSpec
 from mindvl.export.lite2_folder import write_native_lite2
+from mindvl.preprocess import preprocess_dict
 from mindvl.export.prefill_decode import (MAX_NEW_TOKENS, GenerationPackage, cache_specs, decode_graph,
                                           prefill_buckets, write_generation_package)
 
@@ -50,10 +54,12 @@ def native_spec(generator, cache_len: int, max_new_tokens: int, buckets: Sequenc
                            f"{'window row' if windowed else 'merged block'})")
     native = {"vision_buckets": vision_buckets, **packing.manifest(), "mrope": layout.mrope, "tokens_per_second": generator.tokens_per_second,
               "patches": asdict(generator.patches), "video": asdict(generator.video),
-              "default_system": layout.chat.template.default_system}
+              "default_system": layout.chat.template.default_system,
+              **({"speech_shape": list(layout.speech_shape)} if layout.audio_tokens else {})}
     return GenerationSpec(cache_len=cache_len, buckets=prefill_buckets(cache_len, max_new_tokens, buckets),
                           layers=lm.layers, vocab_size=lm.cfg.vocab_size, width=lm.width, kv_width=lm.kv_width,
-                          image_tokens=0, audio_tokens=0, pad_id=layout.pad_id, stop_ids=sorted(layout.stop_ids),
+                          image_tokens=0, audio_tokens=layout.audio_tokens, pad_id=layout.pad_id,
+                          stop_ids=sorted(layout.stop_ids),
                           chat_template=layout.chat.template.name, max_new_tokens=max_new_tokens, native=native)
 
 
@@ -66,13 +72,20 @@ def native_graph_specs(spec: GenerationSpec) -> List[GraphSpec]:
         inputs = [TensorSpec(*entry) for entry in packing.specs(size, spec.vision_capacity)]
         specs.append(GraphSpec(vision_name(size), f"images packed in {size} patches -> their merged tokens",
                                ViTVisionNet if isinstance(packing, ViTPacking) else NativeVisionNet, inputs, [tokens]))
+    speech = []
+    if spec.audio_tokens:
+        n_mels, frames = native["speech_shape"]
+        speech = [TensorSpec("audio_tokens", "float32", (-1, spec.audio_tokens, spec.width))]
+        specs.append(GraphSpec(SPEECH, "the clips' log-mels -> their tokens", NativeSpeechNet,
+                               [TensorSpec("mel", "float32", (-1, n_mels, frames)),
+                                TensorSpec("frame_mask", "float32", (-1, frames))], speech))
     positions = (3,) if native.get("mrope", True) else ()
     for bucket in spec.buckets:
         row = [TensorSpec(name, "int32", (-1, bucket)) for name in ("ids", "valid")]
-        specs.append(GraphSpec(prefill_name(bucket), f"a left-padded prompt of {bucket} tokens and its images' tokens "
-                                                     f"-> its last logits and the caches", NativePrefillNet,
+        specs.append(GraphSpec(prefill_name(bucket), f"a left-padded prompt of {bucket} tokens and its attachments' "
+                                                     f"tokens -> its last logits and the caches", NativePrefillNet,
                                [*row, TensorSpec("positions", "int32", (-1, bucket, *positions)),
-                                TensorSpec("slot_index", "int32", (-1, bucket)), tokens],
+                                TensorSpec("slot_index", "int32", (-1, bucket)), tokens, *speech],
                                [TensorSpec("logits", "float32", (-1, spec.vocab_size)), *cache_specs(spec)]))
     return specs + [decode_graph(spec)]
 
@@ -94,10 +107,12 @@ def sample_prompts(generator, count: int = SAMPLE_QUESTIONS) -> List[NativePromp
 def write_native_package(generator, out: Path, cache_len: int = 0, max_new_tokens: int = MAX_NEW_TOKENS,
                          buckets: Sequence[int] = (), vision_buckets: Sequence[int] = (), version: int = 1,
                          force: bool = False, progress: bool = True,
-                         source: Optional[Mapping[str, object]] = None, lite2: bool = False) -> Path:
+                         source: Optional[Mapping[str, object]] = None, lite2: bool = False,
+                         prompts: Sequence[NativePrompt] = ()) -> Path:
     """Export a NativeGenerator's model into the package `out`. cache_len 0: the decoder's max_positions, at most
     1024 (the model's cache is rebuilt at it); buckets: the prompt lengths (prefill_buckets'); vision_buckets: the
-    packed patches a vision graph takes (default VISION_BUCKETS); lite2: also the graphs for MindSpore Lite 2.0."""
+    packed patches a vision graph takes (default VISION_BUCKETS); lite2: also the graphs for MindSpore Lite 2.0;
+    prompts: more questions to store after sample_prompts' (a model that hears: a spoken test question)."""
     lm = generator.lm
     if lite2 and isinstance(generator.layout.packing, ViTPacking):
         raise PackageError("--target lite2: a native recipe with a ViT tower (model.native.family dinov2) has no Lite 2.0 "
@@ -107,17 +122,23 @@ def write_native_package(generator, out: Path, cache_len: int = 0, max_new_token
     lm.cache_len = cache_len  # a constant of the generation graphs
     generator.model.set_train(False)
     layout = generator.layout.for_graphs(spec.limits, spec.native["vision_buckets"], spec.stop_ids)
-    prompts = [p for p in sample_prompts(generator) if layout.vision_size([p]) <= spec.native["vision_buckets"][-1]]
+    prompts = [p for p in [*sample_prompts(generator), *prompts]
+               if layout.vision_size([p]) <= spec.native["vision_buckets"][-1]]
     source = dict(source or generator.source)
 
     def entry(prompt: NativePrompt) -> dict:
         return {"question": prompt.question, "attachments": [{"kind": kind, "time_step": step}
-                                                             for kind, _, _, step in prompt.attachments]}
+                                                             for kind, _, _, step in prompt.attachments],
+                **({"audio": True} if prompt.audio is not None else {})}
+
+    def arrays(prompt: NativePrompt) -> dict:
+        speech = zip(("mel", "frame_mask"), prompt.audio) if prompt.audio is not None else ()
+        return {**{f"{k}.{name}": value for k, (_, patches, grid, _) in enumerate(prompt.attachments)
+                   for name, value in (("patches", patches), ("grid", grid))}, **dict(speech)}
 
     package = GenerationPackage(
-        generator.name, generator.model, spec, native_graph_specs(spec), layout, prompts,
-        lambda p: {f"{k}.{name}": value for k, (_, patches, grid, _) in enumerate(p.attachments)
-                   for name, value in (("patches", patches), ("grid", grid))},
-        entry, {"architecture": generator.architecture}, {},
+        generator.name, generator.model, spec, native_graph_specs(spec), layout, prompts, arrays,
+        entry, {"architecture": generator.architecture,
+                **({"preprocess": preprocess_dict(generator.pre)} if layout.audio_tokens else {})}, {},
         (lambda work, samples: write_native_lite2(work, generator.model, samples)) if lite2 else None)
     return write_generation_package(package, out, source, version, force, progress)

@@ -27,7 +27,8 @@ from safetensors.numpy import save_file
 from mindvl.cells import AttachmentNet, DecodeNet, PrefillNet
 from mindvl.config import Config
 from mindvl.engine.decode_loop import DecodeBatch
-from mindvl.engine.package_graphs import ATTACHMENTS, DECODE, SECTION, GenerationSpec, PackageGraphs, prefill_name
+from mindvl.engine.package_graphs import (ATTACHMENTS, DECODE, SECTION, SPEECH, GenerationSpec, PackageGraphs,
+                                         prefill_name)
 from mindvl.engine.prompts import MultimodalPrompt, PromptLayout, prompt_buckets
 from mindvl.engine.sampling import sampling_config
 from mindvl.errors import PackageError
@@ -223,6 +224,12 @@ def _sample_inputs(name: str, batch: DecodeBatch, layout, prompts: Sequence, row
     if name == ATTACHMENTS:
         laid = layout.batch(list(prompts[:rows or None]), 1)
         return [laid.image, laid.mel, laid.frame_mask]
+    if name == SPEECH:  # the prompts with a clip
+        heard = [p for p in prompts if p.audio is not None][:rows or None]
+        if not heard:
+            raise PackageError(f"no stored spoken question fits the largest prompt bucket ({layout.limits.buckets[-1]} "
+                               f"tokens), so the speech graph has no sample; add a larger --prompt-bucket")
+        return list(layout.speech(heard))
     if name.startswith(VISION):  # the prompts whose images this size holds together, in order
         size = int(name.rsplit("_", 1)[1])
         fitting = [p for p in prompts if p.attachments and layout.vision_size([p]) <= size][:rows or None]

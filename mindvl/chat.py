@@ -41,7 +41,9 @@ class ChatTemplate:
     video's and the audio's delimiters, and the string generation stops at (the assistant turn's end).
     system: a system turn's opening ("" where the family has none); default_system: the text of the system turn
     put first when a conversation has none (None: no turn); image_pad / video_pad: the token each slot holds
-    (""; the encoder's pad id)."""
+    (""; the encoder's pad id). separator: the text a live user turn puts after its images before a clip or the
+    question (a data set's LLaVA-style turns: "<image>\n<audio>", "<image>\nWhat color?"; "" where the family's
+    processor puts nothing between a message's parts), so a prompt reads as the training conversations do."""
 
     name: str
     bos: str
@@ -59,6 +61,7 @@ class ChatTemplate:
     default_system: Optional[str] = None
     image_pad: str = ""
     video_pad: str = ""
+    separator: str = "\n"
 
 
 TEMPLATES: Dict[str, ChatTemplate] = {
@@ -76,7 +79,7 @@ TEMPLATES: Dict[str, ChatTemplate] = {
     "qwen": ChatTemplate("qwen", "", "<|im_start|>user\n", "<|im_start|>assistant\n", "<|im_end|>\n", "<|im_end|>",
                          image_open="<|vision_start|>", image_close="<|vision_end|>", video_open="<|vision_start|>",
                          video_close="<|vision_end|>", system="<|im_start|>system\n", image_pad="<|image_pad|>",
-                         video_pad="<|video_pad|>"),
+                         video_pad="<|video_pad|>", separator=""),
 }
 AUTO = "auto"  # model.chat_template: the template of the decoder's family (recipe_template)
 
@@ -203,10 +206,23 @@ def placeholder_count(turns: Sequence[Turn], slot: int) -> int:
 
 
 def question_turn(question: str, image: bool = False, audio: bool = False) -> Turn:
-    """A live user turn: the image first, then the spoken question, then the typed text taken literally."""
-    parts: List[Part] = ([IMAGE_SLOT] if image else []) + ([AUDIO_SLOT] if audio else [])
-    if question:
-        parts.append(("\n" if parts else "") + question)
+    """A live user turn of the fixed-resolution model: the image first, then the spoken question, then the typed
+    text taken literally (user_turn with the LLaVA separator)."""
+    return user_turn(question, [IMAGE_SLOT] * image, audio)
+
+
+def user_turn(question: str, visuals: Sequence[int] = (), audio: bool = False, separator: str = "\n") -> Turn:
+    """A live user turn: the images and videos (IMAGE_SLOT / VIDEO_SLOT markers, in order) side by side, then the
+    clip, then the typed text taken literally, `separator` before each of the last two when something precedes
+    it (ChatTemplate.separator)."""
+    parts: List[Part] = list(visuals)
+    for part in ([AUDIO_SLOT] if audio else []) + ([question] if question else []):
+        if parts and separator:
+            if isinstance(part, str):
+                part = separator + part
+            else:
+                parts.append(separator)
+        parts.append(part)
     if not parts:
         raise InputError("question: give a text, an image or an audio clip")
     return Turn("user", tuple(parts))

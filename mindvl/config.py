@@ -244,6 +244,7 @@ class NativeConfig:
     #                      a trained run back in that checkpoint's layout, with its files
     vision_bucket: int = 256
     table: int = 0  # family "dinov2": the side of the encoder's position table, in patches (bound)
+    audio: bool = False  # the model hears: model.audio's encoder (model.pretrained.audio: Whisper's) and a projector
 
     @property
     def vit(self) -> bool:
@@ -253,6 +254,9 @@ class NativeConfig:
     def validate(self) -> None:
         if self.layers < 0:
             raise ConfigError(f"model.native.layers: expected 0 (no native tower) or more, got {self.layers}")
+        if self.audio and not self.vit:
+            raise ConfigError("model.native.audio: only a dinov2 tower's recipe hears (its decoder is converted "
+                              "apart from the tower); a converted Qwen VLM reads images and video")
         if self.vit:
             _positive(self, "model.native", ["patch_values", "merge", "patch_size", "min_pixels", "max_pixels",
                                               "vision_bucket"])

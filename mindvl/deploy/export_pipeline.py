@@ -59,8 +59,14 @@ def package_and_check(cfg, model, source: Mapping[str, object], out: Path, optio
         if compression:
             raise PackageError("a native-resolution VLM's package is written uncompressed; export it without "
                                "quantize or prune")
-        return _native_checked(NativeGenerator.from_run(cfg, model, options.cache_len or 1024, "standard", source),
-                               out, options, log)
+        generator = NativeGenerator.from_run(cfg, model, options.cache_len or 1024, "standard", source)
+        spoken = []
+        if cfg.model.native.audio:  # a model that hears stores a spoken test question too
+            from mindvl.eval.generated_answers import GenerativeEvaluator
+
+            asked = GenerativeEvaluator(cfg, generator=generator).questions("test", 2)
+            spoken = [prompt for sample, prompt in asked if sample.question_id >= 0]
+        return _native_checked(generator, out, options, log, spoken)
     if options.vision_buckets:
         raise PackageError("--vision-bucket: only a native-resolution VLM's package has vision graphs (a folder of "
                            "mindvl convert vlm, or a run trained from one); leave it out")
@@ -85,8 +91,9 @@ def package_native_and_check(folder: Path, out: Path, options: PackageOptions,
     return _native_checked(generator, out, options, log)
 
 
-def _native_checked(generator, out: Path, options: PackageOptions, log: Callable[[str], None]) -> dict:
-    """A NativeGenerator's model written as a package and verified."""
+def _native_checked(generator, out: Path, options: PackageOptions, log: Callable[[str], None],
+                    prompts: Sequence = ()) -> dict:
+    """A NativeGenerator's model written as a package (with `prompts` among its stored questions) and verified."""
     from mindvl.export.lite2_folder import wants_generation_lite2
     from mindvl.export.native_prefill_decode import write_native_package
 
@@ -97,7 +104,8 @@ def _native_checked(generator, out: Path, options: PackageOptions, log: Callable
                            f"per bucket, prefill per bucket and decode; evaluation: not yet); leave {given[0]} out")
     path = write_native_package(generator, out, options.cache_len, buckets=options.prompt_buckets,
                                 vision_buckets=options.vision_buckets, version=options.version, force=options.force,
-                                progress=options.progress, lite2=wants_generation_lite2(options.lite2_batch, "VLM"))
+                                progress=options.progress, lite2=wants_generation_lite2(options.lite2_batch, "VLM"),
+                                prompts=prompts)
     return _checked(path, options, log)
 
 

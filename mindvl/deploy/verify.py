@@ -125,7 +125,7 @@ def _check_generation(package: Path, manifest: dict, report: VerifyReport, run, 
 
 def stored_prompts(package: Path, manifest: dict) -> list:
     """The generation samples' prompts: MultimodalPrompts (question, image, log-mel), or a native package's
-    NativePrompts (question, each attachment's patches, grid, kind and time step)."""
+    NativePrompts (question, each attachment's patches, grid, kind and time step, and a clip's log-mel)."""
     from safetensors.numpy import load_file
 
     from mindvl.engine.native_prompts import NativePrompt
@@ -135,7 +135,9 @@ def stored_prompts(package: Path, manifest: dict) -> list:
     check_files(package, manifest, [samples["file"]])
     arrays = load_file(str(Path(package) / samples["file"]))
     return [NativePrompt(p["question"], [(a["kind"], arrays[f"{i}.{k}.patches"], arrays[f"{i}.{k}.grid"], a["time_step"])
-                                         for k, a in enumerate(p["attachments"])]) if "attachments" in p else
+                                         for k, a in enumerate(p["attachments"])],
+                         audio=(arrays[f"{i}.mel"], arrays[f"{i}.frame_mask"]) if p.get("audio") else None)
+            if "attachments" in p else
             MultimodalPrompt(p["question"], arrays.get(f"{i}.image"), arrays.get(f"{i}.mel"),
                              arrays.get(f"{i}.frame_mask")) for i, p in enumerate(samples["prompts"])]
 

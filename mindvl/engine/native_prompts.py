@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from mindvl.chat import IMAGE_SLOT, VIDEO_SLOT, ChatEncoder, Turn
+from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, VIDEO_SLOT, ChatEncoder, user_turn
 from mindvl.engine.prompts import GenerationLimits, PromptBatch, _Layout
 from mindvl.engine.vision_layout import ViTPacking, WindowedPacking, mrope_positions
 from mindvl.errors import ConfigError, InputError
@@ -27,11 +27,13 @@ from mindvl.preprocess.native_resolution import IMAGE, VIDEO, PatchConfig, Video
 @dataclass
 class NativePrompt:
     """One question and its attachments: (kind "image" or "video", patches (n, patch_values), grid (t, h, w), the
-    time step per temporal patch) each, as mindvl.preprocess.native_resolution cuts them."""
+    time step per temporal patch) each, as mindvl.preprocess.native_resolution cuts them; for a model that hears,
+    a clip as (log-mel (n_mels, T), frame mask (T,)) (mindvl.preprocess.speech_features), asked after the images."""
 
     question: str
     attachments: List[Tuple[str, np.ndarray, np.ndarray, float]] = field(default_factory=list)
     rendered: Optional[np.ndarray] = None  # its token ids, once a layout rendered them (the server does it off the engine)
+    audio: Optional[Tuple[np.ndarray, np.ndarray]] = None
 
     @property
     def patches(self) -> int:
@@ -69,16 +71,21 @@ class NativePromptLayout(_Layout):
     template's turn end (a checkpoint's end-of-text). vision_buckets: the packed patches' sizes a package's vision
     graphs take (the smallest that holds a batch's; more are refused by name); without them the patches are padded
     to a multiple of vision_bucket (the framework's graphs compile per size). The merged tokens are padded to the
-    largest size's count, so the prefill graphs take one shape of vision tokens."""
+    largest size's count, so the prefill graphs take one shape of vision tokens. audio_tokens: the slots a clip
+    takes in a model that hears (0: none), speech_shape its log-mel's (n_mels, frames): every batch then carries a
+    mel and frame mask per row (zeros without a clip), whose tokens follow the vision tokens in the slot table
+    (cells.native_vlm)."""
 
     def __init__(self, chat: ChatEncoder, limits: GenerationLimits, packing: Union[WindowedPacking, ViTPacking],
                  vision_bucket: int = 64, stop_ids: Sequence[int] = (), vision_buckets: Sequence[int] = (),
-                 mrope: bool = True):
+                 mrope: bool = True, audio_tokens: int = 0, speech_shape: Tuple[int, int] = (0, 0)):
         super().__init__(chat.tokenizer, limits, chat.pad_id, [chat.stop_id, *stop_ids])
         self.chat, self.packing, self.mrope = chat, packing, mrope
+        self.audio_tokens, self.speech_shape = int(audio_tokens), tuple(speech_shape)
         self.vision_bucket = vision_bucket
         self.vision_buckets = tuple(sorted(vision_buckets))
         self.pads = {IMAGE: chat.slot_ids[IMAGE_SLOT], VIDEO: chat.slot_ids[VIDEO_SLOT]}
+        self.slot_ids = sorted({*self.pads.values(), *([chat.slot_ids[AUDIO_SLOT]] if audio_tokens else [])})
         self._extra_stops = tuple(stop_ids)
 
     def with_buckets(self, buckets: Sequence[int]) -> "NativePromptLayout":
@@ -89,7 +96,7 @@ class NativePromptLayout(_Layout):
                    stop_ids: Sequence[int]) -> "NativePromptLayout":
         """This layout (its chat, packing and positions) under a package's limits, vision buckets and stop ids."""
         return NativePromptLayout(self.chat, limits, self.packing, self.vision_bucket, stop_ids, vision_buckets,
-                                  self.mrope)
+                                  self.mrope, self.audio_tokens, self.speech_shape)
 
     def vision_size(self, prompts: Sequence[NativePrompt]) -> int:
         """The patches `prompts`' attachments take packed together (windows padded to rows), or InputError when
@@ -116,18 +123,23 @@ class NativePromptLayout(_Layout):
         return NativePrompt(prompt.question)
 
     def encode(self, prompt: NativePrompt) -> np.ndarray:
-        """The user turn: the attachments in order, then the question (as the family's processors place a
-        message's content parts: nothing between them)."""
+        """The user turn: the attachments in order, then the clip, then the question (chat.user_turn, the
+        template's separator between them: nothing for the Qwen family, as its processors place a message's
+        content parts)."""
         if prompt.rendered is not None:
             return prompt.rendered
-        if not prompt.question.strip() and not prompt.attachments:
-            raise ConfigError("generate: no question: give the question as text")
+        heard = prompt.audio is not None
+        if heard and not self.audio_tokens:
+            raise InputError("audio: this model reads images and video; send the question as text")
+        if not prompt.question.strip() and not prompt.attachments and not heard:
+            raise ConfigError("generate: no question: give the question as text" + (" or as audio" if
+                                                                                   self.audio_tokens else ""))
         self.check_text(prompt.question)
         kinds = [IMAGE_SLOT if kind == IMAGE else VIDEO_SLOT for kind, *_ in prompt.attachments]
-        turn = Turn("user", (*kinds, *([prompt.question] if prompt.question else [])))
+        turn = user_turn(prompt.question, kinds, heard, self.chat.template.separator)
         sizes = [int(np.prod(grid)) // self.packing.merge ** 2 for _, _, grid, _ in prompt.attachments]
-        return self.chat.prompt([turn], images=kinds.count(IMAGE_SLOT), videos=kinds.count(VIDEO_SLOT),
-                                sizes=sizes).ids
+        return self.chat.prompt([turn], images=kinds.count(IMAGE_SLOT), audios=int(heard),
+                                videos=kinds.count(VIDEO_SLOT), sizes=sizes + [self.audio_tokens] * heard).ids
 
     def batch(self, prompts: Sequence[NativePrompt], max_new_tokens: int) -> PromptBatch:
         bucket, encoded = self.admit(prompts, max_new_tokens)
@@ -137,7 +149,8 @@ class NativePromptLayout(_Layout):
         deltas = np.zeros(rows, np.int64)
         size = self.vision_size(prompts)
         vision = self.vision_inputs(prompts, size)
-        slot_index = np.full((rows, bucket), self.capacity(size), np.int32)  # the token capacity: not a slot
+        capacity = self.capacity(size)
+        slot_index = np.full((rows, bucket), capacity + rows * self.audio_tokens, np.int32)  # the zero row
         first = 0
         for row, (prompt, tokens) in enumerate(zip(prompts, encoded)):
             if self.mrope:
@@ -147,12 +160,26 @@ class NativePromptLayout(_Layout):
                 positions[row, bucket - len(tokens):] = place.T
             else:
                 positions[row, bucket - len(tokens):] = np.arange(len(tokens))
-            is_pad = np.isin(tokens, list(self.pads.values()))
-            slot_index[row, bucket - len(tokens):][is_pad] = first + np.arange(int(is_pad.sum()))
-            first += int(is_pad.sum())
-        vision_ids = list(self.pads.values())
-        return PromptBatch(ids, valid, [np.asarray(t)[~np.isin(t, vision_ids)] for t in encoded], slot_index,
-                           positions=positions, deltas=deltas, vision=vision)
+            # the slots in order: the vision tokens', then the clip's (a template whose slots all hold the pad id
+            # tells them apart only by their order: the clip comes after the images)
+            pads = np.flatnonzero(np.isin(tokens, self.slot_ids))
+            clip = self.audio_tokens if prompt.audio is not None else 0
+            seen = len(pads) - clip
+            rows_of = np.concatenate([first + np.arange(seen), capacity + row * self.audio_tokens + np.arange(clip)])
+            slot_index[row, bucket - len(tokens) + pads] = rows_of
+            first += seen
+        speech = self.speech(prompts) if self.audio_tokens else (None, None)
+        return PromptBatch(ids, valid, [np.asarray(t)[~np.isin(t, self.slot_ids)] for t in encoded], slot_index,
+                           mel=speech[0], frame_mask=speech[1], positions=positions, deltas=deltas, vision=vision)
+
+    def speech(self, prompts: Sequence[NativePrompt]) -> Tuple[np.ndarray, np.ndarray]:
+        """Every row's clip: mel (rows, n_mels, T) and frame mask (rows, T), zeros for a row without one."""
+        mel = np.zeros((len(prompts), *self.speech_shape), np.float32)
+        mask = np.zeros((len(prompts), self.speech_shape[1]), np.float32)
+        for row, prompt in enumerate(prompts):
+            if prompt.audio is not None:
+                mel[row], mask[row] = prompt.audio
+        return mel, mask
 
     def vision_inputs(self, prompts: Sequence[NativePrompt], size: int = 0) -> tuple:
         """The vision graph's inputs for `prompts`' attachments packed in order (the packing's), in `size` patches

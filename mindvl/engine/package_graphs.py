@@ -22,6 +22,7 @@ from mindvl.package_reader import as_array
 
 SECTION = "generation"  # the manifest's key
 ATTACHMENTS = "attachments"
+SPEECH = "speech"  # a native package's clips -> their tokens (a model that hears)
 DECODE = "decode"
 
 Run = Callable[[str, Sequence[Any]], Sequence[Any]]
@@ -55,7 +56,8 @@ class GenerationSpec:
     tokenizer: str = "tokenizer.json"
     defaults: Dict[str, Any] = field(default_factory=dict)  # SamplingConfig fields a request leaves out
     # a native-resolution VLM's package: vision_buckets (patches), merge, window, window_rows, patch_values,
-    # tokens_per_second, patches (PatchConfig), video (VideoSampling), default_system (the chat's system turn)
+    # tokens_per_second, patches (PatchConfig), video (VideoSampling), default_system (the chat's system turn);
+    # where it hears (audio_tokens > 0), speech_shape: a clip's log-mel (n_mels, frames)
     native: Optional[Dict[str, Any]] = None
 
     @classmethod
@@ -70,7 +72,8 @@ class GenerationSpec:
         return asdict(self)
 
     def graph_names(self) -> List[str]:
-        first = [vision_name(v) for v in self.native["vision_buckets"]] if self.native else [ATTACHMENTS]
+        first = ([vision_name(v) for v in self.native["vision_buckets"]] + ([SPEECH] if self.audio_tokens else [])
+                 if self.native else [ATTACHMENTS])
         return [*first, *(prefill_name(b) for b in self.buckets), DECODE]
 
     @property
@@ -106,7 +109,8 @@ def package_layout(folder: Path, manifest: dict) -> _Layout:
     if spec.native:
         native = spec.native
         return NativePromptLayout(chat, spec.limits, package_packing(native), stop_ids=spec.stop_ids,
-                                  vision_buckets=native["vision_buckets"], mrope=native.get("mrope", True))
+                                  vision_buckets=native["vision_buckets"], mrope=native.get("mrope", True),
+                                  audio_tokens=spec.audio_tokens, speech_shape=native.get("speech_shape", (0, 0)))
     return PromptLayout(chat, preprocess_config(manifest["preprocess"]), spec.limits, spec.pad_id, spec.stop_ids)
 
 
@@ -134,13 +138,20 @@ class PackageGraphs:
 
     def _native_prefill_inputs(self, batch: PromptBatch) -> List[np.ndarray]:
         """The vision graph of the batch's packed size first, only when it has a real patch (segment ids > 0: the
-        frames of WindowedPacking's inputs, the segments of ViTPacking's, both third)."""
+        frames of WindowedPacking's inputs, the segments of ViTPacking's, both third); where the model hears, the
+        speech graph, only when a row has a clip."""
         patches, segments = batch.vision[0], batch.vision[2]
         if segments.any():
             tokens = self.to_numpy(self.run(vision_name(patches.shape[1]), list(batch.vision))[0])
         else:
             tokens = np.zeros((self.spec.vision_capacity, self.spec.width), np.float32)
-        return [batch.ids, batch.valid.astype(np.int32), batch.positions, batch.slot_index, tokens]
+        speech = []
+        if self.spec.audio_tokens:
+            if batch.frame_mask.any():
+                speech = [self.to_numpy(self.run(SPEECH, [batch.mel, batch.frame_mask])[0])]
+            else:
+                speech = [np.zeros((len(batch.ids), self.spec.audio_tokens, self.spec.width), np.float32)]
+        return [batch.ids, batch.valid.astype(np.int32), batch.positions, batch.slot_index, tokens, *speech]
 
     def prefill(self, batch: PromptBatch) -> Tuple[np.ndarray, List[Any]]:
         """-> (the last logits (rows, vocab), the caches: every layer's keys, then values)."""

@@ -75,7 +75,7 @@ class GenerativeEvaluator:
         large = sum(int(p.size) for p in model.decoder.get_parameters()) > LARGE_DECODER
         self.batch_size = int(batch_size) or (LARGE_DECODER_BATCH if large else BATCH)
         cache_len = int(self.cfg.data.packing.length) + CAPTION_TOKENS
-        if cfg.model.is_native:  # images at their own resolution, typed questions (the tower hears nothing)
+        if cfg.model.is_native:  # images at their own resolution; spoken questions where model.native.audio
             from mindvl.generation.native_generator import NativeGenerator
 
             self.generator = NativeGenerator.from_run(cfg, model, cache_len, kernels)
@@ -90,7 +90,8 @@ class GenerativeEvaluator:
     @property
     def modalities(self) -> Tuple[Tuple[str, str], ...]:
         """(modality, conversation kind) of the questions it asks: typed, and spoken where the model hears."""
-        return (("text", "vqa"),) if self.cfg.model.is_native else (("text", "vqa"), ("audio", "spoken"))
+        hears = not self.cfg.model.is_native or self.cfg.model.native.audio
+        return (("text", "vqa"), ("audio", "spoken")) if hears else (("text", "vqa"),)
 
     def evaluate(self, split: str = "test", captions: bool = True, progress: bool = True,
                  limit: int = 0) -> Dict[str, Any]:
@@ -144,15 +145,15 @@ class GenerativeEvaluator:
         from mindvl.generation.multimodal_generator import MultimodalPrompt
 
         question = "".join(part for part in sample.turns[0].parts if isinstance(part, str)).strip()
-        if self.cfg.model.is_native:  # the images as they are: the generator cuts each at its own resolution
-            return self.generator.prompt(question, [_picture(data, f"conversation {sample.id} image {i}")
-                                                    for i, data in enumerate(sample.images)])
-        image = P.decode_image(sample.image, self.cfg.preprocess, name=f"conversation {sample.id} image")
+        heard = None
         if sample.question_id >= 0:
             tables = stage.tables
-            mel, mask = tables.mel(stage.clip(tables, sample.question_id, row))
-            return MultimodalPrompt("", image, mel, mask)
-        return MultimodalPrompt(question, image)
+            heard = tables.mel(stage.clip(tables, sample.question_id, row))
+        if self.cfg.model.is_native:  # the images as they are: the generator cuts each at its own resolution
+            return self.generator.prompt(question, [_picture(data, f"conversation {sample.id} image {i}")
+                                                    for i, data in enumerate(sample.images)], audio=heard)
+        image = P.decode_image(sample.image, self.cfg.preprocess, name=f"conversation {sample.id} image")
+        return MultimodalPrompt("", image, *heard) if heard is not None else MultimodalPrompt(question, image)
 
     def _generate(self, prompts: list, max_new_tokens: int, what: str, progress: bool) -> List[str]:
         texts: List[str] = []

@@ -19,7 +19,7 @@ def _tensor(value: Any) -> Tensor:
 class CellGraphs:
     """prefill: cells.decoder.Prefill (ids, valid), cells.multimodal_lm.MultimodalPrefill (ids, valid,
     slot_index, image, mel, frame_mask) or cells.native_vlm.NativePrefill (ids, valid, positions, slot_index,
-    the vision inputs); decode: cells.decoder.Decode. The caches stay MindSpore tensors
+    mel and frame_mask where it hears, the vision inputs); decode: cells.decoder.Decode. The caches stay MindSpore tensors
     between steps; rows the engine joined or dropped come back as arrays and go in as tensors."""
 
     to_numpy = staticmethod(to_numpy)
@@ -31,7 +31,8 @@ class CellGraphs:
     def prefill(self, batch: PromptBatch) -> Tuple[np.ndarray, List[Any]]:
         inputs = [batch.ids, batch.valid]
         if batch.positions is not None:  # a native-resolution VLM's (cells.native_vlm.NativePrefill)
-            inputs += [batch.positions, batch.slot_index, *batch.vision]
+            speech = [batch.mel, batch.frame_mask] if batch.mel is not None else []  # a model that hears
+            inputs += [batch.positions, batch.slot_index, *speech, *batch.vision]
         elif batch.multimodal:
             inputs += [batch.slot_index, batch.image, batch.mel, batch.frame_mask]
         logits, keys, values = self.prefill_cell(*(Tensor(a) for a in inputs))

@@ -38,7 +38,7 @@ class NativeGenerator(LanguageModel):
 
     def __init__(self, model, chat, patches, video, tokens_per_second: float, packing, cache_len: int = 1024,
                  kernels: str = KERNELS.default, stop_ids: Sequence[int] = (), name: str = "vlm",
-                 source: Optional[dict] = None, architecture: str = ""):
+                 source: Optional[dict] = None, architecture: str = "", pre=None):
         import mindspore as ms
 
         from mindvl.cells.decoder import Decode
@@ -52,13 +52,16 @@ class NativeGenerator(LanguageModel):
         self.cache_len = limits.cache_len
         model.decoder.cache_len = self.cache_len  # a constant of the generation graphs
         self.name, self.source, self.architecture = name, dict(source or {}), architecture
-        self.tokenizer, self.pad_id = chat.tokenizer, chat.pad_id
+        self.chat, self.tokenizer, self.pad_id = chat, chat.tokenizer, chat.pad_id
         self.patches, self.video, self.tokens_per_second = patches, video, tokens_per_second
         ms.set_context(mode=ms.GRAPH_MODE)
         model.set_train(False)
         decoder_kernels(model.decoder, kernels)
         self.model, self.lm = model, model.decoder
-        self.layout = NativePromptLayout(chat, limits, packing, stop_ids=stop_ids, mrope=bool(self.cfg.mrope_section))
+        self.pre = pre  # a model that hears: its clips' front end (mindvl.preprocess.speech_features)
+        speech = (pre.n_mels, pre.max_audio_frames) if model.hears else (0, 0)
+        self.layout = NativePromptLayout(chat, limits, packing, stop_ids=stop_ids, mrope=bool(self.cfg.mrope_section),
+                                         audio_tokens=model.audio_tokens, speech_shape=speech)
         self.stop_ids = set(self.layout.stop_ids)
         self.prefill_graph = NativePrefill(model)
         self.decode_graph = Decode(model.decoder)
@@ -105,23 +108,31 @@ class NativeGenerator(LanguageModel):
         from mindvl.preprocess.native_resolution import PatchConfig, VideoSampling
 
         native = cfg.model.native
-        return cls(model, recipe_chat(cfg, 0, 0), PatchConfig(**native.patches()), VideoSampling(),
+        return cls(model, recipe_chat(cfg, 0, model.audio_tokens), PatchConfig(**native.patches()), VideoSampling(),
                    native.tokens_per_second, tower_packing(native), cache_len, kernels, name=cfg.name, source=source,
-                   architecture=native.family)
+                   architecture=native.family, pre=cfg.preprocess)
 
     def prompt(self, question: str, images: Sequence[ImageLike] = (), video=None,
-               fps: Optional[float] = None) -> NativePrompt:
+               fps: Optional[float] = None, audio=None) -> NativePrompt:
         """A question about images (files, PIL images or uint8 (H, W, 3) arrays, in order) and/or a video (a file,
         sampled at `fps` or the folder's rate; or its frames, a list of images taken `fps` apart), each cut at its
-        own resolution. The attachments come first in the turn, as the family's processors place them."""
+        own resolution. The attachments come first in the turn, as the family's processors place them. `audio`: a
+        spoken question for a model that hears (a file's path or bytes, a float32 waveform at the recipe's rate, or
+        an already computed (log-mel, frame mask))."""
+        from mindvl.preprocess import speech_features
         from mindvl.preprocess.native_resolution import attachments
 
         if isinstance(images, (str, Path, np.ndarray)) or hasattr(images, "convert"):
             images = [images]
         if video is not None and not isinstance(video, (str, Path)):
             video = [_image(frame, f"video frame {i}") for i, frame in enumerate(video)]
+        if audio is not None and not isinstance(audio, tuple):
+            if self.pre is None or not self.model.hears:
+                raise InputError("audio: this model reads images and video; send the question as text")
+            audio = speech_features(audio, self.pre, name="audio")
         return NativePrompt(question, attachments([_image(image, f"images[{i}]") for i, image in enumerate(images)],
-                                                  video, self.patches, self.video, self.tokens_per_second, fps))
+                                                  video, self.patches, self.video, self.tokens_per_second, fps),
+                            audio=audio)
 
 
 def _image(value, name: str):

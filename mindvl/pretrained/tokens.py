@@ -36,7 +36,11 @@ GENERATIVE_KINDS = ("vision", "audio")
 
 
 def encoder_kinds(model_cfg: ModelConfig) -> Tuple[str, ...]:
-    """The encoders whose states a recipe's cache holds: the generative model has no text encoder."""
+    """The encoders whose states a recipe's cache holds: the generative model has no text encoder; a native-
+    resolution VLM's tower runs at every step (its tokens depend on each image's size), so only its audio
+    encoder's, when it hears."""
+    if model_cfg.is_native:
+        return ("audio",) if model_cfg.native.audio else ()
     return GENERATIVE_KINDS if model_cfg.generative else KINDS
 
 
@@ -48,6 +52,9 @@ def token_cache(cfg: Config, model) -> Optional["EncoderTokens"]:
     if not pretrained.cache:
         return None
     kinds = encoder_kinds(cfg.model)
+    if not kinds:
+        raise ConfigError("model.pretrained.cache: a native-resolution VLM that reads images only has no encoder "
+                          "whose states are cached (its tower runs at every step); set it to \"\"")
     problems = [f"model.pretrained.{kind} is empty (that encoder trains from scratch)"
                 for kind in kinds if not getattr(pretrained, kind)]
     if not pretrained.freeze:
@@ -89,8 +96,9 @@ class EncoderTokens:
         self.caches = {kind: FeatureCache(self.root, getattr(model, kind), {"output": "token states", **settings[kind]},
                                           batch_size=batch_size) for kind in kinds}
         # what a sample without an image or a clip reads (the generative model's text-only conversations)
-        self.blank_shapes = {"vision": (1 + model.vision.num_patches, model.vision.width),
-                             "audio": (pre.max_audio_frames // 2, model.audio.width)}
+        shapes = {"vision": lambda: (1 + model.vision.num_patches, model.vision.width),
+                  "audio": lambda: (pre.max_audio_frames // 2, model.audio.width)}
+        self.blank_shapes = {kind: shape() for kind, shape in shapes.items() if kind in kinds}
         self._texts: Dict[bytes, np.ndarray] = {}  # few distinct texts: kept in memory once read
 
     def __getstate__(self):

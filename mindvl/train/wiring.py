@@ -148,10 +148,6 @@ def _check_recipe(cfg: Config) -> None:
     if cfg.model.generative and cfg.train.distill.teacher:
         raise ConfigError("train.distill.teacher: not available for a generative recipe yet (model.decoder); "
                           "remove it to train the generative model")
-    if cfg.model.is_native:
-        if cfg.model.pretrained.cache:
-            raise ConfigError("model.pretrained.cache: not available for a native-resolution VLM yet (its tower's "
-                              "tokens are not cached); set it to \"\"")
     if cfg.train.eval_every and cfg.data.validation_fraction <= 0:
         raise ConfigError("train.eval_every: evaluation during training needs a validation split; set "
                           "data.validation_fraction (e.g. 0.05) or train.eval_every=0")
@@ -171,7 +167,7 @@ def training_stream(cfg: Config, model: nn.Cell, tokens=None, shard_id: Optional
     """The recipe's training stream: the conversations for a generative model (slots sized by `model`), the
     examples for the classifier; from cached encoder states with `tokens`."""
     if cfg.model.is_native:
-        return NativeConversationStream(cfg, shard_id, num_shards)
+        return NativeConversationStream(cfg, shard_id, num_shards, tokens=tokens)
     if cfg.model.generative:
         return ConversationStream(cfg, model.image_tokens, model.audio_tokens, shard_id, num_shards, tokens=tokens)
     return TrainStream(cfg, shard_id, num_shards, tokens=tokens)

@@ -19,9 +19,10 @@ from mindvl.config import load_config
 def recipe(root, converted, decoder, out):
     return load_config("vlm-s-native", small_overrides(
         root, f"model.pretrained.vision={converted('dinov2')}", f"model.pretrained.decoder={decoder}",
+        f"model.pretrained.audio={converted('whisper-base')}", f"model.pretrained.cache={out}/cache",
         "model.chat_template=plain", "model.decoder.lora_rank=4", "train.init_from=''", f"train.output_dir={out}",
         "train.max_steps=4", "train.checkpoint_every=4", "train.warmup_steps=1", "train.log_every=2",
-        "train.lr=5e-3", "data.conversation_kinds=[vqa, pair]", "data.packing.length=96"))
+        "train.lr=5e-3", "data.conversation_kinds=[vqa, spoken, pair]", "data.packing.length=96"))
 
 
 def test_dinov2_at_its_own_resolution_trains_into_a_decoder_generates_and_exports(small_cfg, small_report, converted,
@@ -37,9 +38,10 @@ def test_dinov2_at_its_own_resolution_trains_into_a_decoder_generates_and_export
     assert result.final_losses["lm"] < result.first_losses["lm"]
     step = Path(result.checkpoint)
     stored = load_file(str(step / "model.safetensors"))
-    assert stored and all(n.startswith("tower.projector.") or ".lora_" in n for n in stored)
+    assert stored and all(n.startswith(("tower.projector.", "audio_proj.")) or ".lora_" in n for n in stored)
     base = json.loads((step / "train_state.json").read_text())["base"]
-    assert {kind: part["path"] for kind, part in base.items()} == {"vision": "tower.vit", "decoder": "decoder"}
+    assert {kind: part["path"] for kind, part in base.items()} == {"vision": "tower.vit", "audio": "audio",
+                                                                    "decoder": "decoder"}
 
     import easy_vqa
 
@@ -48,6 +50,12 @@ def test_dinov2_at_its_own_resolution_trains_into_a_decoder_generates_and_export
     prompts = [generator.prompt("what shape is it?", images=[paths[0]]),
                generator.prompt("are they the same color?", images=[paths[1], paths[2]])]
     assert [tuple(a[2]) for p in prompts for a in p.attachments] == [(1, 8, 8)] * 3  # 64 px read at 112 (min_pixels)
+    from mindvl.data.reading.stages import Tables, voices_of
+
+    clip = Tables(Path(cfg.data.root), cfg.preprocess, voices_of("test")).waveform(0)  # a spoken question, float32
+    heard = generator.prompt("", images=[paths[3]], audio=clip)
+    assert heard.audio[0].shape == (80, 256) and generator.layout.audio_tokens == 32
+    prompts.append(heard)
     together = generator.generate(prompts, max_new_tokens=4)
     assert [a.tokens for a in together] == [generator.generate(p, max_new_tokens=4).tokens for p in prompts]
 
@@ -56,11 +64,14 @@ def test_dinov2_at_its_own_resolution_trains_into_a_decoder_generates_and_export
     from mindvl.model_factory import load_model
 
     cfg, model, record = load_model(result.output_dir)
-    options = PackageOptions(progress=False, prompt_buckets=(64,), cache_len=128, vision_buckets=(192,))
+    options = PackageOptions(progress=False, prompt_buckets=(96,), cache_len=160, vision_buckets=(320,))
     checked = package_and_check(cfg, model, record, tmp_path / "pkg", options, log=lambda *_: None)
     assert checked["verify"]["ok"]
-    native = json.loads((tmp_path / "pkg" / "manifest.json").read_text())["generation"]["native"]
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    native = manifest["generation"]["native"]
     assert native["packing"] == "vit" and native["table"] == 37 and native["mrope"] is False
+    assert "speech" in manifest["graphs"] and native["speech_shape"] == [80, 256]
+    assert [p.get("audio", False) for p in manifest["generation_samples"]["prompts"]].count(True) == 1
     with pytest.raises(PackageError, match="--target lite2: a native recipe with a ViT tower"):
         package_and_check(cfg, model, record, tmp_path / "lite", PackageOptions(progress=False, lite2_batch=1),
                           log=lambda *_: None)

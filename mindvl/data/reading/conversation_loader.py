@@ -184,29 +184,31 @@ class ConversationStage(Stage):
 
     def __call__(self, sample_ids, turns, images, question_ids, pcms, batch_info=None):
         rendered, pixels, mels, masks = [], [], [], []
-        tables = None
         for sample_id, text, image, question_id, pcm in zip(sample_ids, turns, images, question_ids, pcms):
             sample_id, question_id = int(sample_id), int(question_id)
             conversation = conversation_turns(turns_json(text))
             image, pcm = records.as_bytes(image), records.as_bytes(pcm)
             pixels.append(self.pixels(image, sample_id) if image else self._no_image())
-            if question_id >= 0:
-                tables = tables or self.tables
-                clip = self.clip(tables, question_id, sample_id)
-                if self.tokens is not None:
-                    mel, mask = self.tokens.clip(tables.pcm[clip], tables.names[clip]), tables.mel(clip)[1]
-                else:
-                    mel, mask = self.spoken(tables, clip, sample_id)
-            elif pcm:
-                mel, mask = self._recording(pcm, sample_id)
-            else:
-                mel, mask = self._no_audio()
+            mel, mask = self.heard(question_id, pcm, sample_id)
             mels.append(mel)
             masks.append(mask)
             rendered.append(self.chat.render(conversation, int(bool(image)), int(question_id >= 0 or bool(pcm)),
                                              max_length=self.packer.length, name=f"conversation {sample_id}"))
         packed = self.packer(rendered)
         return (np.asarray(sample_ids), *packed.arrays, np.stack(pixels), np.stack(mels), np.stack(masks))
+
+    def heard(self, question_id: int, pcm: bytes, sample_id: int) -> Tuple[np.ndarray, np.ndarray]:
+        """What a conversation's audio slots hear: a spoken question's clip (`clip` draws it), its own recording, or
+        nothing (zeros); its padded log-mel (the cached states with `tokens`) and frame mask."""
+        if question_id >= 0:
+            tables = self.tables
+            clip = self.clip(tables, question_id, sample_id)
+            if self.tokens is not None:
+                return self.tokens.clip(tables.pcm[clip], tables.names[clip]), tables.mel(clip)[1]
+            return self.spoken(tables, clip, sample_id)
+        if pcm:
+            return self._recording(pcm, sample_id)
+        return self._no_audio()
 
     def _recording(self, pcm: bytes, sample_id: int) -> Tuple[np.ndarray, np.ndarray]:
         """A conversation's own clip -> its padded log-mel (perturbed as a question clip is in training; or

@@ -14,7 +14,7 @@ from typing import Sequence, Tuple, Union
 
 import numpy as np
 
-from mindvl.chat import IMAGE_SLOT, TEXT, VIDEO_SLOT, Rendered
+from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, VIDEO_SLOT, Rendered
 from mindvl.data.reading.conversation_packing import ConversationPacker, PackedConversations
 from mindvl.engine.vision_layout import ViTPacking, WindowedPacking, mrope_positions
 from mindvl.errors import InputError
@@ -25,8 +25,9 @@ class NativeConversationPacker(ConversationPacker):
     tower's (model.native); mrope: the decoder's positions are M-RoPE's."""
 
     def __init__(self, length: int, row_buckets: Sequence[int], label_buckets: Sequence[int], vision_bucket: int,
-                 packing: Union[WindowedPacking, ViTPacking], mrope: bool = True, pad_id: int = 0) -> None:
-        super().__init__(length, row_buckets, label_buckets, 0, 0, pad_id)
+                 packing: Union[WindowedPacking, ViTPacking], mrope: bool = True, pad_id: int = 0,
+                 audio_tokens: int = 0) -> None:
+        super().__init__(length, row_buckets, label_buckets, 0, audio_tokens, pad_id)
         self.vision_bucket, self.packing, self.mrope = vision_bucket, packing, mrope
 
     def describe(self) -> str:
@@ -39,10 +40,13 @@ class NativeConversationPacker(ConversationPacker):
     def __call__(self, batch: Sequence[Rendered], attachments: Sequence[Sequence[tuple]]
                  ) -> Tuple[PackedConversations, tuple]:
         """(the packed rows, the vision inputs) of `batch` and each conversation's attachments ((kind, patches,
-        grid, time step) each, in the order of its slots)."""
+        grid, time step) each, in the order of its slots). A conversation's audio slots (audio_tokens of them per
+        clip, one clip at most) point at its row of the clips' tokens after the vision tokens (cells.native_vlm's
+        slot table)."""
         packed = [a for items in attachments for a in items]
         size = self.vision_size([grid for _, _, grid, _ in packed])
         capacity = size // self.packing.merge ** 2
+        no_slot = capacity + len(batch) * self.audio_tokens
         slots, positions, first = [], [], 0
         for index, (sample, items) in enumerate(zip(batch, attachments)):
             is_vision = np.isin(sample.kinds, (IMAGE_SLOT, VIDEO_SLOT))
@@ -50,11 +54,16 @@ class NativeConversationPacker(ConversationPacker):
             if int(is_vision.sum()) != expected:
                 raise InputError(f"conversation {index}: {int(is_vision.sum())} vision slots for attachments of "
                                  f"{expected} tokens; render it with their sizes")
-            rows = np.full(len(sample), capacity, np.int32)
+            heard = np.flatnonzero(sample.kinds == AUDIO_SLOT)
+            if len(heard) not in (0, self.audio_tokens):
+                raise InputError(f"conversation {index}: {len(heard)} audio slots, but the model gives "
+                                 f"{self.audio_tokens} tokens per clip (one clip a conversation)")
+            rows = np.full(len(sample), no_slot, np.int32)
             rows[is_vision] = first + np.arange(expected)
+            rows[heard] = capacity + index * self.audio_tokens + np.arange(len(heard))
             first += expected
             if self.mrope:
-                vision_ids = np.unique(sample.ids[sample.kinds != TEXT])
+                vision_ids = np.unique(sample.ids[is_vision])
                 place, _ = mrope_positions(sample.ids, [grid for _, _, grid, _ in items], vision_ids.tolist(),
                                            self.packing.merge, [step for *_, step in items])
                 positions.append(place.T)
@@ -62,4 +71,4 @@ class NativeConversationPacker(ConversationPacker):
                 positions.append(np.arange(len(sample)))
             slots.append(rows)
         vision = self.packing.inputs(packed, size, capacity)
-        return self.pack(batch, slots, positions, capacity), vision
+        return self.pack(batch, slots, positions, no_slot), vision
