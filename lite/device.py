@@ -112,7 +112,9 @@ class DevicePipeline:
         self.generative = self.manifest.get("kind") == "generative"
         native = self.generative and bool(self.manifest["generation"].get("native"))  # a VLM's own processing
         recorded = self.manifest["generation" if native else "preprocess"]
-        self.pre = None if native else P.preprocess_config(recorded)
+        # the images' and clips' front end; a native package cuts images itself and has one only where it hears
+        front = self.manifest.get("preprocess") if native else recorded
+        self.pre = P.preprocess_config(front) if front else None
         check_files(self.package, self.manifest, [recorded["tokenizer"]])
         self.model = self.graphs = None
         if self.generative:
@@ -143,7 +145,7 @@ class DevicePipeline:
         if self.spec.native:  # images and video at their own resolution (NativeRequests cuts them)
             from mindvl.engine.native_prompts import NativeRequests
 
-            self.requests = NativeRequests(self.spec.native)
+            self.requests = NativeRequests(self.spec.native, self.pre)
             return
         # the image and audio stages (RequestInputs.pixels / speech); the vqa tokenizer is never asked for
         self.inputs = P.RequestInputs(self.pre, lambda: P.TextTokenizer(self.layout.chat.tokenizer))

@@ -219,7 +219,8 @@ class NativeConfig:
     model.vision (from model.pretrained.vision), its position table `table` x `table` patches (bound from the
     converted folder), each merge x merge block of patch states concatenated and projected (model.projector's
     hidden width) into a decoder of its own (model.pretrained.decoder); images cut at their own resolution with
-    temporal_patch_size 1 and the encoder's normalisation."""
+    temporal_patch_size 1 and the encoder's normalisation; with `audio` it hears too (model.audio's encoder, from
+    model.pretrained.audio, and a projector: cells.native_vlm), its states cacheable (model.pretrained.cache)."""
 
     layers: int = 0
     width: int = 0
@@ -244,7 +245,7 @@ class NativeConfig:
     #                      a trained run back in that checkpoint's layout, with its files
     vision_bucket: int = 256
     table: int = 0  # family "dinov2": the side of the encoder's position table, in patches (bound)
-    audio: bool = False  # the model hears: model.audio's encoder (model.pretrained.audio: Whisper's) and a projector
+    audio: bool = False
 
     @property
     def vit(self) -> bool:

@@ -124,9 +124,10 @@ class ContinuousBatcher:
     def __init__(self, folder: Path, manifest: dict, key: Optional[bytes], lock: threading.Lock,
                  max_streams: int = 16) -> None:
         self.spec = GenerationSpec.from_manifest(manifest)
-        self.pre = None if self.spec.native else P.preprocess_config(manifest["preprocess"])
+        # the images' and clips' front end (a native package has one only where it hears)
+        self.pre = P.preprocess_config(manifest["preprocess"]) if "preprocess" in manifest else None
         native = self.spec.native  # a native VLM's image and video processing
-        self.requests = NativeRequests(native) if native else None
+        self.requests = NativeRequests(native, self.pre) if native else None
         self.layout = package_layout(folder, manifest)
         self.graphs = {name: load_graph(folder, manifest, name, key) for name in self.spec.graph_names()}
         self.max_streams = max(1, int(max_streams))

@@ -74,6 +74,16 @@ def test_user_text_spelling_a_placeholder_or_a_control_token_stays_text(gemma):
         gemma.prompt([question_turn(question, image=True)], images=0)
 
 
+@pytest.mark.parametrize("value, question, image, audio", [("<image>\n<audio>", "", True, True),
+                                                          ("<image>\nWhat color?", "What color?", True, False),
+                                                          ("<audio>", "", False, True)])
+def test_a_live_question_renders_as_the_training_conversation_of_its_kind(gemma, value, question, image, audio):
+    """No train/serve skew: a prompt's user turn has the tokens a data set's turn of the same kind has."""
+    trained = gemma.render(_turns(value, "red"), images=int(image), audios=int(audio))
+    live = gemma.prompt([question_turn(question, image=image, audio=audio)], images=int(image), audios=int(audio))
+    assert live.ids.tolist() == trained.ids[:len(live)].tolist()
+
+
 def test_only_the_assistant_tokens_and_its_turn_end_are_learnt(gemma):
     tokenizer = gemma.tokenizer
     rendered = gemma.render(_turns("<image>\nWhat color?", "red", "And the shape?", "a circle"), images=1)

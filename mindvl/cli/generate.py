@@ -1,6 +1,7 @@
 """`mindvl generate`: text from a converted LLM or VLM folder or a generative run, printed as it is generated."""
 import argparse
 import sys
+from pathlib import Path
 
 from mindvl.choices import KERNELS
 from mindvl.errors import ConfigError
@@ -19,11 +20,10 @@ def _generate(args) -> None:
     if not native and (args.video or args.fps is not None or len(args.image) > 1):
         raise ConfigError(f"--model {args.model}: {found.description}; several --image, --video and --fps need a "
                           f"native-resolution VLM (mindvl convert vlm, or a run trained from one)")
-    if native:
-        if args.audio:
-            raise ConfigError(f"--model {args.model}: a native-resolution VLM reads images and video; --audio needs "
-                              f"a trained generative run of the multimodal recipes")
-        prompt = model.prompt(args.prompt, images=args.image, video=args.video, fps=args.fps)
+    if native:  # --audio: a run that hears (model.native.audio); another refuses it by name
+        if args.audio and not Path(args.audio).is_file():
+            raise ConfigError(f"--audio {args.audio}: no such file")
+        prompt = model.prompt(args.prompt, images=args.image, video=args.video, fps=args.fps, audio=args.audio)
     elif found.kind == LLM:
         if args.image or args.audio:
             raise ConfigError(f"--model {args.model}: a converted LLM reads text only; --image and --audio need "

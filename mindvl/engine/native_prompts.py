@@ -42,25 +42,31 @@ class NativePrompt:
 
 class NativeRequests:
     """A native package's requests (files' bytes, as the server and the device pipeline receive them) as
-    NativePrompts, with the package's image and video processing (its manifest's generation.native section)."""
+    NativePrompts, with the package's image and video processing (its manifest's generation.native section) and,
+    for a package that hears, its clips' front end (`pre`: the manifest's preprocess section)."""
 
-    def __init__(self, native: dict) -> None:
+    def __init__(self, native: dict, pre=None) -> None:
         self.tokens_per_second, self.max_patches = native["tokens_per_second"], native["vision_buckets"][-1]
         self.patches = PatchConfig.from_processor(native["patches"])
         self.video = VideoSampling(**native["video"])
+        self.pre = pre if "speech_shape" in native else None
 
     def prompt(self, text: str, images: Sequence[bytes] = (), audio: Optional[bytes] = None,
                video=None) -> NativePrompt:
         """Each image decoded within the decode budget and cut at its own resolution; a video from its file's bytes
-        (its header checked against the largest vision graph first) or its frames' files. CPU work: call it from a
-        worker thread, never an event loop."""
-        if audio is not None:
+        (its header checked against the largest vision graph first) or its frames' files; a clip (WAV, FLAC, OGG)
+        as the model's log-mel, its length checked from its header first. CPU work: call it from a worker thread,
+        never an event loop."""
+        from mindvl.preprocess import speech_features
+
+        if audio is not None and self.pre is None:
             raise InputError("audio: this model reads images and video; send the question as text")
+        heard = speech_features(audio, self.pre, name="audio") if audio is not None else None
         opened = [open_image(data, f"images[{i}]") for i, data in enumerate(images)]
         if isinstance(video, list):
             video = [open_image(data, f"video frame {i}") for i, data in enumerate(video)]
         return NativePrompt(text, attachments(opened, video, self.patches, self.video, self.tokens_per_second,
-                                              max_patches=self.max_patches))
+                                              max_patches=self.max_patches), audio=heard)
 
 
 class NativePromptLayout(_Layout):

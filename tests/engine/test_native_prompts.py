@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from mindvl.chat import ChatEncoder, chat_template
+from mindvl.chat import ChatEncoder, chat_template, conversation_turns, user_turn
 from mindvl.engine.native_prompts import IMAGE, VIDEO, NativePrompt, NativePromptLayout
 from mindvl.engine.prompts import GenerationLimits
 from mindvl.engine.vision_layout import WindowedPacking, mrope_positions
@@ -71,3 +71,41 @@ def test_vision_buckets_take_the_smallest_that_holds_a_batch_and_refuse_more():
     assert len(batch.vision[-1]) == 1024 // 4  # the tokens of the largest bucket: one shape for every prefill
     with pytest.raises(InputError, match=r"images: 1,536 patches laid out, more than the 1,024"):
         bucketed.render(NativePrompt("q", two.attachments * 2 + one.attachments))
+
+
+GEMMA_TOKENIZER = Path(__file__).parents[1] / "references" / "tiny_gemma3_text" / "tokenizer.json"
+
+
+def test_a_model_that_hears_puts_each_clip_after_the_vision_tokens_in_the_slot_table():
+    from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT
+    from mindvl.engine.vision_layout import ViTPacking
+
+    chat = ChatEncoder(Tokenizer.from_file(str(GEMMA_TOKENIZER)), chat_template("plain"), 0, 3)
+    native = NativePromptLayout(chat, GenerationLimits.for_cache(128), ViTPacking(table=8, merge=2, patch_values=12),
+                                mrope=False, audio_tokens=3, speech_shape=(4, 6))
+    picture = (IMAGE, np.ones((16, 12), np.float32), np.array([1, 4, 4]), 1.0)  # 4 merged tokens
+    clip = (np.full((4, 6), 0.5, np.float32), np.array([1, 1, 1, 1, 0, 0], np.float32))
+    prompts = [NativePrompt("", [picture], audio=clip), NativePrompt("what color?", [picture]),
+               NativePrompt("", audio=clip)]
+    # rendered as the training conversations read: "<image>\n<audio>", "<image>\nwhat color?"
+    turn = chat.prompt([conversation_turns([{"from": "human", "value": "<image>\n<audio>"},
+                                            {"from": "gpt", "value": "x"}])[0]], images=1, audios=1, sizes=[4, 3])
+    np.testing.assert_array_equal(native.encode(prompts[0]), turn.ids)
+    batch = native.batch(prompts, 4)
+    capacity = native.capacity(native.vision_size(prompts))
+    zero_row = capacity + 3 * 3
+    for row, p in enumerate(prompts):
+        ids = native.encode(p)
+        slots = batch.slot_index[row, batch.ids.shape[1] - len(ids):]
+        rendered = chat.prompt([user_turn(p.question, [IMAGE_SLOT] * len(p.attachments), p.audio is not None)],
+                               images=len(p.attachments), audios=int(p.audio is not None),
+                               sizes=[4] * len(p.attachments) + [3] * (p.audio is not None))
+        np.testing.assert_array_equal(slots[rendered.kinds == IMAGE_SLOT], 4 * [0, 1][row] + np.arange(4)
+                                      if row < 2 else [])
+        np.testing.assert_array_equal(slots[rendered.kinds == AUDIO_SLOT], capacity + 3 * row + np.arange(3)
+                                      if p.audio is not None else [])
+        assert (slots[rendered.kinds == 0] == zero_row).all()
+    np.testing.assert_array_equal(batch.mel[[0, 2]], np.stack([clip[0]] * 2))
+    assert not batch.mel[1].any() and batch.frame_mask.sum() == 8
+    with pytest.raises(InputError, match="audio: this model reads images and video"):
+        layout().encode(NativePrompt("", audio=clip))

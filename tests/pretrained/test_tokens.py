@@ -33,6 +33,17 @@ def test_the_cache_is_refused_where_the_encoders_outputs_would_change():
     assert token_cache(load_config("pretrained-s", ["model.pretrained.cache=''"]), model=None) is None
 
 
+def test_a_native_recipe_caches_only_its_audio_encoders_states():
+    from mindvl.pretrained.tokens import encoder_kinds
+
+    assert encoder_kinds(load_config("vlm-s-native").model) == ("audio",)  # its tower runs at every step
+    assert encoder_kinds(load_config("vlm-s-native", ["model.native.audio=false"]).model) == ()
+    with pytest.raises(ConfigError, match="reads images only has no encoder whose states are cached"):
+        token_cache(load_config("vlm-s-native", ["model.native.audio=false"]), model=None)
+    with pytest.raises(ConfigError, match="model.native.audio: only a dinov2 tower's recipe hears"):
+        load_config("qwen-vl-lora", ["model.native.audio=true"])
+
+
 def test_each_encoder_ran_once_per_distinct_input_and_a_second_run_only_reads(trainer):
     images, texts, clips = _inputs(trainer)
     assert len(images) == len(set(images)) == 8 and len(clips) == len(set(clips)) > 0

@@ -1,10 +1,12 @@
 """The native-resolution recipe over a converted decoder (vlm-s-native at test size): the real DINOv2 ViT-S/14 reads
 each image at its own size through a ViTTower (its patch states 2 x 2 side by side, projected) into the committed
-tiny random Gemma 3 (1-D positions), on the small data set's typed conversations and two-image ones. A checkpoint
-stores the projector and the LoRA adapters and names the frozen folders (the encoder at its path in the tower,
-where loading the run puts it back), and the run generates through mindvl.from_pretrained, a batch of prompts as each alone; its package
-(a vision graph over the packed rows, 1-D prefill graphs, one decode graph) regenerates the stored questions'
-tokens (export verify), and Lite 2.0 graphs for it are refused by name."""
+tiny random Gemma 3 (1-D positions) and the real Whisper base hears (its states cached), on the small data set's
+typed, spoken and two-image conversations. A checkpoint stores the projectors and the LoRA adapters and names the
+frozen folders (the encoder at its path in the tower, where loading the run puts it back), and the run generates
+through mindvl.from_pretrained, a batch of prompts (one spoken) as each alone; its package (a vision graph over the
+packed rows, a speech graph, 1-D prefill graphs, one decode graph) regenerates the stored questions' tokens (export
+verify, a spoken one among them), answers a spoken question over the OpenAI API as the framework does, and Lite 2.0
+graphs for it are refused by name."""
 import json
 from pathlib import Path
 
@@ -72,6 +74,37 @@ def test_dinov2_at_its_own_resolution_trains_into_a_decoder_generates_and_export
     assert native["packing"] == "vit" and native["table"] == 37 and native["mrope"] is False
     assert "speech" in manifest["graphs"] and native["speech_shape"] == [80, 256]
     assert [p.get("audio", False) for p in manifest["generation_samples"]["prompts"]].count(True) == 1
+    served_spoken_question(tmp_path / "pkg", tmp_path / "servables", generator, cfg.data.root)
     with pytest.raises(PackageError, match="--target lite2: a native recipe with a ViT tower"):
         package_and_check(cfg, model, record, tmp_path / "lite", PackageOptions(progress=False, lite2_batch=1),
                           log=lambda *_: None)
+
+
+def served_spoken_question(package, servables, generator, root):
+    """The package served on 127.0.0.1: the real `openai` client sends an image and a spoken question (a WAV) and
+    gets the framework's answer to the same image and clip."""
+    import base64
+    import io
+
+    import openai
+    from PIL import Image
+
+    from mindvl.data.reading.examples import query_examples
+    from mindvl.serving.serve_config import ServeConfig
+    from mindvl.serving.servable import deploy
+    from mindvl.serving.server import BackgroundServer
+
+    example = query_examples(root)[0]
+    deploy(package, servables, "vlm")
+    with BackgroundServer(ServeConfig(servable_dir=str(servables), port=0, grpc_port=0, poll_s=0)) as server:
+        client = openai.OpenAI(base_url=f"{server.rest_url}/v1", api_key="unused", max_retries=0, timeout=120)
+        answer = client.chat.completions.create(model="vlm", max_tokens=4, extra_body={"ignore_eos": True}, messages=[
+            {"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
+                                                           + base64.b64encode(example.image).decode()}},
+                {"type": "input_audio", "input_audio": {"data": base64.b64encode(example.audio).decode(),
+                                                        "format": "wav"}}]}])
+    picture = Image.open(io.BytesIO(example.image)).convert("RGB")
+    expected = generator.generate(generator.prompt("", images=[picture], audio=example.audio), max_new_tokens=4,
+                                  ignore_eos=True)
+    assert answer.choices[0].message.content == expected.text and answer.usage.completion_tokens == 4
