@@ -445,6 +445,10 @@ def _native_shapes(cfg: Config, frozen: Dict[str, bool], held: Dict[str, bool], 
     packed row of data.packing.length tokens through the decoder (every position labelled: an upper bound). The
     merger (the 2-layer MLP projector) is the tower's; no audio, no text encoder."""
     n, dec = cfg.model.native, cfg.model.decoder
+    if n.vit:
+        raise ConfigError("mindvl plan: a native recipe with a dinov2 tower (model.native.family dinov2, e.g. "
+                          "vlm-s-native) is not planned yet; plan the Qwen family's tower (mindvl-8b) or the "
+                          "fixed-resolution vlm-s")
     if cfg.model.pretrained.vlm and cfg.model.pretrained.freeze:
         frozen = {**frozen, "vision": True, "fusion": True}
     patches = n.max_pixels // n.patch_size ** 2

@@ -1,6 +1,6 @@
 """`mindvl quickstart`: the whole path of a recipe in one folder, then its summary. A classifier recipe (the
 default, tiny) goes from data to the served package, the device and the cascade (classifier.py); a generative
-one (vlm-tiny, vlm-s) from data through its training stages to generated answers (generative.py)."""
+one (vlm-tiny, vlm-s, vlm-s-native) from data through its training stages to generated answers (vlm.py)."""
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 

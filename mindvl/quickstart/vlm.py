@@ -1,10 +1,12 @@
-"""The generative model's quickstart (`mindvl quickstart --config vlm-tiny | vlm-s`): build the data, convert
-the pretrained weights a recipe names and does not find, train every stage of the recipe in order (each
-stage's train.init_from is the run of the stage before: tiny -> vlm-tiny, vlm-s-align -> vlm-s), evaluate the
-generated answers and descriptions, answer a few typed and spoken questions, then summarise.
+"""The generative model's quickstart (`mindvl quickstart --config vlm-tiny | vlm-s | vlm-s-native`): build the data,
+convert the pretrained weights a recipe names and does not find, train every stage of the recipe in order (each
+stage's train.init_from is the run of the stage before: tiny -> vlm-tiny, vlm-s-align -> vlm-s, vlm-s-native-align
+-> vlm-s-native), evaluate the generated answers and descriptions, answer a few typed and spoken questions, then
+summarise.
 
-Every stage trains for its recipe's own train.max_steps (vlm-s's are sized so that the whole quickstart fits 40
-minutes on 2 cores and ends with a model worth trying: docs/quickstart.md measures it); `max_steps` bounds them
+Every stage trains for its recipe's own train.max_steps (vlm-s's and vlm-s-native's are sized so that the whole
+quickstart fits 40 minutes on 2 cores and ends with a model worth trying: docs/quickstart.md and
+docs/native_resolution.md measure them); `max_steps` bounds them
 instead. Over a pretrained decoder the evaluation looks at the first EVAL_LIMIT questions of each kind; the tiny
 recipes' whole test split. Exporting and serving the generative model is not part of it yet.
 """

@@ -13,6 +13,7 @@ def test_a_generative_recipe_s_stages_are_found_from_its_init_from():
 
     assert recipe_stages("vlm-tiny") == ["tiny", "vlm-tiny"]
     assert recipe_stages("vlm-s") == ["vlm-s-align", "vlm-s"]
+    assert recipe_stages("vlm-s-native") == ["vlm-s-native-align", "vlm-s-native"]
     assert recipe_stages("vlm-tiny", ["train.init_from=''"]) == ["vlm-tiny"]
     with pytest.raises(ConfigError, match="train.init_from 'elsewhere/run' is not the run of a shipped recipe"):
         recipe_stages("vlm-tiny", ["train.init_from=elsewhere/run"])
