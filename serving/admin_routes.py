@@ -14,7 +14,7 @@ from mindvl.serving.admission import authorized
 from mindvl.serving.catalog import NotAvailable
 from mindvl.serving.failures import Failure
 from mindvl.serving.protocol import MAX_VERSION
-from mindvl.serving.register import ServableError
+from mindvl.serving.register import MissingServable, ServableError
 
 URL = re.compile(r"/servables/([^/]+)/version/([0-9]{1,10}):(load|unload)")
 
@@ -38,7 +38,7 @@ async def answer(server, request: web.Request, name: str, version_text: str, act
         else:
             await server.catalog.unload(name, version)
     except (ServableError, PackageError, ValueError, OSError) as error:  # ValueError: ProtocolError
-        status = 404 if isinstance(error, NotAvailable) else 400
+        status = 404 if isinstance(error, (NotAvailable, MissingServable)) else 400
         raise Failure(f"{action} servable {name} version {version}: {error}", status, "admin") from None
     server.metrics.count_loaded(server.catalog.loaded)
     return web.json_response({"servable": name, "version": version, "action": action,

@@ -43,6 +43,10 @@ class ServableError(MindvlError, RuntimeError):
     """A servable that cannot be registered, found or deployed; the message names the file or folder."""
 
 
+class MissingServable(ServableError):
+    """A servable or a version the servable directory does not hold (HTTP 404 where a route answers it)."""
+
+
 @dataclass(frozen=True)
 class Placeholder:
     """A value known only when the method runs: input `index` (stage 0) or output `index` of stage `stage`."""

@@ -1,6 +1,7 @@
 """A REST route's request body in and JSON reply out: the body read within the limits (max_request_mb, the
-budget of bodies held at once, timeout_s), its instances parsed, and the reply's status as the HTTP mode says
-(MindSpore Serving's HTTP 200 for errors unless strict_http).
+budget of bodies held at once, timeout_s), its instances parsed, and the reply's status: the failure's own, except
+where a reply speaks MindSpore Serving's predict protocol, which answers errors with HTTP 200 and {"error_msg"}
+(unless strict_http).
 
 The functions take the `Server` (server.py) for its settings, its budget of bodies and its metrics.
 """
@@ -16,9 +17,11 @@ from mindvl.serving.protocol import ProtocolError, parse_request
 PARSE_FACTOR = 8  # a JSON body may take this many times --max-request-mb to parse (protocol.parse_cost)
 
 
-def json_reply(server, payload: bytes, status: int = 200) -> web.Response:
-    return web.Response(body=payload, status=status if server.config.strict_http else 200,
-                        content_type="application/json")
+def json_reply(server, payload: bytes, status: int = 200, serving_protocol: bool = False) -> web.Response:
+    """`payload` with `status`, or HTTP 200 for a reply of MindSpore Serving's predict protocol (`serving_protocol`)
+    when strict_http is off, as its clients expect."""
+    keep = serving_protocol and not server.config.strict_http
+    return web.Response(body=payload, status=200 if keep else status, content_type="application/json")
 
 
 def protocol_failure(server, error: ProtocolError) -> Failure:

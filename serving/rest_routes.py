@@ -18,6 +18,13 @@ from mindvl.serving.register import GENERATE
 from mindvl.serving.rest_bodies import held_body, json_reply, parse_instances, protocol_failure
 
 
+def serving_protocol(path: str) -> bool:
+    """Whether the reply to `path` speaks MindSpore Serving's predict protocol (errors as HTTP 200 with
+    {"error_msg"} unless strict_http): every /model path but mindvl's own `:generate`, whose errors, as every other
+    route's, carry their status (a refused request 4xx, a missing servable 404)."""
+    return (path == "/model" or path.startswith("/model/")) and not path.endswith(f":{GENERATE}")
+
+
 async def answer(server, request: web.Request) -> web.StreamResponse:
     """One predict request, answered while its body's bytes are held in the budget (max_inflight_mb): its
     declared Content-Length, or max_request_mb when the length is undeclared or the body compressed

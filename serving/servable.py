@@ -25,7 +25,7 @@ from mindvl.errors import PackageError
 from mindvl.files import swap_folder
 from mindvl.package_reader import MANIFEST, check_files, read_manifest
 from mindvl.serving.protocol import is_safe_name
-from mindvl.serving.register import ServableDefinition, ServableError, load_servable_config
+from mindvl.serving.register import MissingServable, ServableDefinition, ServableError, load_servable_config
 
 CONFIG_FILE = "servable_config.py"
 VERSION = re.compile(r"[1-9][0-9]*")
@@ -67,7 +67,7 @@ def servable_folder(servable_dir: PathLike, name: str) -> Path:
     folder = _inside(Path(servable_dir) / check_name(name), servable_dir, f"servable {name}")
     if not (folder / CONFIG_FILE).is_file():
         have = ", ".join(list_servables(servable_dir)) or "none"
-        raise ServableError(f"servable {name}: not in {servable_dir} (it has: {have})")
+        raise MissingServable(f"servable {name}: not in {servable_dir} (it has: {have})")
     return folder
 
 
@@ -83,10 +83,10 @@ def resolve(servable_dir: PathLike, name: str, version: Optional[int] = None) ->
     if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 0):
         raise ServableError(f"servable {name}: version {version!r}: expected a positive integer, or 0 for the newest")
     if not versions:
-        raise ServableError(f"servable {name}: has no version folder; deploy a package into it")
+        raise MissingServable(f"servable {name}: has no version folder; deploy a package into it")
     version = version or versions[-1]
     if version not in versions:
-        raise ServableError(f"servable {name}: has no version {version} (it has {', '.join(map(str, versions))})")
+        raise MissingServable(f"servable {name}: has no version {version} (it has {', '.join(map(str, versions))})")
     return _inside(folder / str(version), servable_dir, f"servable {name} version {version}")
 
 

@@ -36,7 +36,7 @@ class ServeConfig:
     max_inflight_mb: float = 512.0  # request bodies held at once: REST bodies wait for room (from before they are
     # read until answered); gRPC calls in progress are limited to max_inflight_mb / max_request_mb
     decode_slots: int = 2  # pixels decoding at once: this many 4096x4096 images (128 MB each), or more smaller ones
-    strict_http: bool = False  # 4xx/5xx status codes instead of MindSpore Serving's HTTP 200 for errors
+    strict_http: bool = False  # 4xx/5xx for the predict protocol's errors too, instead of MindSpore Serving's HTTP 200
     poll_s: float = 2.0  # how often the servable directory is checked for new versions; 0: never
     key_file: str = ""  # AES-GCM key of encrypted packages, from a file ...
     key_env: str = ""  # ... or from this environment variable

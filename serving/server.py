@@ -17,7 +17,9 @@ The routes, one module per protocol, take the Server:
 What several routes share: failures.py (a request's Failure), predict.py (asking the catalog), rest_bodies.py (a
 REST body in, a JSON reply out), event_stream.py (a generation as Server-Sent Events), metrics.py.
 A new version folder (`mindvl deploy`) is noticed within `poll_s` and loaded while the old one serves.
-Errors answer HTTP 200 with {"error_msg": ...} as MindSpore Serving does; `strict_http` uses 4xx/5xx.
+Errors answer {"error_msg": ...} with their HTTP status (a refused request 4xx, a missing servable 404, an admin
+refusal 401/403), except MindSpore Serving's own predict replies, which answer HTTP 200 as it does unless
+`strict_http` (rest_routes.serving_protocol); the OpenAI routes answer OpenAI error objects with their status.
 What a client may hold (connections, request heads, bodies, decodes) is bounded: see `ServeConfig` and
 admission.py; docs/serving.md states the memory bound that follows.
 """
@@ -154,7 +156,8 @@ class Server:
     # ---- REST: each request to its route ---------------------------------------------------------------
 
     async def _route(self, request: web.Request) -> web.StreamResponse:
-        """The route of the request's path; any failure answered as MindSpore Serving's {"error_msg"}."""
+        """The route of the request's path; any failure answered as MindSpore Serving's {"error_msg"}, with its
+        status (HTTP 200 where the predict protocol keeps it: rest_routes.serving_protocol)."""
         path = request.path
         with self._connections.handling(request):
             try:
@@ -177,7 +180,8 @@ class Server:
                               + (", / (the demo page)" if self.config.demo else ""), 404, "protocol")
             except Exception as error:
                 failure = failure_of(error)
-                return json_reply(self, encode_error(str(failure)), failure.status)
+                return json_reply(self, encode_error(str(failure)), failure.status,
+                                  rest_routes.serving_protocol(path))
 
 
 # ---- running ------------------------------------------------------------------------------------------

@@ -180,7 +180,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="pixels decoded at once, in images of 4096x4096 (the largest accepted; smaller ones "
                             "share the budget); default 2")
     serve.add_argument("--strict-http", action="store_const", const=True,
-                       help="answer errors with 4xx/5xx (default: HTTP 200 with error_msg, as MindSpore Serving)")
+                       help="answer the predict protocol's errors with 4xx/5xx too (default: HTTP 200 with "
+                            "error_msg there, as MindSpore Serving; every other route carries its status)")
     serve.add_argument("--poll-s", type=float, metavar="S",
                        help="how often DIR is checked for new versions (default 2; 0: never)")
     add_key_args(serve, "encrypted packages (AES-GCM; never a key on the command line)",

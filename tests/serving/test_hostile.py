@@ -291,5 +291,5 @@ def test_the_admin_endpoints_need_the_configured_token(server):
         "error_msg": "unload servable vqa version 3: servable is not available: servable vqa version 3 is not "
                      "loaded (loaded: 1)"})
     status, answer = admin_call(server, "/servables/vqa/version/3:load", TOKEN)
-    assert status == 400 and answer["error_msg"].startswith("load servable vqa version 3: servable vqa: has no "
+    assert status == 404 and answer["error_msg"].startswith("load servable vqa version 3: servable vqa: has no "
                                                             "version 3 (it has 1)")

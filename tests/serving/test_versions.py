@@ -181,7 +181,12 @@ def test_a_version_that_cannot_load_leaves_the_serving_one_in_place(servables, r
     with BackgroundServer(config(servables, max_batch_size=1, poll_s=0.05, admin_token_env=ADMIN_ENV)) as server:
         first = predict(server, "vqa:predict", body)
         status, answer = admin(server, "/servables/vqa/version/2:load")  # asked for too early
-        assert status == 200 and "servable vqa: has no version 2 (it has 1)" in answer["error_msg"]
+        assert status == 404 and "servable vqa: has no version 2 (it has 1)" in answer["error_msg"]
+        # in the default (MindSpore Serving) mode too, an admin refusal carries its status: scripts can trust it
+        status, answer = call(server.rest_url + "/servables/vqa/version/1:unload")
+        assert status == 401 and "Authorization: Bearer" in answer["error_msg"]
+        assert call(server.rest_url + "/model/nothere:generate", {"instances": [{"prompt": "hi"}]})[0] == 404
+        assert call(server.rest_url + "/model/nothere:predict", {"instances": [{"question": "hi"}]})[0] == 200
 
         tampered = writable_copy(reseeded_package, tmp_path)
         graph = bytearray((tampered / "vqa.mindir").read_bytes())
@@ -193,7 +198,7 @@ def test_a_version_that_cannot_load_leaves_the_serving_one_in_place(servables, r
         assert "vqa.mindir: sha256 differs from the manifest" in servables_page(server)["vqa"]["versions"]["2"]["error"]
         assert same_answers(predict(server, "vqa:predict", body), first)
         status, answer = admin(server, "/servables/vqa/version/2:load")
-        assert status == 200 and "load servable vqa version 2: " in answer["error_msg"] and \
+        assert status == 400 and "load servable vqa version 2: " in answer["error_msg"] and \
             "sha256 differs" in answer["error_msg"]
 
         good_config = (folder / CONFIG_FILE).read_text()
