@@ -8,7 +8,9 @@ WAV) and, for a native-resolution VLM, one video: a file (`video_url`, vLLM's pa
 ...) or its frames (`{"type": "video", "video": [data: URLs of images]}`, taken 0.5 s apart). System messages are accepted and not used (the
 model was not trained with one); earlier turns are not replayed (the chat template holds one question). The
 settings are OpenAI's: max_tokens (or max_completion_tokens), temperature, top_p, stop, seed, n = 1 (and vLLM's
-extra top_k, repetition_penalty, ignore_eos, as the openai client sends them with `extra_body`); `stream`
+extra top_k, repetition_penalty, ignore_eos, as the openai client sends them with `extra_body`); any other field
+is refused by name (400, `param` naming it) unless it is informational (user, metadata, service_tier) or one of
+OpenAI's that asks for nothing at its value (logprobs false, response_format text, ...: NOT_DONE); `stream`
 answers with Server-Sent Events of `chat.completion.chunk` deltas and `data: [DONE]`, `stream_options.
 include_usage` adds a last chunk with the token counts. Errors are OpenAI's error objects with its status codes.
 """
@@ -24,6 +26,15 @@ from mindvl.errors import InputError, plain, shown
 from mindvl.preprocess.request import expect
 
 SETTINGS = ("max_tokens", "temperature", "top_p", "stop", "seed", "top_k", "repetition_penalty", "ignore_eos")
+# every other field a request may hold: honoured (read below), informational (changes no reply), or OpenAI's fields
+# this server does not do, accepted only at the value that asks for nothing (None always), else refused by name
+HONOURED = {"model", "messages", "max_completion_tokens", "n", "stream", "stream_options", *SETTINGS}
+INFORMATIONAL = {"user", "metadata", "service_tier"}
+NOT_DONE = {"logprobs": (False,), "top_logprobs": (0,), "presence_penalty": (0,), "frequency_penalty": (0,),
+            "response_format": ({"type": "text"},), "modalities": (["text"],), "tools": ([],), "tool_choice": ("none",),
+            "parallel_tool_calls": (), "functions": ([],), "function_call": ("none",), "logit_bias": ({},),
+            "audio": (), "prediction": (), "store": (False,), "reasoning_effort": (), "web_search_options": (),
+            "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": ()}
 DATA_URL = re.compile(r"data:((?:image|video)/[A-Za-z0-9.+-]+)?(;[^,]*)?;base64,(.*)", re.S)
 
 
@@ -147,6 +158,7 @@ def parse_chat(body: bytes) -> Tuple[str, Dict[str, Any], bool, bool]:
                           "deep") from None
     if not isinstance(request, dict):
         raise OpenAIError("the body must be a JSON object")
+    _check_fields(request)
     model = request.get("model")
     if not isinstance(model, str) or not model:
         raise OpenAIError("model: required; GET /v1/models lists the served models", param="model")
@@ -163,6 +175,33 @@ def parse_chat(body: bytes) -> Tuple[str, Dict[str, Any], bool, bool]:
     if not isinstance(options, dict):
         raise OpenAIError("stream_options: expected an object", param="stream_options")
     return model, instance, stream, _flag(options, "include_usage", "stream_options.include_usage")
+
+
+def _check_fields(request: dict) -> None:
+    """OpenAIError naming the first field this server would otherwise ignore: one of OpenAI's that it does not do
+    (set to anything but the value that asks for nothing), or one it does not know; a client must never believe
+    it got what it asked for when it did not."""
+    for name, value in request.items():
+        if name in HONOURED or name in INFORMATIONAL or value is None:
+            continue
+        if name in NOT_DONE:
+            if any(_same(value, neutral) for neutral in NOT_DONE[name]):
+                continue
+            raise OpenAIError(f"{name}: not supported by this server yet (its value {shown(value)} asks for something "
+                              f"it would not do); leave it out", param=name, code="unsupported_parameter")
+        raise OpenAIError(f"{name}: not a field of the chat completions API this server knows; leave it out",
+                          param=name, code="unknown_parameter")
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """`value` is `neutral`: a number equal to a numeric one (0 and 0.0 alike, never a bool), else equal and of its
+    type (false is not 0)."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if number(neutral):
+        return number(value) and value == neutral
+    return type(value) is type(neutral) and value == neutral
 
 
 def _flag(fields: dict, name: str, param: Optional[str] = None) -> bool:

@@ -142,8 +142,26 @@ def test_too_many_tokens_an_unknown_model_and_a_bad_setting_are_refused_by_name(
         client.chat.completions.create(model="vlm", messages=[{"role": "user", "content": ""}])
     with pytest.raises(openai.BadRequestError, match="n: only 1"):
         client.chat.completions.create(model="vlm", n=2, messages=messages)
+    with pytest.raises(openai.BadRequestError, match="temperature: expected a value in"):
+        client.chat.completions.create(model="vlm", temperature=7.5, messages=messages)
     answer = client.chat.completions.create(model="vlm", max_tokens=3, messages=messages)  # text only: still works
     assert answer.choices[0].finish_reason in ("stop", "length") and answer.usage.completion_tokens <= 3
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"logprobs": True, "top_logprobs": 2}, "logprobs"), ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"presence_penalty": 0.5}, "presence_penalty"), ({"extra_body": {"guided_choice": ["yes", "no"]}}, "guided_choice"),
+    ({"extra_body": {"best_of": 3}}, "best_of")])
+def test_a_field_the_server_would_ignore_is_refused_by_name(client, fields, param):
+    """Nothing silently ignored: the client reads a 400 whose param names the field, never an answer that looks as
+    if it had been honoured; the value that asks for nothing passes."""
+    messages = [{"role": "user", "content": "What shape is it?"}]
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model="vlm", max_tokens=2, messages=messages, **fields)
+    assert raised.value.body["param"] == param and param in str(raised.value)
+    answer = client.chat.completions.create(model="vlm", max_tokens=2, messages=messages, logprobs=False,
+                                            presence_penalty=0, response_format={"type": "text"}, user="u1")
+    assert answer.usage.completion_tokens <= 2
 
 
 def test_a_client_that_goes_away_cancels_its_generation(server):
