@@ -24,6 +24,9 @@ from mindvl.preprocess.native_resolution import IMAGE, VIDEO, PatchConfig, Video
 
 
 
+NOT_HEARD = "audio: this model reads images and video; send the question as text"  # a clip for a model that cannot hear
+
+
 @dataclass
 class NativePrompt:
     """One question and its attachments: (kind "image" or "video", patches (n, patch_values), grid (t, h, w), the
@@ -60,7 +63,7 @@ class NativeRequests:
         from mindvl.preprocess import speech_features
 
         if audio is not None and self.pre is None:
-            raise InputError("audio: this model reads images and video; send the question as text")
+            raise InputError(NOT_HEARD)
         heard = speech_features(audio, self.pre, name="audio") if audio is not None else None
         opened = [open_image(data, f"images[{i}]") for i, data in enumerate(images)]
         if isinstance(video, list):
@@ -136,7 +139,7 @@ class NativePromptLayout(_Layout):
             return prompt.rendered
         heard = prompt.audio is not None
         if heard and not self.audio_tokens:
-            raise InputError("audio: this model reads images and video; send the question as text")
+            raise InputError(NOT_HEARD)
         if not prompt.question.strip() and not prompt.attachments and not heard:
             raise ConfigError("generate: no question: give the question as text" + (" or as audio" if
                                                                                    self.audio_tokens else ""))

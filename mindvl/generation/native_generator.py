@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 import numpy as np
 
 from mindvl.choices import KERNELS
-from mindvl.engine.native_prompts import NativePrompt, NativePromptLayout
+from mindvl.engine.native_prompts import NOT_HEARD, NativePrompt, NativePromptLayout
 from mindvl.engine.vision_layout import WindowedPacking, tower_packing
 from mindvl.errors import InputError
 from mindvl.generation.language_model import LanguageModel, decoder_kernels
@@ -128,7 +128,7 @@ class NativeGenerator(LanguageModel):
             video = [_image(frame, f"video frame {i}") for i, frame in enumerate(video)]
         if audio is not None and not isinstance(audio, tuple):
             if self.pre is None or not self.model.hears:
-                raise InputError("audio: this model reads images and video; send the question as text")
+                raise InputError(NOT_HEARD)
             audio = speech_features(audio, self.pre, name="audio")
         return NativePrompt(question, attachments([_image(image, f"images[{i}]") for i, image in enumerate(images)],
                                                   video, self.patches, self.video, self.tokens_per_second, fps),

@@ -104,7 +104,7 @@ class NativeConversationStage(ConversationStage):
     def __init__(self, root, cfg: Config, split: str, epoch: int, chat: ChatEncoder, packer: NativeConversationPacker,
                  tokens=None):
         super().__init__(root, cfg, split, epoch, chat, packer, tokens)
-        self.config, self.hears = patch_config(cfg), bool(cfg.model.native.audio)
+        self.config = patch_config(cfg)
 
     def __call__(self, sample_ids, turns, images, question_ids, pcms, batch_info=None):
         rendered, attachments, mels, masks = [], [], [], []
@@ -114,7 +114,7 @@ class NativeConversationStage(ConversationStage):
                      for i, image in enumerate(records.images_of(packed))]
             conversation = conversation_turns(turns_json(text))
             clips = placeholder_count(conversation, AUDIO_SLOT)
-            if self.hears:
+            if self.packer.audio_tokens:  # the model hears
                 mel, mask = self.heard(int(question_id), records.as_bytes(pcm), sample_id)
                 mels.append(mel), masks.append(mask)
             sizes = [int(np.prod(grid)) // self.config.merge_size ** 2 for _, _, grid, _ in items]
@@ -122,7 +122,7 @@ class NativeConversationStage(ConversationStage):
                                              sizes=slot_sizes(conversation, sizes, self.packer.audio_tokens)))
             attachments.append(items)
         packed, vision = self.packer(rendered, attachments)
-        speech = (np.stack(mels), np.stack(masks)) if self.hears else ()
+        speech = (np.stack(mels), np.stack(masks)) if mels else ()
         return (np.asarray(sample_ids), *packed.arrays, *speech, *vision)
 
 
