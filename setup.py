@@ -54,13 +54,15 @@ setup(
         "matplotlib>=3.8,<4",  # the pictures (mindvl plot, plan --plot, the quickstart's plots), Agg only
         "jinja2>=3.1,<4",  # renders a checkpoint's chat template to check it against the family's (convert vlm)
         "av>=14,<19",  # decodes video files (PyAV, FFmpeg's libraries in the wheel) for native-resolution VLMs
+        "llguidance>=1.9,<2",  # structured output: JSON schema / regex / choice compiled into per-token masks
     ],
     # onnxruntime: the peer runtime the ONNX export is checked against (tests only; mindvl never imports it)
     # import-linter: the import contracts in .importlinter, checked by tests/test_imports.py
     # openai: the real OpenAI client the chat API is tested with (tests/serving/test_generation.py)
+    # jsonschema: validates the structured output the server generates against its schema (tests only)
     # pytest-xdist: the suite in two processes (pyproject.toml addopts, tests/conftest.py WORKERS)
     # selenium: drives the distribution's chromium + chromedriver for the demo page's tests (tests/serving/)
     extras_require={"test": ["pytest>=8,<10", "pytest-xdist>=3.8,<4", "onnxruntime==1.32.0", "import-linter>=2.1,<3",
-                             "openai>=1.40,<4", "selenium>=4.20,<5"]},
+                             "openai>=1.40,<4", "selenium>=4.20,<5", "jsonschema>=4,<5"]},
     entry_points={"console_scripts": ["mindvl = mindvl.cli:main"]},
 )

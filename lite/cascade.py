@@ -68,6 +68,7 @@ class CascadeDelta:
     source: str
     finish: Optional[str] = None
     cloud_error: Optional[str] = None
+    top: tuple = ()  # a Delta's most likely alternatives: the cascade asks for none
 
 
 @dataclasses.dataclass

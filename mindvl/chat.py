@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from mindvl.errors import InputError
+from mindvl.errors import InputError, shown
 
 IMAGE = "<image>"
 AUDIO = "<audio>"
@@ -200,6 +200,66 @@ def conversations_of(turns: Sequence[Turn]) -> List[dict]:
             for turn in turns]
 
 
+MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MARKERS = {"image": IMAGE_SLOT, "audio": AUDIO_SLOT, "video": VIDEO_SLOT}  # a history part's attachment types
+MAX_MESSAGES = 1024  # messages one conversation may send (a longer chat keeps its newest within the prompt anyway)
+
+
+def history_turns(messages: Any, name: str = "history") -> List[Turn]:
+    """A live conversation's earlier messages -> turns: a list of {"role": "system" | "developer" | "user" |
+    "assistant", "content": text, or a list of parts}, a part {"type": "text", "text": ...} (taken literally, never
+    parsed for placeholders) or, in a user message, {"type": "image" | "audio" | "video"}: where one of the
+    request's attachments goes (they bind in order, the history's first, the question's after). A system message
+    comes first or not at all; consecutive messages of one role make one turn (conversation())."""
+    if not isinstance(messages, (list, tuple)):
+        raise InputError(f"{name}: expected a list of messages ({{\"role\": ..., \"content\": ...}}), got "
+                         f"{shown(messages)}")
+    if len(messages) > MAX_MESSAGES:
+        raise InputError(f"{name}: {len(messages)} messages, more than the {MAX_MESSAGES} read; send the newest")
+    turns = []
+    for index, message in enumerate(messages):
+        where = f"{name}[{index}]"
+        role = MESSAGE_ROLES.get(message.get("role")) if isinstance(message, dict) else None
+        if role is None:
+            raise InputError(f"{where}: expected an object with role system, user or assistant and its content")
+        if role == "system" and turns:
+            raise InputError(f"{where}: a system message after the conversation started; put the instructions "
+                             f"first")
+        turns.append(Turn(role, _message_parts(message.get("content"), role, where)))
+    return conversation(turns)
+
+
+def _message_parts(content: Any, role: str, where: str) -> Tuple[Part, ...]:
+    if isinstance(content, str):
+        return (content,)
+    if not isinstance(content, (list, tuple)):
+        raise InputError(f"{where}.content: expected text or a list of parts, got {shown(content)}")
+    parts: List[Part] = []
+    for number, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+        elif kind in MARKERS and role == "user":
+            parts.append(MARKERS[kind])
+        else:
+            allowed = "text, image, audio or video" if role == "user" else "text"
+            raise InputError(f"{where}.content[{number}]: expected a part of type {allowed} ({role} message), got "
+                             f"{shown(part)}")
+    return tuple(parts)
+
+
+def conversation(turns: Sequence[Turn]) -> List[Turn]:
+    """Turns with consecutive turns of one role joined into one, a blank line between their texts (OpenAI's API
+    allows two user messages in a row; a chat template alternates)."""
+    joined: List[Turn] = []
+    for turn in turns:
+        if joined and joined[-1].role == turn.role:
+            joined[-1] = Turn(turn.role, joined[-1].parts + ("\n\n",) + turn.parts)
+        else:
+            joined.append(turn)
+    return joined
+
+
 def placeholder_count(turns: Sequence[Turn], slot: int) -> int:
     """How many IMAGE_SLOT or AUDIO_SLOT markers the turns hold."""
     return sum(part == slot for turn in turns for part in turn.parts if not isinstance(part, str))
@@ -213,19 +273,28 @@ def question_turn(question: str, image: bool = False, audio: bool = False) -> Tu
 
 def user_turn(question: str, visuals: Sequence[int] = (), audio: bool = False, separator: str = "\n") -> Turn:
     """A live user turn: the images and videos (IMAGE_SLOT / VIDEO_SLOT markers, in order) side by side, then the
-    clip, then the typed text taken literally, `separator` before each of the last two when something precedes
-    it (ChatTemplate.separator)."""
-    parts: List[Part] = list(visuals)
-    for part in ([AUDIO_SLOT] if audio else []) + ([question] if question else []):
-        if parts and separator:
+    clip, then the typed text taken literally (separated())."""
+    parts = list(visuals) + ([AUDIO_SLOT] if audio else []) + ([question] if question else [])
+    if not parts:
+        raise InputError("question: give a text, an image or an audio clip")
+    return Turn("user", separated(parts, separator))
+
+
+def separated(parts: Sequence[Part], separator: str = "\n") -> Tuple[Part, ...]:
+    """Parts with `separator` after each attachment that something other than an image or video follows (the
+    template's ChatTemplate.separator; images and videos sit side by side), so a live turn reads as a data set's
+    LLaVA-style "<image>\n<audio>\nWhat color?"."""
+    out: List[Part] = []
+    for part in parts:
+        previous = out[-1] if out else None
+        if separator and isinstance(previous, int) and not (previous in (IMAGE_SLOT, VIDEO_SLOT)
+                                                            and part in (IMAGE_SLOT, VIDEO_SLOT)):
             if isinstance(part, str):
                 part = separator + part
             else:
-                parts.append(separator)
-        parts.append(part)
-    if not parts:
-        raise InputError("question: give a text, an image or an audio clip")
-    return Turn("user", tuple(parts))
+                out.append(separator)
+        out.append(part)
+    return tuple(out)
 
 
 @dataclass
@@ -237,6 +306,8 @@ class Rendered:
     ids: np.ndarray
     kinds: np.ndarray
     learn: np.ndarray
+    dropped: int = 0  # a prompt's earliest turns left out to fit (ChatEncoder.prompt's drop_oldest)
+    dropped_attachments: int = 0  # the attachments those turns held (the first ones, in order)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -337,11 +408,12 @@ class ChatEncoder:
         sample has, which must equal its placeholders; `sizes`: each attachment's token count, in order (a
         native-resolution model's)."""
         slots = self._check_attachments(turns, images, audios, videos, sizes, name)
-        head, turns = self._start(turns, slots)
+        system, turns = self._split(turns)
+        pieces, first = self._opening(system, turns[0] if turns else None)
+        turns = [first] + turns[1:] if turns else turns
         last_attached = max([i for i, turn in enumerate(turns) if any(not isinstance(p, str) for p in turn.parts)],
                             default=-1)
-        pieces = [head]
-        length = len(head[0])
+        length = sum(len(piece[0]) for piece in pieces)
         for index in range(0, len(turns), 2):
             exchange = [self._turn(turn, slots) for turn in turns[index:index + 2]]
             size = sum(len(piece[0]) for piece in exchange)
@@ -357,42 +429,99 @@ class ChatEncoder:
         return self._join(pieces)
 
     def prompt(self, turns: Sequence[Turn], images: int = 0, audios: int = 0, max_length: int = 0,
-               videos: int = 0, sizes: Optional[Sequence[int]] = None) -> Rendered:
-        """Generation input: the turns so far, the last one the user's, and the opened assistant turn the
-        model continues. Refused past max_length (a prompt is never cut)."""
+               videos: int = 0, sizes: Optional[Sequence[int]] = None, drop_oldest: bool = False) -> Rendered:
+        """Generation input: the turns so far (the system turn first, if any; the last one the user's) and the
+        opened assistant turn the model continues. Past max_length it is refused, or with `drop_oldest` the
+        oldest turns are left out, whole exchanges (a user turn and what follows it up to the next user turn),
+        until it fits: never the system turn or the last user turn (Rendered.dropped counts the turns left out,
+        dropped_attachments the attachments they held: the first ones, in order). Turns are tokenised newest
+        first and no further back than can fit, so a long history costs what the prompt holds."""
         if not turns or turns[-1].role != "user":
             raise InputError("prompt: the last turn must be the user's")
         slots = self._check_attachments(turns, images, audios, videos, sizes, "prompt")
-        head, turns = self._start(turns, slots)
-        pieces = [head] + [self._turn(turn, slots) for turn in turns]
-        pieces.append(self._turn(Turn("assistant", ()), None, answer_open=True))
-        rendered = self._join(pieces)
-        if max_length and len(rendered) > max_length:
-            raise InputError(f"prompt: {len(rendered)} tokens (with {self._slot_count(images, audios, sizes)}), "
-                             f"more than the {max_length} allowed; shorten the question or the conversation")
-        return rendered
+        system, rest = self._split(turns)
+        counts = self._turn_sizes(rest, slots)
+        answer = self._turn(Turn("assistant", ()), None, answer_open=True)
+        rendered: Dict[int, tuple] = {}
+
+        def piece(index: int, turn: Optional[Turn] = None) -> tuple:
+            sizes_of = None if counts[index] is None else iter(counts[index])
+            if turn is not None:
+                return self._turn(turn, sizes_of)
+            if index not in rendered:
+                rendered[index] = self._turn(rest[index], sizes_of)
+            return rendered[index]
+
+        start, limited = 0, drop_oldest and max_length > 0
+        if limited:  # the oldest turn that could fit on its own count
+            length = len(answer[0])
+            for index in range(len(rest) - 1, -1, -1):
+                length += len(piece(index)[0])
+                if length > max_length and index < len(rest) - 1:
+                    start = index + 1
+                    break
+        while True:
+            start = self._first_user(rest, start) if start else 0
+            head, first = self._opening(system, rest[start])
+            pieces = head + [piece(start, first)] + [piece(i) for i in range(start + 1, len(rest))] + [answer]
+            length = sum(len(p[0]) for p in pieces)
+            if not limited or length <= max_length or start == len(rest) - 1:
+                break
+            start += 1
+        whole = self._join(pieces)
+        if max_length and len(whole) > max_length:
+            raise InputError(f"prompt: {len(whole)} tokens (with {self._slot_count(images, audios, sizes)}), "
+                             f"more than the {max_length} allowed; shorten the question" +
+                             (" (the earlier turns are already left out)" if start else " or the conversation"))
+        whole.dropped = start
+        whole.dropped_attachments = sum(not isinstance(p, str) for turn in rest[:start] for p in turn.parts)
+        return whole
+
+    @staticmethod
+    def _first_user(turns: Sequence[Turn], start: int) -> int:
+        """The first user turn at or after `start` (an exchange starts with the user's turn)."""
+        while turns[start].role != "user":
+            start += 1
+        return start
 
     def _slot_count(self, images: int, audios: int, sizes: Optional[Sequence[int]]) -> str:
         if sizes is not None:
             return f"{sum(sizes)} vision tokens"
         return f"{self.slots[IMAGE_SLOT] * images} image and {self.slots[AUDIO_SLOT] * audios} audio tokens"
 
-    def _start(self, turns: Sequence[Turn], sizes):
+    def _opening(self, system: Optional[Turn], first: Optional[Turn]) -> Tuple[list, Optional[Turn]]:
         """The pieces before the exchanges (BOS, the system turn: the conversation's own or the template's
-        default) and the exchanges."""
+        default) and the first turn: a template without system turns (Gemma's) folds the system text into the
+        first user turn, before it and a blank line, as the family's own template does."""
         ids = list(self._control(self.template.bos))
         pieces = [(ids, [TEXT] * len(ids), [False] * len(ids))]
-        system = turns[0] if turns and turns[0].role == "system" else None
         if system is None and self.template.default_system is not None:
             system = Turn("system", (self.template.default_system,))
-        if system is not None:
-            if not self.template.system:
-                raise InputError(f"chat template {self.template.name!r} has no system turn; put the instructions "
-                                 f"in the first user turn")
-            pieces.append(self._turn(system, sizes))
-        head = self._join(pieces)
-        rest = list(turns[1:] if turns and turns[0].role == "system" else turns)
-        return (list(head.ids), list(head.kinds), list(head.learn)), rest
+        if system is None:
+            return pieces, first
+        if self.template.system:
+            return pieces + [self._turn(system, None)], first
+        if first is None or first.role != "user":
+            raise InputError(f"chat template {self.template.name!r} has no system turn and folds the system text "
+                             f"into the first user turn; the conversation must start with the user after it")
+        text = "".join(part for part in system.parts if isinstance(part, str)) + "\n\n"
+        lead = first.parts[0] if first.parts else None
+        parts = (text + lead,) + first.parts[1:] if isinstance(lead, str) else (text,) + first.parts
+        return pieces, Turn(first.role, parts)
+
+    @staticmethod
+    def _split(turns: Sequence[Turn]) -> Tuple[Optional[Turn], List[Turn]]:
+        """(the system turn or None, the turns after it)."""
+        if turns and turns[0].role == "system":
+            return turns[0], list(turns[1:])
+        return None, list(turns)
+
+    @staticmethod
+    def _turn_sizes(turns: Sequence[Turn], slots) -> List[Optional[List[int]]]:
+        """Each turn's attachments' token counts, in order (None each without `slots`: the fixed counts)."""
+        if slots is None:
+            return [None] * len(turns)
+        return [[next(slots) for part in turn.parts if not isinstance(part, str)] for turn in turns]
 
     @staticmethod
     def _join(pieces) -> Rendered:

@@ -13,6 +13,8 @@ caller's event loop (an asyncio.Queue), ending with None, or with the exception 
 step fails gets its error alone, its neighbours in the batch go on.
 """
 import asyncio
+import dataclasses
+import json
 import logging
 import queue
 import threading
@@ -23,7 +25,9 @@ from typing import Any, List, Optional, Sequence, Union
 import numpy as np
 
 from mindvl import preprocess as P
+from mindvl.chat import Turn, history_turns
 from mindvl.engine.decode_loop import DecodeBatch
+from mindvl.engine.grammar import KINDS, Grammar
 from mindvl.engine.native_prompts import NativePrompt, NativeRequests
 from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
 from mindvl.engine.prompts import MultimodalPrompt, preprocessed_prompt
@@ -66,12 +70,51 @@ def request_settings(fields: dict) -> SamplingConfig:
     settings = {"max_new_tokens": number("max_tokens", True), "temperature": number("temperature", False),
                 "top_p": number("top_p", False), "top_k": number("top_k", True),
                 "repetition_penalty": number("repetition_penalty", False), "seed": number("seed", True),
-                "stop_strings": list(stop) if stop else None, "ignore_eos": _flag(fields.get("ignore_eos"), "ignore_eos")}
+                "stop_strings": list(stop) if stop else None, "ignore_eos": _flag(fields.get("ignore_eos"), "ignore_eos"),
+                "presence_penalty": number("presence_penalty", False),
+                "frequency_penalty": number("frequency_penalty", False), "top_logprobs": number("top_logprobs", True),
+                "grammar": request_grammar(fields.get("grammar"))}
     try:
         return sampling_config(**settings)
     except ConfigError as error:
         name, _, rest = str(error).partition(":")
         raise ConfigError(f"{REQUEST_NAMES.get(name, name)}:{rest}") from None
+
+
+def request_grammar(value) -> Optional[Grammar]:
+    """A generate instance's `grammar`: {"type": "json_schema" | "json_object" | "regex" | "choice", "value": the
+    schema, nothing, the expression or the strings} as JSON text (REST, gRPC) or, from the OpenAI route
+    (response_format, guided_*), the object itself; absent: none."""
+    if value is None:
+        return None
+    value = _json_text(value, "grammar", '{"type": "json_schema", "value": {...}}')
+    if not isinstance(value, dict) or set(value) - {"type", "value"} or "type" not in value:
+        raise InputError(f"grammar: expected {{\"type\": one of {', '.join(KINDS)}, \"value\": ...}}, got "
+                         f"{shown(value)}")
+    grammar = Grammar(value["type"], value.get("value"))
+    grammar.validate()
+    return grammar
+
+
+def _json_text(value, name: str, example: str):
+    """A JSON field that REST and gRPC carry as text (a 0-d array from MindSpore Serving's protocol), parsed."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, (str, bytes)):
+        try:
+            return json.loads(value)
+        except (ValueError, UnicodeDecodeError, RecursionError) as error:
+            raise InputError(f"{name}: not valid JSON ({str(error)[:80]}); send {example}") from None
+    return value
+
+
+def request_history(value) -> List[Turn]:
+    """A generate instance's `history`: the conversation's earlier messages as JSON text (chat.history_turns'
+    form; REST and gRPC carry it as a string) or, from the OpenAI route, the list itself; absent: none."""
+    if value is None:
+        return []
+    return history_turns(_json_text(value, "history", 'the earlier messages as a JSON list of {"role": ..., '
+                                                      '"content": ...}'))
 
 
 def _flag(value, name: str):
@@ -93,6 +136,7 @@ class GenerationRequest:
     deltas: asyncio.Queue = field(default_factory=asyncio.Queue)
     prompt_tokens: int = 0
     cancelled: bool = False
+    dropped_turns: int = 0
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -111,10 +155,56 @@ class GenerationRequest:
             yield item
 
     async def result(self) -> Generation:
-        result = Generation("", prompt_tokens=self.prompt_tokens)
+        result = Generation("", prompt_tokens=self.prompt_tokens, dropped_turns=self.dropped_turns)
         async for delta in self.stream():
             result.add(delta)
         return result
+
+
+class Choices:
+    """The generations of one prompt that a request asked several of (OpenAI's n), streamed together: (choice
+    index, Delta) as each comes; cancelling it cancels them all."""
+
+    def __init__(self, requests: Sequence[GenerationRequest]) -> None:
+        self.requests = list(requests)
+        self.prompt_tokens, self.dropped_turns = requests[0].prompt_tokens, requests[0].dropped_turns
+
+    @property
+    def cancelled(self) -> bool:
+        return all(request.cancelled for request in self.requests)
+
+    def cancel(self) -> None:
+        for request in self.requests:
+            request.cancel()
+
+    async def stream(self):
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, request: GenerationRequest) -> None:
+            try:
+                async for delta in request.stream():
+                    merged.put_nowait((index, delta))
+                merged.put_nowait((index, None))
+            except Exception as error:  # noqa: BLE001 - raised to the reader below
+                merged.put_nowait((index, error))
+
+        pumps = [asyncio.create_task(pump(i, request)) for i, request in enumerate(self.requests)]
+        try:
+            running = len(pumps)
+            while running:
+                index, item = await merged.get()
+                if item is None:
+                    running -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield index, item
+        finally:
+            for task in pumps:
+                task.cancel()
+
+    async def results(self) -> List[Generation]:
+        return list(await asyncio.gather(*(request.result() for request in self.requests)))
 
 
 class ContinuousBatcher:
@@ -144,29 +234,34 @@ class ContinuousBatcher:
     # ---- requests (any thread) ------------------------------------------------------------------------
 
     def prepare(self, text: str, image: Optional[bytes], audio: Optional[bytes], settings: SamplingConfig,
-                images: Sequence[bytes] = (), video=None) -> Union[MultimodalPrompt, NativePrompt]:
+                images: Sequence[bytes] = (), video=None,
+                history: Sequence[Turn] = ()) -> Union[MultimodalPrompt, NativePrompt]:
         """A request's prompt as the engine takes it: the image and the clip preprocessed as in training (a native
-        package's images and video cut at their own resolution), the question rendered and tokenised, checked
+        package's images and video cut at their own resolution), the conversation (`history`, then the question)
+        rendered and tokenised, its oldest turns left out where it would not fit with the new tokens, checked
         against the graphs' limits (ConfigError or InputError naming the field). CPU work: call it from a worker
         thread, never the event loop (a long text, a large image)."""
         self.layout.limits.check_new_tokens(settings.max_new_tokens, "max_tokens")  # before anything is decoded
         self.layout.check_text(text or "")
         if self.spec.native:
-            prompt = self.requests.prompt(text or "", [image] * (image is not None) + list(images), audio, video)
+            prompt = self.requests.prompt(text or "", [image] * (image is not None) + list(images), audio, video,
+                                          history)
         elif images or video is not None:
-            raise InputError("images, video: this model takes one image (`image`) per question and no video")
+            raise InputError("images, video: this model takes one image per conversation (`image`) and no video")
         else:
-            prompt = preprocessed_prompt(text or "", self.pre, image, audio)
-        prompt.rendered = self.layout.render(prompt)
+            prompt = dataclasses.replace(preprocessed_prompt(text or "", self.pre, image, audio), history=tuple(history))
+        prompt = self.layout.fit(prompt, settings.max_new_tokens)
         self.batch.admit([prompt], [settings], "max_tokens")  # the bucket and the cache's room
         return prompt
 
     def submit(self, prompt: MultimodalPrompt, settings: SamplingConfig,
                loop: asyncio.AbstractEventLoop) -> GenerationRequest:
-        """Queue a prepared prompt (`prepare`); ConfigError when the version is being unloaded."""
+        """Queue a prepared prompt (`prepare`, which a request's several choices share); ConfigError when the
+        version is being unloaded."""
         if self.closed:
             raise ConfigError("the servable version is being unloaded; retry")
-        request = GenerationRequest(prompt, settings, loop, prompt_tokens=len(prompt.rendered))
+        request = GenerationRequest(prompt, settings, loop, prompt_tokens=len(prompt.rendered),
+                                    dropped_turns=prompt.dropped)
         self.waiting.put(request)
         return request
 

@@ -1,12 +1,16 @@
 """The OpenAI chat API's requests and bodies: a `POST /v1/chat/completions` body read as a generate instance, and
 the answers (whole, as chunks, the models list, errors) written as OpenAI's JSON (openai_routes.py serves them).
 
-The request's `model` names a servable (its newest version; `name@N` a version). The last user message is the
-question: its text parts, its images (`image_url` with a `data:` URL; remote URLs are refused, the server fetches
-nothing; a native-resolution VLM takes several, in order, the others one), at most one clip (`input_audio`, base64
-WAV) and, for a native-resolution VLM, one video: a file (`video_url`, vLLM's part, a data: URL of an MP4, WebM,
-...) or its frames (`{"type": "video", "video": [data: URLs of images]}`, taken 0.5 s apart). System messages are accepted and not used (the
-model was not trained with one); earlier turns are not replayed (the chat template holds one question). The
+The request's `model` names a servable (its newest version; `name@N` a version). The whole conversation is read:
+system (or developer) messages first, then user and assistant turns, the last message the user's question; the
+model's chat template lays every message out (Gemma's folds the system text into the first user turn), and when
+the conversation does not fit the largest prompt bucket with the new tokens the oldest exchanges are left out,
+never the system message or the last user turn (the answer's `dropped_turns` counts them, consecutive messages of one
+role being one turn; `prompt_tokens` counts what the model read). Attachments sit in any user message: images (`image_url` with a `data:` URL; remote URLs are
+refused, the server fetches nothing; a native-resolution VLM takes several, in order, the others one per
+conversation), one clip (`input_audio`, base64 WAV) and, for a native-resolution VLM, one video: a file
+(`video_url`, vLLM's part, a data: URL of an MP4, WebM, ...) or its frames (`{"type": "video", "video": [data:
+URLs of images]}`, taken 0.5 s apart). The
 settings are OpenAI's: max_tokens (or max_completion_tokens), temperature, top_p, stop, seed, n = 1 (and vLLM's
 extra top_k, repetition_penalty, ignore_eos, as the openai client sends them with `extra_body`); any other field
 is refused by name (400, `param` naming it) unless it is informational (user, metadata, service_tier) or one of
@@ -20,21 +24,24 @@ import json
 import re
 import time
 import uuid
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from mindvl.errors import InputError, plain, shown
 from mindvl.preprocess.request import expect
 
-SETTINGS = ("max_tokens", "temperature", "top_p", "stop", "seed", "top_k", "repetition_penalty", "ignore_eos")
+SETTINGS = ("max_tokens", "temperature", "top_p", "stop", "seed", "top_k", "repetition_penalty", "ignore_eos",
+            "presence_penalty", "frequency_penalty")
+MAX_CHOICES = 8  # n: the choices one request may ask for (each is a stream of the batch)
 # every other field a request may hold: honoured (read below), informational (changes no reply), or OpenAI's fields
 # this server does not do, accepted only at the value that asks for nothing (None always), else refused by name
-HONOURED = {"model", "messages", "max_completion_tokens", "n", "stream", "stream_options", *SETTINGS}
+GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice"}  # vLLM's extra fields
+HONOURED = {"model", "messages", "max_completion_tokens", "n", "stream", "stream_options", "logprobs", "top_logprobs",
+            "response_format", *GUIDED, *SETTINGS}
 INFORMATIONAL = {"user", "metadata", "service_tier"}
-NOT_DONE = {"logprobs": (False,), "top_logprobs": (0,), "presence_penalty": (0,), "frequency_penalty": (0,),
-            "response_format": ({"type": "text"},), "modalities": (["text"],), "tools": ([],), "tool_choice": ("none",),
+NOT_DONE = {"modalities": (["text"],), "tools": ([],), "tool_choice": ("none",),
             "parallel_tool_calls": (), "functions": ([],), "function_call": ("none",), "logit_bias": ({},),
             "audio": (), "prediction": (), "store": (False,), "reasoning_effort": (), "web_search_options": (),
-            "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": ()}
+            "guided_grammar": ()}
 DATA_URL = re.compile(r"data:((?:image|video)/[A-Za-z0-9.+-]+)?(;[^,]*)?;base64,(.*)", re.S)
 
 
@@ -101,45 +108,30 @@ def _audio(part: dict, param: str) -> bytes:
 
 
 def question(messages: Any) -> Dict[str, Any]:
-    """The last user message as a generate instance's text, image and audio."""
+    """The whole conversation as a generate instance: the last message (the user's) as its text, every earlier
+    one as its `history` (chat.history_turns' form, each attachment a marker where it sat), the attachments of
+    every message in order as its image(s), clip and video."""
     if not isinstance(messages, list) or not messages:
         raise OpenAIError("messages: expected a non-empty list of messages", param="messages")
-    users = [(i, m) for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ("system", "developer", "user", "assistant"):
-            raise OpenAIError(f"messages[{index}]: expected an object with role system, user or assistant",
-                              param=f"messages[{index}]")
-    if not users:
-        raise OpenAIError("messages: no user message; the last user message holds the question", param="messages")
-    index, message = users[-1]
-    content = message.get("content")
-    parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
-    if not isinstance(parts, list):
-        raise OpenAIError(f"messages[{index}].content: expected a string or a list of parts",
-                          param=f"messages[{index}].content")
-    instance: Dict[str, Any] = {"text": ""}
+            raise OpenAIError(f"messages[{index}]: expected an object with role system, developer, user or "
+                              f"assistant (tools are not supported)", param=f"messages[{index}]")
+        if message["role"] in ("system", "developer") and any(m["role"] not in ("system", "developer")
+                                                               for m in messages[:index]):
+            raise OpenAIError(f"messages[{index}]: a {message['role']} message after the conversation started; put "
+                              f"the instructions first", param=f"messages[{index}]")
+    if messages[-1]["role"] != "user":
+        raise OpenAIError(f"messages[{len(messages) - 1}]: the last message must be the user's (the question the "
+                          f"model answers)", param=f"messages[{len(messages) - 1}]")
+    instance: Dict[str, Any] = {}
     images: List[bytes] = []
-    for number, part in enumerate(parts):
-        param = f"messages[{index}].content[{number}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            try:
-                expect(part["text"], str, param)
-            except InputError as error:
-                raise OpenAIError(str(error), param=param, code="invalid_value") from None
-            instance["text"] = (instance["text"] + " " + part["text"]).strip()
-        elif kind == "image_url":
-            images.append(_image(part, param))
-        elif kind in ("input_audio", "video_url", "video"):
-            key = "audio" if kind == "input_audio" else "video"
-            if key in instance:
-                raise OpenAIError(f"{param}: a second {'clip' if key == 'audio' else 'video'}; a question takes one",
-                                  param=param, code="too_many_attachments")
-            instance[key] = (_audio(part, param) if kind == "input_audio" else _image(part, param, kind)
-                             if kind == "video_url" else _frames(part, param))
-        else:
-            raise OpenAIError(f"{param}: unsupported content part type {kind!r}; use text, image_url, input_audio, "
-                              f"video_url or video", param=param, code="unsupported_content_part")
+    history = [{"role": message["role"], "content": _parts(message, index, instance, images)}
+               for index, message in enumerate(messages)]
+    last = history.pop()["content"]
+    instance["text"] = " ".join(part["text"] for part in last if part["type"] == "text").strip()
+    if history:
+        instance["history"] = history
     if len(images) == 1:
         instance["image"] = images[0]
     elif images:
@@ -147,8 +139,60 @@ def question(messages: Any) -> Dict[str, Any]:
     return instance
 
 
-def parse_chat(body: bytes) -> Tuple[str, Dict[str, Any], bool, bool]:
-    """A chat completions request -> (model, generate instance, stream, include_usage)."""
+def _parts(message: dict, index: int, instance: Dict[str, Any], images: List[bytes]) -> List[Dict[str, str]]:
+    """A message's content as history parts (text, and a marker per attachment: {"type": "image" | "audio" |
+    "video"}), its attachments' bytes appended to `images` or set on `instance` (one clip and one video per
+    conversation)."""
+    content = message.get("content")
+    if content is None and message["role"] == "assistant":
+        content = ""  # an assistant turn that only called tools (not supported, but harmless as an empty answer)
+    parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    if not isinstance(parts, list):
+        raise OpenAIError(f"messages[{index}].content: expected a string or a list of parts",
+                          param=f"messages[{index}].content")
+    read: List[Dict[str, str]] = []
+    for number, part in enumerate(parts):
+        param = f"messages[{index}].content[{number}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("text", "refusal") and isinstance(part.get(kind), str):
+            try:
+                expect(part[kind], str, param)
+            except InputError as error:
+                raise OpenAIError(str(error), param=param, code="invalid_value") from None
+            read.append({"type": "text", "text": part[kind]})
+            continue
+        if message["role"] != "user":
+            raise OpenAIError(f"{param}: a {message['role']} message holds text only, got a part of type {kind!r}",
+                              param=param, code="unsupported_content_part")
+        if kind == "image_url":
+            images.append(_image(part, param))
+            read.append({"type": "image"})
+        elif kind in ("input_audio", "video_url", "video"):
+            key = "audio" if kind == "input_audio" else "video"
+            if key in instance:
+                raise OpenAIError(f"{param}: a second {'clip' if key == 'audio' else 'video'}; a conversation takes "
+                                  f"one", param=param, code="too_many_attachments")
+            instance[key] = (_audio(part, param) if kind == "input_audio" else _image(part, param, kind)
+                             if kind == "video_url" else _frames(part, param))
+            read.append({"type": key})
+        else:
+            raise OpenAIError(f"{param}: unsupported content part type {kind!r}; use text, image_url, input_audio, "
+                              f"video_url or video", param=param, code="unsupported_content_part")
+    return read
+
+
+class ChatRequest(NamedTuple):
+    model: str
+    instance: Dict[str, Any]  # the generate instance (serving/runtime.py)
+    stream: bool
+    include_usage: bool
+    n: int  # choices
+    logprobs: bool  # each choice lists its tokens' log-probabilities (and instance["top_logprobs"] alternatives)
+    grammar_field: Optional[str]  # the field that asked for structured output (response_format, guided_*)
+
+
+def parse_chat(body: bytes) -> ChatRequest:
+    """A chat completions request, read and checked."""
     try:
         request = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -162,9 +206,20 @@ def parse_chat(body: bytes) -> Tuple[str, Dict[str, Any], bool, bool]:
     model = request.get("model")
     if not isinstance(model, str) or not model:
         raise OpenAIError("model: required; GET /v1/models lists the served models", param="model")
-    if request.get("n") is not None and (type(request["n"]) is not int or request["n"] != 1):
-        raise OpenAIError("n: only 1 choice per request is generated", param="n", code="unsupported_value")
+    n = 1 if request.get("n") is None else request["n"]
+    if type(n) is not int or not 1 <= n <= MAX_CHOICES:
+        raise OpenAIError(f"n: expected an integer in [1, {MAX_CHOICES}] (the choices generated), got {shown(n)}",
+                          param="n", code="invalid_value")
+    logprobs = _flag(request, "logprobs")
+    top = request.get("top_logprobs")
+    if top is not None and not logprobs:
+        raise OpenAIError("top_logprobs: needs logprobs set to true", param="top_logprobs", code="invalid_value")
     instance = question(request.get("messages"))
+    if top is not None:
+        instance["top_logprobs"] = top
+    grammar_field, grammar = _grammar(request)
+    if grammar is not None:
+        instance["grammar"] = grammar
     if request.get("max_completion_tokens") is not None and request.get("max_tokens") is None:
         request["max_tokens"] = request["max_completion_tokens"]
     for name in SETTINGS:
@@ -174,7 +229,39 @@ def parse_chat(body: bytes) -> Tuple[str, Dict[str, Any], bool, bool]:
     options = request.get("stream_options") or {}
     if not isinstance(options, dict):
         raise OpenAIError("stream_options: expected an object", param="stream_options")
-    return model, instance, stream, _flag(options, "include_usage", "stream_options.include_usage")
+    return ChatRequest(model, instance, stream, _flag(options, "include_usage", "stream_options.include_usage"), n,
+                       logprobs, grammar_field)
+
+
+def _grammar(request: dict) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
+    """(the field, what the answer must be): response_format json_object or json_schema (its `schema`; strict or
+    not, it is enforced), or one of vLLM's guided_json / guided_regex / guided_choice; at most one of them."""
+    asked = [name for name in ("response_format", *GUIDED) if request.get(name) is not None
+             and request.get(name) != {"type": "text"}]
+    if len(asked) > 1:
+        raise OpenAIError(f"{asked[1]}: one structured output per request; {asked[0]} is given too", param=asked[1],
+                          code="invalid_value")
+    if not asked:
+        return None, None
+    name, value = asked[0], request[asked[0]]
+    if name in GUIDED:
+        if name == "guided_json" and isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise OpenAIError("guided_json: not a JSON schema (invalid JSON)", param=name) from None
+        return name, {"type": GUIDED[name], "value": value}
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "json_object":
+        return name, {"type": "json_object"}
+    if kind == "json_schema":
+        schema = value.get("json_schema")
+        if not isinstance(schema, dict) or not isinstance(schema.get("schema"), dict):
+            raise OpenAIError("response_format: json_schema needs {\"name\": ..., \"schema\": {...}}",
+                              param="response_format", code="invalid_value")
+        return name, {"type": "json_schema", "value": schema["schema"]}
+    raise OpenAIError(f"response_format: type {shown(kind)} is not supported; use text, json_object or json_schema",
+                      param="response_format", code="invalid_value")
 
 
 def _check_fields(request: dict) -> None:
@@ -214,12 +301,14 @@ def _flag(fields: dict, name: str, param: Optional[str] = None) -> bool:
 
 
 class Completion:
-    """The ids and bodies of one chat completion's answer, whole or as chunks."""
+    """The ids and bodies of one chat completion's answer, whole or as chunks. `token_text`: a token id's text (the
+    package's tokenizer), for the log-probabilities."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, token_text: Callable[[int], str] = str) -> None:
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.model = model
+        self.token_text = token_text
 
     def _head(self, kind: str) -> Dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -228,14 +317,38 @@ class Completion:
     def usage(prompt: int, completion: int) -> Dict[str, int]:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    def whole(self, text: str, finish: str, prompt: int, completion: int) -> bytes:
-        return json.dumps({**self._head("chat.completion"), "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-             "finish_reason": finish}], "usage": self.usage(prompt, completion)}).encode()
+    def _token(self, token: int, logprob: float) -> Dict[str, Any]:
+        text = self.token_text(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "replace"))}
 
-    def chunk(self, delta: Dict[str, Any], finish: Optional[str] = None) -> bytes:
+    def logprobs(self, tokens: Sequence[int], logprobs: Sequence[float], tops: Sequence[tuple]) -> Dict[str, Any]:
+        """OpenAI's logprobs object: each token's text, log-probability and bytes, and its top alternatives."""
+        return {"content": [{**self._token(token, logprob), "top_logprobs": [self._token(*pair) for pair in top]}
+                            for token, logprob, top in zip(tokens, logprobs, tops)], "refusal": None}
+
+    def whole(self, results: Sequence, logprobs: bool = False) -> bytes:
+        """The chat.completion of finished generations (engine.sampling.Generation, one per choice)."""
+        first = results[0]
+        return json.dumps({**self._head("chat.completion"), "choices": [
+            {"index": index, "message": {"role": "assistant", "content": result.text},
+             "logprobs": self.logprobs(result.tokens, result.logprobs, result.tops) if logprobs else None,
+             "finish_reason": result.finish} for index, result in enumerate(results)],
+            "usage": self.usage(first.prompt_tokens, sum(len(r.tokens) for r in results)),
+            "dropped_turns": first.dropped_turns}).encode()
+
+    def chunk(self, delta: Dict[str, Any], finish: Optional[str] = None, index: int = 0,
+              logprobs: Optional[Dict[str, Any]] = None, **extra: Any) -> bytes:
+        """One chat.completion.chunk event of choice `index`; `extra`: top-level fields (the first chunk's
+        dropped_turns)."""
         return self.event({**self._head("chat.completion.chunk"), "choices": [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+            {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}], **extra})
+
+    def delta_chunks(self, index: int, delta, logprobs: bool) -> bytes:
+        """The chunks of one engine Delta of choice `index`: its text (with its token's log-probabilities when
+        asked), then its finish."""
+        listed = self.logprobs([delta.token], [delta.logprob], [delta.top]) if logprobs else None
+        text = self.chunk({"content": delta.text}, index=index, logprobs=listed) if delta.text or listed else b""
+        return text + (self.chunk({}, delta.finish, index=index) if delta.finish else b"")
 
     def usage_chunk(self, prompt: int, completion: int) -> bytes:
         return self.event({**self._head("chat.completion.chunk"), "choices": [],

@@ -33,13 +33,15 @@ async def answer(server, request: web.Request) -> web.StreamResponse:
         return web.Response(body=error.body(), status=error.status, content_type="application/json")
 
 
-def _param(message: str):
-    """The request field an instance error names (its messages start `field: ...`): a setting, or the question's
-    text (its message part), image or clip."""
+def _param(message: str, chat: O.ChatRequest):
+    """The request field an instance error names (its messages start `field: ...`): a setting, the field that
+    asked for structured output, or the messages (a question's text, image, clip, the conversation)."""
     field = message.partition(":")[0]
     if field in O.SETTINGS:
         return field
-    return "messages" if field in ("text", "image", "audio") else None
+    if field in ("json_schema", "json_object", "regex", "choice", "grammar"):
+        return chat.grammar_field
+    return "messages" if field in ("text", "image", "audio", "images", "images, video", "video", "history") else None
 
 
 async def _answer(server, request: web.Request) -> web.StreamResponse:
@@ -52,39 +54,40 @@ async def _answer(server, request: web.Request) -> web.StreamResponse:
     if request.method != "POST":
         raise O.OpenAIError("use POST for /v1/chat/completions", 405, code="method_not_allowed")
     async with held_body(server, request) as body:
-        model, instance, stream, include_usage = O.parse_chat(body)
-        name, _, version = model.partition("@")
+        chat = O.parse_chat(body)
+        name, _, version = chat.model.partition("@")
         try:
             loaded = generative(server.catalog, name, int(version or 0))
         except (NotAvailable, ValueError):
-            raise O.OpenAIError(f"The model {model!r} does not exist; GET /v1/models lists the served models",
+            raise O.OpenAIError(f"The model {chat.model!r} does not exist; GET /v1/models lists the served models",
                                 404, "model", "model_not_found") from None
         except Failure as failure:
             raise O.OpenAIError(str(failure), 400, "model", "model_not_generative") from None
         with server.catalog.using(loaded):
             try:
-                generation = await loaded.start_generation(instance, server.pool)
+                choices = await loaded.start_choices(chat.instance, server.pool, chat.n)
             except InstanceError as error:
-                raise O.OpenAIError(str(error), 400, _param(str(error)), "invalid_value") from None
-            completion = O.Completion(model)
-            if stream:
+                raise O.OpenAIError(str(error), 400, _param(str(error), chat), "invalid_value") from None
+            tokenizer = loaded.batcher.layout.tokenizer
+            completion = O.Completion(chat.model, lambda token: tokenizer.decode([token], skip_special_tokens=False))
+            if chat.stream:
                 count = [0]
 
-                def event(delta):
+                def event(item):
+                    index, delta = item
                     count[0] += 1
-                    text = completion.chunk({"content": delta.text}) if delta.text else b""
-                    return text + (completion.chunk({}, delta.finish) if delta.finish else b"")
+                    return completion.delta_chunks(index, delta, chat.logprobs)
+                first = b"".join(completion.chunk({"role": "assistant", "content": ""}, index=index,
+                                                  dropped_turns=choices.dropped_turns) for index in range(chat.n))
                 return await stream_events(
-                    request, generation, server.metrics, event, O.DONE,
-                    completion.chunk({"role": "assistant", "content": ""}),
-                    lambda: completion.usage_chunk(generation.prompt_tokens, count[0]) if include_usage else b"")
+                    request, choices, server.metrics, event, O.DONE, first,
+                    lambda: completion.usage_chunk(choices.prompt_tokens, count[0]) if chat.include_usage else b"")
             timeout_s = server.config.timeout_s
             try:
-                result = await asyncio.wait_for(generation.result(), timeout_s)
+                results = await asyncio.wait_for(choices.results(), timeout_s)
             except asyncio.TimeoutError:
                 raise O.OpenAIError(f"generation timed out after {timeout_s:g} s (--timeout-s)", 504,
                                     code="timeout", kind="server_error") from None
             finally:
-                generation.cancel()
-            return web.Response(body=completion.whole(result.text, result.finish, result.prompt_tokens,
-                                                      len(result.tokens)), content_type="application/json")
+                choices.cancel()
+            return web.Response(body=completion.whole(results, chat.logprobs), content_type="application/json")

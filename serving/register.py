@@ -196,9 +196,11 @@ def _model_files(model_file, where: str) -> Tuple[str, ...]:
 
 
 GENERATE = "generate"
-GENERATION_INPUTS = ("text", "image", "audio", "images", "video", "max_tokens", "temperature", "top_p", "top_k",
-                     "repetition_penalty", "stop", "seed", "ignore_eos")
-GENERATION_OUTPUTS = ("text", "tokens", "finish_reason", "prompt_tokens", "completion_tokens", "mean_logprob")
+GENERATION_INPUTS = ("text", "image", "audio", "images", "video", "history", "max_tokens", "temperature", "top_p",
+                     "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed",
+                     "ignore_eos", "top_logprobs", "grammar")
+GENERATION_OUTPUTS = ("text", "tokens", "finish_reason", "prompt_tokens", "completion_tokens", "mean_logprob",
+                      "dropped_turns")
 
 
 def declare_generation():

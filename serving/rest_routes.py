@@ -46,7 +46,8 @@ async def answer(server, request: web.Request) -> web.StreamResponse:
 async def _generate_events(server, request: web.Request, servable: str, version: int,
                            instances: List[Dict[str, Any]]) -> web.StreamResponse:
     """`:generate` with `Accept: text/event-stream`: one instance's deltas as Server-Sent Events
-    ({"text", "token", "finish_reason"}), then `data: [DONE]`."""
+    ({"text", "token", "logprob", "finish_reason"}, "top_logprobs" when asked, the first also "prompt_tokens" and
+    "dropped_turns"), then `data: [DONE]`."""
     if len(instances) != 1:
         raise Failure(f"a streamed generate takes one instance, got {len(instances)}", 400, "protocol")
     loaded = generative(server.catalog, servable, version)
@@ -55,5 +56,13 @@ async def _generate_events(server, request: web.Request, servable: str, version:
             generation = await loaded.start_generation(instances[0], server.pool)
         except InstanceError as error:
             raise Failure(str(error), 400, "instance") from None
-        return await stream_events(request, generation, server.metrics, lambda d: Completion.event(
-            {"text": d.text, "token": d.token, "logprob": d.logprob, "finish_reason": d.finish}), DONE)
+        first = {"prompt_tokens": generation.prompt_tokens, "dropped_turns": generation.dropped_turns}
+
+        def event(delta) -> bytes:
+            fields = {"text": delta.text, "token": delta.token, "logprob": delta.logprob,
+                      "finish_reason": delta.finish, **first}
+            if delta.top:
+                fields["top_logprobs"] = [{"token": token, "logprob": logprob} for token, logprob in delta.top]
+            first.clear()
+            return Completion.event(fields)
+        return await stream_events(request, generation, server.metrics, event, DONE)

@@ -12,6 +12,7 @@ outputs (dtypes, shapes, batch dimension), as MindSpore Serving reads them. Eith
 compiled before the first request arrives.
 """
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -31,7 +32,8 @@ from mindvl.mindir import mindir_io
 from mindvl.package_reader import (MANIFEST, TOLERANCE, as_array, as_tuple, check_files, load_graph, load_samples,
                                    read_manifest)
 from mindvl.serving.batching import Batcher, BatchPolicy
-from mindvl.serving.continuous_batching import ContinuousBatcher, GenerationRequest, request_settings
+from mindvl.serving.continuous_batching import (Choices, ContinuousBatcher, GenerationRequest, request_history,
+                                                request_settings)
 from mindvl.serving.protocol import InstanceError, ProtocolError
 from mindvl.serving.register import (GENERATION_INPUTS, Method, Model, Placeholder, ServableDefinition, ServableError,
                                      Stage, load_servable_config)
@@ -302,6 +304,11 @@ class LoadedVersion:
 
     async def start_generation(self, instance: Dict[str, Any], pool: Executor) -> GenerationRequest:
         """Queue one `generate` instance (its image and audio preprocessed in `pool`); InstanceError for a bad one."""
+        return (await self.start_choices(instance, pool, 1)).requests[0]
+
+    async def start_choices(self, instance: Dict[str, Any], pool: Executor, count: int) -> Choices:
+        """Queue `count` generations of one `generate` instance, its prompt prepared once; with a seed, choice i
+        samples with seed + i (each its own tokens, all reproducible)."""
         unknown = [name for name in instance if name not in GENERATION_INPUTS]
         if unknown:
             raise InstanceError(f"input {unknown[0]!r} is not an input of the method; method generate takes "
@@ -315,10 +322,13 @@ class LoadedVersion:
             if video is not None and not isinstance(video, bytes):
                 video = _byte_list(instance, "video")  # its frames
             settings = request_settings(instance)
+            history = request_history(instance.get("history"))
             loop = asyncio.get_running_loop()
             prompt = await loop.run_in_executor(pool, self.batcher.prepare, text, instance.get("image"),
-                                                instance.get("audio"), settings, images, video)
-            return self.batcher.submit(prompt, settings, loop)
+                                                instance.get("audio"), settings, images, video, history)
+            seeds = [None if settings.seed is None else settings.seed + i for i in range(count)]
+            return Choices([self.batcher.submit(prompt, dataclasses.replace(settings, seed=seed), loop)
+                            for seed in seeds])
         except (MindvlError, TypeError, ValueError) as error:
             raise InstanceError(plain(str(error))) from None
 
@@ -330,7 +340,7 @@ class LoadedVersion:
             request.cancel()  # a request abandoned (timeout, disconnect) stops at the next step
         return {"text": result.text, "tokens": np.asarray(result.tokens, np.int32), "finish_reason": result.finish,
                 "prompt_tokens": result.prompt_tokens, "completion_tokens": len(result.tokens),
-                "mean_logprob": np.float32(result.mean_logprob)}
+                "mean_logprob": np.float32(result.mean_logprob), "dropped_turns": result.dropped_turns}
 
     def _input(self, value: Any) -> Any:
         """A request value as the method's stages get it: MindSpore Serving hands bytes to Python stages as a

@@ -1,12 +1,12 @@
 """The chat template: placeholder accounting, literal user text, labels on the assistant's tokens only,
-truncation that never cuts an attachment."""
+truncation that never cuts an attachment, live conversations fitted by leaving out their oldest exchanges."""
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mindvl.chat import (AUDIO_SLOT, IMAGE_SLOT, TEXT, ChatEncoder, chat_template, conversation_turns, parse_content,
-                         question_turn)
+from mindvl.chat import (AUDIO_SLOT, IMAGE_SLOT, TEXT, ChatEncoder, Turn, chat_template, conversation_turns,
+                         history_turns, parse_content, question_turn, separated)
 from mindvl.errors import InputError
 
 TOKENIZER = Path(__file__).parent / "references" / "tiny_gemma3_text" / "tokenizer.json"
@@ -128,3 +128,43 @@ def test_unknown_template_and_multi_token_stop_are_refused():
         chat_template("chatml")
     with pytest.raises(InputError, match="its stop string '<end_of_turn>' is"):
         ChatEncoder(_tokenizer(), chat_template("gemma"), 4, 2)  # no control tokens in this vocabulary
+
+
+def test_a_live_prompt_leaves_out_its_oldest_exchanges_to_fit_and_keeps_system_and_question(gemma):
+    """drop_oldest: whole exchanges go, oldest first, never the system turn or the last user turn; what is kept is
+    exactly the conversation without them (Gemma folds the system text into the first kept user turn)."""
+    history = history_turns([{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Color?"}]},
+                             {"role": "assistant", "content": "red"},
+                             {"role": "user", "content": "Shape?"}, {"role": "assistant", "content": "a circle"}])
+    question = question_turn("How many?")
+    whole = gemma.prompt(history + [question], images=1)
+    assert whole.dropped == 0 and whole.count(IMAGE_SLOT) == 4
+    text = gemma.tokenizer.decode([int(i) for i in whole.ids], skip_special_tokens=False)
+    assert text.startswith("<bos><start_of_turn>user\nBe brief.\n\n")  # Gemma's own template folds it so
+    without_first = gemma.prompt([history[0]] + history[3:] + [question], images=0)
+    cut = gemma.prompt(history + [question], images=1, max_length=len(without_first), drop_oldest=True)
+    np.testing.assert_array_equal(cut.ids, without_first.ids)
+    assert (cut.dropped, cut.dropped_attachments) == (2, 1)
+    alone = gemma.prompt([history[0], question])
+    cut = gemma.prompt(history + [question], images=1, max_length=len(alone), drop_oldest=True)
+    assert (cut.dropped, len(cut)) == (4, len(alone))
+    with pytest.raises(InputError, match="the earlier turns are already left out"):
+        gemma.prompt(history + [question], images=1, max_length=len(alone) - 1, drop_oldest=True)
+
+
+def test_history_messages_become_turns_and_bad_ones_are_refused_by_position():
+    turns = history_turns([{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "a"},
+                           {"role": "user", "content": [{"type": "text", "text": "b"}, {"type": "image"}]},
+                           {"role": "assistant", "content": "c"}])
+    assert turns == [Turn("system", ("Be brief.",)), Turn("user", ("a", "\n\n", "b", IMAGE_SLOT)),
+                     Turn("assistant", ("c",))]
+    for messages, match in [("[]", "expected a list of messages"), ([{"role": "tool", "content": "x"}],
+                                                                      r"history\[0\]: expected an object with role"),
+                            ([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}],
+                             r"history\[1\]: a system message after"),
+                            ([{"role": "assistant", "content": [{"type": "image"}]}], "a part of type text"),
+                            ([{"role": "user", "content": 3}], "expected text or a list of parts")]:
+        with pytest.raises(InputError, match=match):
+            history_turns(messages)
+    assert separated([IMAGE_SLOT, IMAGE_SLOT, AUDIO_SLOT, "q"]) == (IMAGE_SLOT, IMAGE_SLOT, "\n", AUDIO_SLOT, "\nq")

@@ -25,7 +25,9 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from mindvl.engine.sampling import Delta, Generation, SamplingConfig, TextSequence, next_tokens, token_logprobs
+from mindvl.engine.grammar import Constraint, Grammars
+from mindvl.engine.sampling import (Delta, Generation, SamplingConfig, TextSequence, next_tokens, token_logprobs,
+                                   top_logprobs)
 from mindvl.errors import ConfigError
 
 
@@ -37,6 +39,7 @@ class Running:
     settings: SamplingConfig
     rng: np.random.Generator
     seen: np.ndarray  # (vocab,) bool: the repetition penalty's tokens
+    counts: Optional[np.ndarray]  # (vocab,) int32: each token's count in the answer (presence/frequency penalties)
     slot_valid: np.ndarray  # (cache_len,) bool
     slot: int  # the cache slot its next token is written to
     position: int  # that token's position (valid tokens before it)
@@ -44,6 +47,8 @@ class Running:
     logits: Optional[np.ndarray] = None  # (vocab,) the next token's, once prefill or a decode step gave them
     owner: Any = None  # whoever waits for its deltas (the server's request, a prompt's index)
     cancelled: bool = False
+    dropped: int = 0  # its conversation's oldest turns left out to fit (the layout's fit)
+    constraint: Optional[Constraint] = None  # its grammar's matcher (engine.grammar), when its settings have one
 
     @property
     def done(self) -> bool:
@@ -65,6 +70,13 @@ class DecodeBatch:
         self.sizes = tuple(sorted(sizes))
         self.rows: List[Running] = []
         self.caches: Optional[List[Any]] = None  # 2 x layers, each (padded rows, cache_len, kv_width)
+        self._grammars: Optional[Grammars] = None
+
+    def grammars(self) -> Grammars:
+        """The grammars of this layout's tokenizer (built on first use: seconds for a large vocabulary)."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.layout.tokenizer, self.layout.stop_ids)
+        return self._grammars
 
     def padded(self, count: int) -> int:
         """The batch size `count` rows run at."""
@@ -87,15 +99,19 @@ class DecodeBatch:
         if not prompts:
             raise ConfigError("generate: no prompt given")
         _, encoded = self.layout.admit(prompts, max(s.max_new_tokens for s in settings), field)
+        for config in settings:
+            if config.grammar is not None:
+                self.grammars().check(config.grammar)
         return [len(e) for e in encoded]
 
     def prefill(self, prompts: Sequence, settings: Sequence[SamplingConfig],
                 owners: Optional[Sequence[Any]] = None) -> List[Running]:
-        """Prefill `prompts` together (one bucket, the longest's) and add them to the batch; -> their rows. The
+        """Prefill `prompts` together (one bucket, the longest's) and add them to the batch; -> their rows. Each
+        is fitted first (a conversation's oldest turns left out as its new tokens need, the layout's fit); the
         layout refuses what the graphs cannot generate (ConfigError) before any graph runs."""
         if not prompts:
             raise ConfigError("generate: no prompt given")
-        prompts = list(prompts)
+        prompts = [self.layout.fit(prompt, config.max_new_tokens) for prompt, config in zip(prompts, settings)]
         batch = self.layout.batch(prompts + prompts[-1:] * (self.padded(len(prompts)) - len(prompts)),
                                   max(s.max_new_tokens for s in settings))
         logits, caches = self.graphs.prefill(batch)
@@ -109,9 +125,13 @@ class DecodeBatch:
             stop_ids = set(self.layout.stop_ids) | set(config.stop_tokens)
             length = int(batch.valid[index].sum())
             position = length + (int(batch.deltas[index]) if batch.deltas is not None else 0)  # M-RoPE's delta
+            counts = np.zeros(logits.shape[-1], np.int32) if config.presence_penalty or config.frequency_penalty \
+                else None
             rows.append(Running(TextSequence(index, self.layout.tokenizer, config, stop_ids), config,
-                                _generator(config.seed), seen, valid, bucket, position, length,
-                                logits[index], owners[index] if owners is not None else index))
+                                _generator(config.seed), seen, counts, valid, bucket, position, length,
+                                logits[index], owners[index] if owners is not None else index,
+                                dropped=getattr(prompts[index], "dropped", 0),
+                                constraint=self.grammars().constraint(config.grammar) if config.grammar else None))
         self._append(rows, [self.graphs.to_numpy(c)[:len(rows)] for c in caches])
         return rows
 
@@ -154,12 +174,21 @@ class DecodeBatch:
         if not np.isfinite(logits).any():
             raise ConfigError("generate: the model's logits for this sequence are all NaN or infinite; the "
                               "package's graphs or weights are broken (mindvl export verify checks them)")
-        token = next_tokens(logits, row.settings, row.rng, row.seen[None])
+        choosable = logits
+        if row.constraint is not None:  # the grammar's mask first: what it rules out is never drawn
+            choosable = np.where(row.constraint.allowed(logits.shape[-1])[None], logits, -np.inf)
+        token = next_tokens(choosable, row.settings, row.rng, row.seen[None],
+                            None if row.counts is None else row.counts[None])
         logprob = float(token_logprobs(logits, token)[0])
         token = int(token[0])
         row.seen[token] = True
+        if row.constraint is not None:
+            row.constraint.consume(token)
+        if row.counts is not None:
+            row.counts[token] += 1
         last = len(row.sequence.tokens) + 1 >= row.settings.max_new_tokens
-        return row.sequence.add(token, last, logprob)
+        top = top_logprobs(row.logits, row.settings.top_logprobs) if row.settings.top_logprobs else ()
+        return row.sequence.add(token, last, logprob, top)
 
     def drop_done(self) -> None:
         keep = [i for i, row in enumerate(self.rows) if not row.done]
@@ -200,7 +229,8 @@ class DecodeBatch:
         """Every prompt's finished generation, the prompts prefilled and decoded together."""
         results = {}
         for row, delta in self.stream(prompts, settings):
-            results.setdefault(row.owner, Generation("", prompt_tokens=row.prompt_tokens)).add(delta)
+            results.setdefault(row.owner, Generation("", prompt_tokens=row.prompt_tokens,
+                                                              dropped_turns=row.dropped)).add(delta)
         return [results[index] for index in range(len(prompts))]
 
 

@@ -10,12 +10,13 @@ in order, each in the processor's order).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, VIDEO_SLOT, ChatEncoder, user_turn
+from mindvl.chat import (AUDIO_SLOT, IMAGE_SLOT, VIDEO_SLOT, ChatEncoder, Rendered, Turn, conversation,
+                         placeholder_count, user_turn)
 from mindvl.engine.prompts import GenerationLimits, PromptBatch, _Layout
 from mindvl.engine.vision_layout import ViTPacking, WindowedPacking, mrope_positions
 from mindvl.errors import ConfigError, InputError
@@ -35,12 +36,35 @@ class NativePrompt:
 
     question: str
     attachments: List[Tuple[str, np.ndarray, np.ndarray, float]] = field(default_factory=list)
-    rendered: Optional[np.ndarray] = None  # its token ids, once a layout rendered them (the server does it off the engine)
+    rendered: Optional[np.ndarray] = None  # its token ids, once a layout fitted it (the server does it off the engine)
     audio: Optional[Tuple[np.ndarray, np.ndarray]] = None
+    history: Tuple[Turn, ...] = ()  # the conversation's earlier turns (chat.history_turns); their image and video
+    # markers take the first attachments, in order; the question's turn the rest
+    dropped: int = 0  # of which the oldest turns left out to fit (the layout's fit)
 
     @property
     def patches(self) -> int:
         return sum(int(np.prod(grid)) for _, _, grid, _ in self.attachments)
+
+
+def in_order(found: list, history: Sequence[Turn]) -> list:
+    """A question's attachments (its images, then its video: preprocess.native_resolution.attachments) in the order
+    the conversation places them: the history's image and video markers first, in order, each taking the next
+    image or the video; the question's turn the rest. A clip placed in the history is refused (this model hears
+    one clip, in the question's turn), as is a marker with nothing to bind."""
+    if placeholder_count(history, AUDIO_SLOT):
+        raise InputError("history: a clip in an earlier message; this model hears a clip only in the last user "
+                         "message")
+    images = [a for a in found if a[0] == IMAGE]
+    videos = [a for a in found if a[0] == VIDEO]
+    ordered = []
+    for kind in (p for turn in history for p in turn.parts if p in (IMAGE_SLOT, VIDEO_SLOT)):
+        pool, what = (images, "image") if kind == IMAGE_SLOT else (videos, "video")
+        if not pool:
+            raise InputError(f"history: the conversation places more {what}s than the request sends; send one per "
+                             f"{what} part, in order")
+        ordered.append(pool.pop(0))
+    return ordered + images + videos
 
 
 class NativeRequests:
@@ -55,11 +79,12 @@ class NativeRequests:
         self.pre = pre if "speech_shape" in native else None
 
     def prompt(self, text: str, images: Sequence[bytes] = (), audio: Optional[bytes] = None,
-               video=None) -> NativePrompt:
+               video=None, history: Sequence[Turn] = ()) -> NativePrompt:
         """Each image decoded within the decode budget and cut at its own resolution; a video from its file's bytes
         (its header checked against the largest vision graph first) or its frames' files; a clip (WAV, FLAC, OGG)
-        as the model's log-mel, its length checked from its header first. CPU work: call it from a worker thread,
-        never an event loop."""
+        as the model's log-mel, its length checked from its header first; the attachments in the order the
+        conversation (`history`, then the question) places them. CPU work: call it from a worker thread, never an
+        event loop."""
         from mindvl.preprocess import speech_features
 
         if audio is not None and self.pre is None:
@@ -68,8 +93,9 @@ class NativeRequests:
         opened = [open_image(data, f"images[{i}]") for i, data in enumerate(images)]
         if isinstance(video, list):
             video = [open_image(data, f"video frame {i}") for i, data in enumerate(video)]
-        return NativePrompt(text, attachments(opened, video, self.patches, self.video, self.tokens_per_second,
-                                              max_patches=self.max_patches), audio=heard)
+        found = attachments(opened, video, self.patches, self.video, self.tokens_per_second,
+                            max_patches=self.max_patches)
+        return NativePrompt(text, in_order(found, history), audio=heard, history=tuple(history))
 
 
 class NativePromptLayout(_Layout):
@@ -119,10 +145,42 @@ class NativePromptLayout(_Layout):
                              f"model's vision graphs hold; send fewer or smaller images (or a shorter video)")
         return fitting[0]
 
-    def render(self, prompt: NativePrompt) -> np.ndarray:
-        """The prompt's ids, its attachments checked against the vision graphs."""
-        self.vision_size([prompt])
-        return self.encode(prompt)
+    def render(self, prompt: NativePrompt, max_length: int = 0) -> Rendered:
+        """The conversation's tokens (its history, then the question's turn: the attachments the history does not
+        place, in order, then the clip, then the question: chat.user_turn, the template's separator between them,
+        nothing for the Qwen family as its processors place a message's parts), the attachments it keeps checked
+        against the vision graphs; with `max_length` the oldest turns are left out to fit it."""
+        heard = prompt.audio is not None
+        if heard and not self.audio_tokens:
+            raise InputError(NOT_HEARD)
+        if not prompt.question.strip() and not prompt.attachments and not heard:
+            raise ConfigError("generate: no question: give the question as text" + (" or as audio" if
+                                                                                   self.audio_tokens else ""))
+        self.check_text(prompt.question)
+        history = list(prompt.history)
+        placed = sum(part in (IMAGE_SLOT, VIDEO_SLOT) for turn in history for part in turn.parts)
+        if placed > len(prompt.attachments):
+            raise InputError(f"history: {placed} images and videos placed, {len(prompt.attachments)} sent; send one "
+                             f"per image or video part")
+        self.vision_size([replace(prompt, attachments=prompt.attachments[placed:])])  # the question's own, first
+        kinds = [IMAGE_SLOT if kind == IMAGE else VIDEO_SLOT for kind, *_ in prompt.attachments]
+        turn = user_turn(prompt.question, kinds[placed:], heard, self.chat.template.separator)
+        sizes = [int(np.prod(grid)) // self.packing.merge ** 2 for _, _, grid, _ in prompt.attachments]
+        rendered = self.chat.prompt(conversation(history + [turn]), images=kinds.count(IMAGE_SLOT),
+                                    audios=int(heard), videos=kinds.count(VIDEO_SLOT),
+                                    sizes=sizes + [self.audio_tokens] * heard, max_length=max_length,
+                                    drop_oldest=max_length > 0)
+        self.vision_size([replace(prompt, attachments=prompt.attachments[rendered.dropped_attachments:])])
+        return rendered
+
+    def fit(self, prompt: NativePrompt, max_new_tokens: int = 0) -> NativePrompt:
+        """The prompt with its conversation fitted (the layout's fit) and the attachments of the turns left out
+        dropped too, so neither the vision graph nor the slots see them."""
+        if prompt.rendered is not None:
+            return prompt
+        rendered = self.render(prompt, self.limits.room(max_new_tokens))
+        return replace(prompt, attachments=prompt.attachments[rendered.dropped_attachments:], rendered=rendered.ids,
+                       dropped=rendered.dropped)
 
     @staticmethod
     def is_single(prompts) -> bool:
@@ -132,23 +190,7 @@ class NativePromptLayout(_Layout):
         return NativePrompt(prompt.question)
 
     def encode(self, prompt: NativePrompt) -> np.ndarray:
-        """The user turn: the attachments in order, then the clip, then the question (chat.user_turn, the
-        template's separator between them: nothing for the Qwen family, as its processors place a message's
-        content parts)."""
-        if prompt.rendered is not None:
-            return prompt.rendered
-        heard = prompt.audio is not None
-        if heard and not self.audio_tokens:
-            raise InputError(NOT_HEARD)
-        if not prompt.question.strip() and not prompt.attachments and not heard:
-            raise ConfigError("generate: no question: give the question as text" + (" or as audio" if
-                                                                                   self.audio_tokens else ""))
-        self.check_text(prompt.question)
-        kinds = [IMAGE_SLOT if kind == IMAGE else VIDEO_SLOT for kind, *_ in prompt.attachments]
-        turn = user_turn(prompt.question, kinds, heard, self.chat.template.separator)
-        sizes = [int(np.prod(grid)) // self.packing.merge ** 2 for _, _, grid, _ in prompt.attachments]
-        return self.chat.prompt([turn], images=kinds.count(IMAGE_SLOT), audios=int(heard),
-                                videos=kinds.count(VIDEO_SLOT), sizes=sizes + [self.audio_tokens] * heard).ids
+        return self.render(prompt).ids if prompt.rendered is None else prompt.rendered
 
     def batch(self, prompts: Sequence[NativePrompt], max_new_tokens: int) -> PromptBatch:
         bucket, encoded = self.admit(prompts, max_new_tokens)

@@ -17,9 +17,10 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from mindvl.chat import AUDIO_SLOT, IMAGE_SLOT, ChatEncoder, Rendered, modality_slots, question_turn
+from mindvl.chat import (AUDIO_SLOT, IMAGE_SLOT, VIDEO_SLOT, ChatEncoder, Rendered, Turn, conversation, modality_slots,
+                         placeholder_count, question_turn)
 from mindvl.config import PreprocessConfig
-from mindvl.errors import ConfigError, shown
+from mindvl.errors import ConfigError, InputError, shown
 
 SMALLEST_BUCKET = 16
 # Characters of text read per token a prompt may hold: tokenisers average 3-5 characters a token, so a text past
@@ -64,6 +65,11 @@ class GenerationLimits:
             raise ConfigError(f"{field}: {asked} asked, this model generates at most {self.max_new_tokens} tokens "
                               f"per request")
 
+    def room(self, max_new_tokens: int) -> int:
+        """The longest prompt generating `max_new_tokens` can take: the largest bucket leaving room for them in
+        the cache (0 when none does: `bucket` then says why)."""
+        return max((b for b in self.buckets if b + max_new_tokens <= self.cache_len), default=0)
+
     def bucket(self, longest: int, max_new_tokens: int) -> int:
         """The smallest bucket holding a `longest`-token prompt, with room for `max_new_tokens` after it."""
         for bucket in self.buckets:
@@ -101,7 +107,9 @@ class MultimodalPrompt:
     image: Optional[np.ndarray] = None
     mel: Optional[np.ndarray] = None
     frame_mask: Optional[np.ndarray] = None
-    rendered: Optional[Rendered] = None  # its tokens, once a layout rendered it (the server does it off the engine)
+    rendered: Optional[Rendered] = None  # its tokens, once a layout fitted it (the server does it off the engine)
+    history: Tuple[Turn, ...] = ()  # the conversation's earlier turns (chat.history_turns), a system turn first
+    dropped: int = 0  # of which the oldest turns left out to fit (the layout's fit)
 
 
 @dataclass
@@ -145,6 +153,12 @@ class _Layout:
 
     def encode(self, prompt) -> np.ndarray:
         raise NotImplementedError
+
+    def fit(self, prompt, max_new_tokens: int = 0):
+        """The prompt as it is generated with `max_new_tokens` new tokens: a conversation's oldest turns left out
+        until it fits the largest bucket that leaves them room (its `dropped` says how many), rendered once.
+        A text prompt has no turns: itself."""
+        return prompt
 
     def check_text(self, text: str, name: str = "text") -> None:
         """An error naming `name` for text no prompt can hold (past CHARS_PER_TOKEN x the largest bucket, checked
@@ -239,13 +253,30 @@ class PromptLayout(_Layout):
     def text_only(self, prompt: MultimodalPrompt) -> MultimodalPrompt:
         return MultimodalPrompt(prompt.question)
 
-    def render(self, prompt: MultimodalPrompt) -> Rendered:
+    def render(self, prompt: MultimodalPrompt, max_length: int = 0) -> Rendered:
+        """The prompt's tokens: its history and its question's turn, the image and the clip in the turn that
+        places them (the question's unless an earlier turn does); with `max_length` the oldest turns are left
+        out to fit it. One image and one clip per conversation, as the graphs take them."""
         self.check_text(prompt.question)
         image, audio = prompt.image is not None, prompt.mel is not None
         if not prompt.question.strip() and not audio:
             raise ConfigError("generate: no question: give the question as text or as audio")
-        turn = question_turn(prompt.question, image=image, audio=audio)
-        return self.chat.prompt([turn], images=int(image), audios=int(audio))
+        history = list(prompt.history)
+        placed = {kind: placeholder_count(history, kind) for kind in (IMAGE_SLOT, AUDIO_SLOT, VIDEO_SLOT)}
+        if placed[IMAGE_SLOT] > image or placed[AUDIO_SLOT] > audio or placed[VIDEO_SLOT]:
+            raise InputError(f"history: the conversation places {placed[IMAGE_SLOT]} image(s), {placed[AUDIO_SLOT]} "
+                             f"clip(s) and {placed[VIDEO_SLOT]} video(s) for {int(image)} image(s) and {int(audio)} "
+                             f"clip(s) sent; this model takes one image and one clip per conversation and no video")
+        turn = question_turn(prompt.question, image=image and not placed[IMAGE_SLOT],
+                             audio=audio and not placed[AUDIO_SLOT])
+        return self.chat.prompt(conversation(history + [turn]), images=int(image), audios=int(audio),
+                                max_length=max_length, drop_oldest=max_length > 0)
+
+    def fit(self, prompt: MultimodalPrompt, max_new_tokens: int = 0) -> MultimodalPrompt:
+        if prompt.rendered is not None:
+            return prompt
+        rendered = self.render(prompt, self.limits.room(max_new_tokens))
+        return replace(prompt, rendered=rendered, dropped=rendered.dropped)
 
     def encode(self, prompt: MultimodalPrompt) -> Rendered:
         return self.render(prompt) if prompt.rendered is None else prompt.rendered

@@ -6,16 +6,19 @@ in `model.generate` there. Greedy when temperature is 0. A seeded numpy Generato
 reproducible: the same seed, prompts and settings give the same tokens.
 """
 from dataclasses import dataclass, field, fields, replace
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mindvl.engine.grammar import Grammar
 from mindvl.errors import ConfigError, shown
 
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range for temperature: [0, 2]
 MAX_STOP_STRINGS = 4  # OpenAI's: "up to 4 sequences"
 MAX_STOP_LENGTH = 256  # characters per stop string: matching costs the engine thread per character fed
+MAX_PENALTY = 2.0  # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
+MAX_TOP_LOGPROBS = 20  # OpenAI's: top_logprobs in [0, 20]
 SEED_RANGE = (-2 ** 63, 2 ** 63)  # a signed 64-bit integer, as OpenAI's seed; a negative one is taken modulo 2^64
 
 
@@ -33,6 +36,11 @@ class SamplingConfig:
     stop_strings: List[str] = field(default_factory=list)  # the text is cut before the first one
     seed: Optional[int] = None
     ignore_eos: bool = False  # vLLM's: keep generating past the end-of-sequence tokens (fixed-length benchmarks)
+    # OpenAI's, over the tokens generated so far: minus presence for a token said at all, minus frequency x its count
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0  # the most likely tokens (and their log-probabilities) each Delta lists besides its own
+    grammar: Optional[Grammar] = None  # what the answer must be (engine.grammar: JSON schema, regex, choice)
 
     def validate(self) -> None:
         _integer(self.max_new_tokens, "max_new_tokens", low=1)
@@ -40,6 +48,13 @@ class SamplingConfig:
         _integer(self.top_k, "top_k", low=0)
         _number(self.top_p, "top_p", 0.0, 1.0, "in (0, 1]", low_open=True)
         _number(self.repetition_penalty, "repetition_penalty", 0.0, None, "> 0", low_open=True)
+        for name in ("presence_penalty", "frequency_penalty"):
+            _number(getattr(self, name), name, -MAX_PENALTY, MAX_PENALTY, "in [-2, 2]")
+        _integer(self.top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS + 1)
+        if self.grammar is not None:
+            if not isinstance(self.grammar, Grammar):
+                raise ConfigError(f"grammar: expected an engine.grammar.Grammar, got {shown(self.grammar)}")
+            self.grammar.validate()
         if self.seed is not None:
             _integer(self.seed, "seed", *SEED_RANGE)
         if not isinstance(self.ignore_eos, (bool, np.bool_)):
@@ -90,12 +105,23 @@ def penalise_repetition(logits: np.ndarray, seen: np.ndarray, penalty: float) ->
     return np.where(seen, scaled, logits)
 
 
+def penalise_presence(logits: np.ndarray, counts: np.ndarray, settings: SamplingConfig) -> np.ndarray:
+    """OpenAI's presence and frequency penalties (vLLM's too): each token's logit lowered by presence_penalty once
+    it was generated and by frequency_penalty per time it was. counts: (batch, vocab) the generated tokens'."""
+    if not settings.presence_penalty and not settings.frequency_penalty:
+        return logits
+    return logits - settings.frequency_penalty * counts - settings.presence_penalty * (counts > 0)
+
+
 def next_tokens(logits: np.ndarray, settings: SamplingConfig, rng: np.random.Generator,
-                seen: Optional[np.ndarray] = None) -> np.ndarray:
-    """logits (batch, vocab) float32 -> token ids (batch,) int32."""
+                seen: Optional[np.ndarray] = None, counts: Optional[np.ndarray] = None) -> np.ndarray:
+    """logits (batch, vocab) float32 -> token ids (batch,) int32. The penalties come first (repetition over
+    `seen`, presence and frequency over `counts`), as in transformers and vLLM."""
     logits = logits.astype(np.float64)
     if seen is not None:
         logits = penalise_repetition(logits, seen, settings.repetition_penalty)
+    if counts is not None:
+        logits = penalise_presence(logits, counts, settings)
     if settings.temperature == 0:
         return logits.argmax(axis=-1).astype(np.int32)
     logits = logits / settings.temperature
@@ -139,23 +165,28 @@ class Delta:
     text: str
     finish: Optional[str] = None  # "stop" (end-of-sequence token or stop string) or "length"
     logprob: float = 0.0
+    top: Tuple[Tuple[int, float], ...] = ()  # the settings' top_logprobs most likely (token, log-probability)
 
 
 @dataclass
 class Generation:
     """A finished sequence: its text, its tokens (the stop token included when it stopped on one), why it
-    ended, how many tokens the prompt had, and each generated token's log-probability."""
+    ended, how many tokens the prompt had (what the model read), each generated token's log-probability, and how
+    many of the conversation's turns were left out."""
 
     text: str
     tokens: List[int] = field(default_factory=list)
     finish: str = "length"
     prompt_tokens: int = 0
     logprobs: List[float] = field(default_factory=list)
+    dropped_turns: int = 0  # the conversation's oldest turns left out so the prompt fits (not read by the model)
+    tops: List[Tuple[Tuple[int, float], ...]] = field(default_factory=list)  # each token's Delta.top
 
     def add(self, delta: Delta) -> None:
         self.text += delta.text
         self.tokens.append(delta.token)
         self.logprobs.append(delta.logprob)
+        self.tops.append(delta.top)
         if delta.finish:
             self.finish = delta.finish
 
@@ -165,12 +196,26 @@ class Generation:
         return float(np.mean(self.logprobs)) if self.logprobs else 0.0
 
 
+def _log_total(logits: np.ndarray) -> np.ndarray:
+    top = logits.max(axis=-1)
+    return top + np.log(np.exp(logits - top[:, None]).sum(axis=-1))
+
+
 def token_logprobs(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """log softmax(logits)[token] per row: logits (batch, vocab), tokens (batch,) -> (batch,) float."""
     logits = logits.astype(np.float64)
-    top = logits.max(axis=-1)
-    log_total = top + np.log(np.exp(logits - top[:, None]).sum(axis=-1))
-    return logits[np.arange(len(tokens)), tokens] - log_total
+    return logits[np.arange(len(tokens)), tokens] - _log_total(logits)
+
+
+def top_logprobs(logits: np.ndarray, count: int) -> Tuple[Tuple[int, float], ...]:
+    """The `count` most likely tokens of one step's logits (vocab,) with their log-probabilities, most likely
+    first (ties by token id): the model's own distribution, before penalties, temperature and filtering, as the
+    chosen token's logprob is (vLLM's default)."""
+    logits = logits.astype(np.float64)
+    total = float(_log_total(logits[None])[0])
+    best = np.argpartition(-logits, count - 1)[:count] if count < len(logits) else np.arange(len(logits))
+    best = best[np.lexsort((best, -logits[best]))]
+    return tuple((int(token), float(logits[token] - total)) for token in best)
 
 
 class StopMatcher:
@@ -256,7 +301,7 @@ class TextSequence:
         self.prefix, self.read = self.read, len(self.visible)
         return after[len(before):]
 
-    def add(self, token: int, last_step: bool, logprob: float = 0.0) -> Delta:
+    def add(self, token: int, last_step: bool, logprob: float = 0.0, top: Tuple[Tuple[int, float], ...] = ()) -> Delta:
         self.tokens.append(int(token))
         stopping = token in self.stop_ids and not self.settings.ignore_eos
         if token not in self.stop_ids:
@@ -271,6 +316,6 @@ class TextSequence:
             self.finish = "length" if last_step else None
             end = len(self.text) - (self.stops.held if self.finish is None else 0)
         delta = Delta(self.index, int(token), self.text[self.emitted:max(end, self.emitted)], self.finish,
-                      float(logprob))
+                      float(logprob), top)
         self.emitted = max(end, self.emitted)
         return delta

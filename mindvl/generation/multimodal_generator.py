@@ -8,10 +8,11 @@ loop as for text (mindvl.engine.decode_loop). Open a trained run with `mindvl.fr
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
-from mindvl.chat import ChatEncoder
+from mindvl.chat import ChatEncoder, history_turns
 from mindvl.choices import KERNELS
 from mindvl.engine.prompts import GenerationLimits, MultimodalPrompt, PromptLayout, preprocessed_prompt
 from mindvl.errors import ConfigError
@@ -62,12 +63,16 @@ class MultimodalGenerator(LanguageModel):
 
 
 def prompt_from_files(question: str, pre, image: Optional[Union[str, Path]] = None,
-                      audio: Optional[Union[str, Path]] = None) -> MultimodalPrompt:
-    """A prompt from an image file and a WAV file (either optional), preprocessed as in training."""
+                      audio: Optional[Union[str, Path]] = None, history: Sequence[dict] = ()) -> MultimodalPrompt:
+    """A prompt from an image file and a WAV file (either optional), preprocessed as in training; `history`: the
+    conversation's earlier messages (mindvl.chat.history_turns: [{"role": "user", "content": [{"type": "image"},
+    {"type": "text", "text": "What color?"}]}, {"role": "assistant", "content": "red"}]), where an image or clip
+    part places the attachment in an earlier turn."""
     if not question.strip() and audio is None:
         raise ConfigError("generate: give a question, as text or as --audio")
-    return preprocessed_prompt(question, pre, None if image is None else _read(image, "image"),
-                               None if audio is None else _read(audio, "audio"), str(image), str(audio))
+    prompt = preprocessed_prompt(question, pre, None if image is None else _read(image, "image"),
+                                 None if audio is None else _read(audio, "audio"), str(image), str(audio))
+    return dataclasses.replace(prompt, history=tuple(history_turns(history)))
 
 
 def _read(path: Union[str, Path], what: str) -> bytes:

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import numpy as np
 
+from mindvl.chat import history_turns
 from mindvl.choices import KERNELS
-from mindvl.engine.native_prompts import NOT_HEARD, NativePrompt, NativePromptLayout
+from mindvl.engine.native_prompts import NOT_HEARD, NativePrompt, NativePromptLayout, in_order
 from mindvl.engine.vision_layout import WindowedPacking, tower_packing
 from mindvl.errors import InputError
 from mindvl.generation.language_model import LanguageModel, decoder_kernels
@@ -113,12 +114,13 @@ class NativeGenerator(LanguageModel):
                    architecture=native.family, pre=cfg.preprocess)
 
     def prompt(self, question: str, images: Sequence[ImageLike] = (), video=None,
-               fps: Optional[float] = None, audio=None) -> NativePrompt:
+               fps: Optional[float] = None, audio=None, history: Sequence[dict] = ()) -> NativePrompt:
         """A question about images (files, PIL images or uint8 (H, W, 3) arrays, in order) and/or a video (a file,
         sampled at `fps` or the folder's rate; or its frames, a list of images taken `fps` apart), each cut at its
         own resolution. The attachments come first in the turn, as the family's processors place them. `audio`: a
         spoken question for a model that hears (a file's path or bytes, a float32 waveform at the recipe's rate, or
-        an already computed (log-mel, frame mask))."""
+        an already computed (log-mel, frame mask)). `history`: the conversation's earlier messages
+        (mindvl.chat.history_turns), whose image and video parts take the first images and the video, in order."""
         from mindvl.preprocess import speech_features
         from mindvl.preprocess.native_resolution import attachments
 
@@ -130,9 +132,10 @@ class NativeGenerator(LanguageModel):
             if self.pre is None or not self.model.hears:
                 raise InputError(NOT_HEARD)
             audio = speech_features(audio, self.pre, name="audio")
-        return NativePrompt(question, attachments([_image(image, f"images[{i}]") for i, image in enumerate(images)],
-                                                  video, self.patches, self.video, self.tokens_per_second, fps),
-                            audio=audio)
+        turns = tuple(history_turns(history))
+        found = attachments([_image(image, f"images[{i}]") for i, image in enumerate(images)], video, self.patches,
+                            self.video, self.tokens_per_second, fps)
+        return NativePrompt(question, in_order(found, turns), audio=audio, history=turns)
 
 
 def _image(value, name: str):

@@ -2,7 +2,8 @@
 //   GET  /demo/settings                      the largest request body and image side, the cascade (or null)
 //   GET  /servables                          the servables and their loaded versions' methods
 //   POST /model/<s>/version/<n>:predict      a classifier's answer and confidence
-//   POST /model/<s>/version/<n>:generate     a generative answer, streamed as Server-Sent Events
+//   POST /model/<s>/version/<n>:generate     a generative answer, streamed as Server-Sent Events, with the
+//                                            conversation so far as `history`
 //   POST /cascade                            the edge-cloud cascade's answer and who gave it
 // A spoken question is recorded from the microphone, trimmed of its silent ends and encoded here as 16-bit WAV.
 "use strict";
@@ -12,7 +13,8 @@ const SILENCE_RMS = 0.01;        // a 20 ms window quieter than this (and than 5
 const KEEP_AROUND_S = 0.1;       // silence kept before and after the speech
 
 const $ = (id) => document.getElementById(id);
-const page = { settings: null, servables: {}, image: null, recording: null, recorder: null };
+// conversation: a generative model's earlier exchanges about the chosen image, sent as `history` with each question
+const page = { settings: null, servables: {}, image: null, recording: null, recorder: null, conversation: [] };
 
 // ---- small helpers ---------------------------------------------------------------------------------
 
@@ -139,6 +141,7 @@ function chosen() {
 }
 
 function modelChanged() {
+  newConversation();
   const cascade = page.settings && page.settings.cascade;
   const name = $("servable").value;
   $("route-group").hidden = !(cascade && cascade.servable === name);
@@ -161,6 +164,7 @@ function requestLimit() {
 
 async function takeImage(file) {
   clearError();
+  newConversation();
   page.image = null;
   $("preview").hidden = true;
   $("image-hint").textContent = "";
@@ -367,6 +371,54 @@ function showSource(source) {
   $("source").className = `source-${source}`;
 }
 
+// ---- the conversation ----------------------------------------------------------------------------------
+// A generative model (asked directly, not through the cascade) reads the whole conversation: each question goes
+// with the earlier exchanges about the same image as `history` (the image placed in the first turn, as the model
+// takes one per conversation). A spoken question is shown but not replayed (the model takes one clip per
+// conversation: the new question's). A new image or model starts a new conversation; the server leaves the
+// oldest exchanges out when they no longer fit, and the page says so.
+
+function newConversation() {
+  page.conversation = [];
+  showConversation(0);
+}
+
+function historyFor(model) {
+  if (model.kind !== "generate" || model.viaCascade) return null;
+  const turns = [];
+  for (const exchange of page.conversation.filter((e) => e.typed)) {
+    const parts = turns.length ? [] : [{ type: "image" }];
+    turns.push({ role: "user", content: parts.concat([{ type: "text", text: exchange.question }]) });
+    turns.push({ role: "assistant", content: exchange.answer });
+  }
+  return turns.length ? turns : null;
+}
+
+function remember(model, question, spoken, answer) {
+  if (model.kind !== "generate" || model.viaCascade) return;
+  page.conversation.push({ question: question || "(a spoken question)", typed: Boolean(question) && !spoken, answer });
+}
+
+function showConversation(dropped) {
+  const list = $("conversation");
+  list.replaceChildren();
+  for (const exchange of page.conversation) {
+    const item = document.createElement("li");
+    const asked = document.createElement("p");
+    asked.className = "asked";
+    asked.textContent = exchange.question + (exchange.typed ? "" : " (spoken: not replayed to the model)");
+    const said = document.createElement("p");
+    said.className = "said";
+    said.textContent = exchange.answer;
+    item.append(asked, said);
+    list.append(item);
+  }
+  $("conversation-section").hidden = !page.conversation.length;
+  $("conversation-note").textContent = dropped
+    ? `The ${dropped} oldest turn(s) no longer fit the model's prompt and were left out of the last question.`
+    : "";
+}
+
 function instanceFor(model) {
   const question = $("question").value.trim();
   const audio = page.recording ? { b64: base64(page.recording) } : null;
@@ -374,6 +426,8 @@ function instanceFor(model) {
   if (model.kind === "generate") {
     if (question) instance.text = question;
     if (audio) instance.audio = audio;
+    const history = historyFor(model);
+    if (history) instance.history = JSON.stringify(history);
     const tokens = Number($("max-tokens").value);
     if (Number.isInteger(tokens) && tokens > 0) instance.max_tokens = tokens;
   } else {
@@ -404,8 +458,11 @@ async function ask(event) {
   const started = performance.now();
   try {
     if (model.viaCascade) await askCascade(model, body);
-    else if (model.kind === "generate") await streamGenerate(model, body);
-    else await predict(model, body);
+    else if (model.kind === "generate") {
+      const dropped = await streamGenerate(model, body);
+      remember(model, $("question").value.trim(), Boolean(instance.audio), $("answer").textContent);
+      showConversation(dropped);
+    } else await predict(model, body);
     $("answer").dataset.state = "done";
   } catch (error) {
     $("answer").dataset.state = "error";
@@ -443,6 +500,7 @@ async function streamGenerate(model, body) {
   const logprobs = [];
   let buffer = "";
   let text = "";
+  let dropped = 0;
   for (;;) {
     const { value, done } = await reader.read();
     if (done) break;
@@ -454,9 +512,10 @@ async function streamGenerate(model, body) {
       for (const line of event.split("\n")) {
         if (!line.startsWith("data: ")) continue;
         const data = line.slice(6);
-        if (data === "[DONE]") return;
+        if (data === "[DONE]") return dropped;
         const delta = JSON.parse(data);
         if (delta.error) throw new Error(`The generation failed: ${delta.error.message}`);
+        if (delta.dropped_turns) dropped = delta.dropped_turns;
         text += delta.text;
         logprobs.push(delta.logprob);
         $("answer").textContent = text;
@@ -488,6 +547,7 @@ async function start() {
   document.querySelectorAll('input[name="route"]').forEach((radio) => radio.addEventListener("change", modelChanged));
   $("record").addEventListener("click", () => (page.recorder ? stopRecording() : startRecording()));
   $("clear-recording").addEventListener("click", () => setRecording(null, 0));
+  $("new-conversation").addEventListener("click", newConversation);
   $("ask-form").addEventListener("submit", ask);
   try {
     page.settings = await getJson("/demo/settings");

@@ -4,8 +4,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindvl.engine.sampling import (SamplingConfig, StopMatcher, TextSequence, next_tokens, penalise_repetition,
-                                    sampling_config)
+from mindvl.engine.sampling import (SamplingConfig, StopMatcher, TextSequence, next_tokens, penalise_presence,
+                                    penalise_repetition, sampling_config, token_logprobs, top_logprobs)
 from mindvl.errors import ConfigError
 
 
@@ -18,6 +18,26 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative():
     logits = np.array([[2.0, -2.0, 1.0]])
     out = penalise_repetition(logits, np.array([[True, True, False]]), 2.0)
     assert out.tolist() == [[1.0, -4.0, 1.0]]
+
+
+def test_presence_and_frequency_penalties_lower_generated_tokens_by_openai_s_formula():
+    logits = np.array([[2.0, 1.0, 0.5, 0.0]])
+    counts = np.array([[3, 1, 0, 0]])
+    out = penalise_presence(logits, counts, SamplingConfig(presence_penalty=0.5, frequency_penalty=0.25))
+    np.testing.assert_allclose(out, [[2.0 - 0.75 - 0.5, 1.0 - 0.25 - 0.5, 0.5, 0.0]])
+    # greedy under a strong frequency penalty leaves the tokens said: 2 - 3, 1 - 1 fall below token 2's 0.5
+    assert next_tokens(logits, SamplingConfig(frequency_penalty=1.0), np.random.default_rng(0), counts=counts)[0] == 2
+    assert penalise_presence(logits, counts, SamplingConfig()) is logits  # off: untouched
+
+
+def test_top_logprobs_are_the_model_s_most_likely_tokens_with_the_chosen_token_s_logprob():
+    logits = np.array([1.0, 3.0, 3.0, -2.0, 0.5], np.float32)
+    top = top_logprobs(logits, 3)
+    assert [token for token, _ in top] == [1, 2, 0]  # ties by id
+    log_softmax = logits.astype(np.float64) - np.log(np.exp(logits.astype(np.float64)).sum())
+    np.testing.assert_allclose([p for _, p in top], log_softmax[[1, 2, 0]])
+    assert top[0][1] == pytest.approx(float(token_logprobs(logits[None], np.array([1]))[0]))
+    assert len(top_logprobs(logits, 20)) == 5
 
 
 def test_top_k_and_top_p_only_draw_from_the_kept_tokens():
@@ -60,6 +80,9 @@ def test_ignore_eos_generates_past_the_end_of_sequence_token_and_keeps_it_out_of
     ({"seed": "7"}, "seed: expected an integer, got '7'"),
     ({"ignore_eos": "no"}, "ignore_eos: expected true or false, got 'no'"),
     ({"stop_strings": ["a", "b", "c", "d", "e"]}, "stop_strings: 5 given, at most 4 are matched"),
+    ({"presence_penalty": 2.5}, "presence_penalty: expected a value in \\[-2, 2\\], got 2.5"),
+    ({"frequency_penalty": float("nan")}, "frequency_penalty: expected a value in \\[-2, 2\\], got nan"),
+    ({"top_logprobs": 21}, "top_logprobs: expected an integer in \\[0, 21\\), got 21"),
     ({"stop_strings": ["x" * 120000]}, "stop_strings: a string of 120000 characters, more than the limit of 256"),
 ])
 def test_every_setting_the_sampler_cannot_use_is_refused_by_name(setting, message):

@@ -10,6 +10,7 @@ tests (the page's files, --no-demo, /cascade's errors) run everywhere."""
 import base64
 import contextlib
 import io
+import json
 import os
 import re
 import shutil
@@ -224,6 +225,34 @@ def test_generative_answer_streams_in_and_equals_rest(server, driver, examples, 
     assert int(by_id(driver, "answer").get_attribute("data-tokens")) == rest["completion_tokens"]
     assert by_id(driver, "confidence").text == percent(np.exp(rest["mean_logprob"]))
     screenshot(driver, "generative")
+
+
+@needs_chromium
+def test_a_follow_up_question_reads_the_conversation_as_rest_with_its_history(server, driver, examples, image_file):
+    """The page keeps the exchanges about the chosen image and sends them as `history`: the follow-up's answer is
+    REST's for the same history (the image in the first turn), the conversation is listed, a new image starts a
+    new one."""
+    open_page(driver, server, "vlm")
+    by_id(driver, "image").send_keys(str(image_file))
+    questions = [examples[0].question, "and what shape is it?"]
+    answers = []
+    for question in questions:
+        field = by_id(driver, "question")
+        field.clear()
+        field.send_keys(question)
+        by_id(driver, "ask").click()
+        answers.append(answered(driver)[0])
+    history = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": questions[0]}]},
+               {"role": "assistant", "content": answers[0]}]
+    status, reply = call(f"{server.rest_url}/model/vlm:generate", {"instances": [
+        {"image": b64(examples[0].image), "text": questions[1], "max_tokens": 32, "history": json.dumps(history)}]})
+    assert answers[1] == reply["instances"][0]["text"].strip()
+    items = driver.find_elements("css selector", "#conversation li")
+    assert [item.find_element("css selector", ".asked").text for item in items] == questions
+    assert not by_id(driver, "conversation-section").get_attribute("hidden")
+    by_id(driver, "new-conversation").click()
+    assert not driver.find_elements("css selector", "#conversation li")
+    assert by_id(driver, "conversation-section").get_attribute("hidden")
 
 
 @needs_chromium
