@@ -193,15 +193,7 @@ class ChatRequest(NamedTuple):
 
 def parse_chat(body: bytes) -> ChatRequest:
     """A chat completions request, read and checked."""
-    try:
-        request = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise OpenAIError(f"the body is not valid JSON ({exc})") from None
-    except RecursionError:
-        raise OpenAIError("the body nests its JSON deeper than the parser allows; a chat request is a few levels "
-                          "deep") from None
-    if not isinstance(request, dict):
-        raise OpenAIError("the body must be a JSON object")
+    request = _json_object(body)
     _check_fields(request)
     model = request.get("model")
     if not isinstance(model, str) or not model:
@@ -231,6 +223,19 @@ def parse_chat(body: bytes) -> ChatRequest:
         raise OpenAIError("stream_options: expected an object", param="stream_options")
     return ChatRequest(model, instance, stream, _flag(options, "include_usage", "stream_options.include_usage"), n,
                        logprobs, grammar_field)
+
+
+def _json_object(body: bytes) -> dict:
+    try:
+        request = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise OpenAIError(f"the body is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise OpenAIError("the body nests its JSON deeper than the parser allows; a request is a few levels "
+                          "deep") from None
+    if not isinstance(request, dict):
+        raise OpenAIError("the body must be a JSON object")
+    return request
 
 
 def _grammar(request: dict) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
@@ -360,6 +365,58 @@ class Completion:
 
 
 DONE = b"data: [DONE]\n\n"
+
+
+EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
+MAX_EMBEDDING_INPUTS = 256  # strings one embeddings request may hold (each an instance of the embed_text method)
+
+
+class EmbeddingRequest(NamedTuple):
+    model: str
+    texts: List[str]
+    base64: bool  # encoding_format "base64": each embedding as little-endian float32 bytes, base64
+
+
+def parse_embeddings(body: bytes) -> EmbeddingRequest:
+    """A `POST /v1/embeddings` body, read and checked: text inputs only (token-id arrays refused by name), `dimensions`
+    refused (the package's embeddings are not truncatable), every unknown field refused."""
+    request = _json_object(body)
+    for name in request:
+        if name not in EMBEDDING_FIELDS:
+            raise OpenAIError(f"{name}: not a field of the embeddings API this server knows; leave it out", param=name,
+                              code="unknown_parameter")
+    model = request.get("model")
+    if not isinstance(model, str) or not model:
+        raise OpenAIError("model: required; a servable with an embed_text method", param="model")
+    texts = request.get("input")
+    texts = [texts] if isinstance(texts, str) else texts
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise OpenAIError("input: expected a string or a non-empty list of strings (token ids are not taken; send the "
+                          "text)", param="input", code="invalid_value")
+    if len(texts) > MAX_EMBEDDING_INPUTS:
+        raise OpenAIError(f"input: {len(texts)} strings, more than the {MAX_EMBEDDING_INPUTS} one request embeds",
+                          param="input", code="invalid_value")
+    if request.get("dimensions") is not None:
+        raise OpenAIError("dimensions: this server's embeddings keep their trained width; leave it out",
+                          param="dimensions", code="unsupported_parameter")
+    encoding = request.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise OpenAIError(f"encoding_format: expected float or base64, got {shown(encoding)}", param="encoding_format",
+                          code="invalid_value")
+    return EmbeddingRequest(model, texts, encoding == "base64")
+
+
+def embeddings_body(model: str, embeddings: Sequence[Any], tokens: int, as_base64: bool) -> bytes:
+    """OpenAI's embeddings list: each embedding as floats or base64 of little-endian float32."""
+    import numpy as np
+
+    def encoded(vector):
+        vector = np.asarray(vector, "<f4").reshape(-1)
+        return base64.b64encode(vector.tobytes()).decode() if as_base64 else vector.tolist()
+
+    return json.dumps({"object": "list", "model": model, "data": [
+        {"object": "embedding", "index": index, "embedding": encoded(vector)} for index, vector in enumerate(embeddings)],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}).encode()
 
 
 def models_list(names: List[str]) -> bytes:

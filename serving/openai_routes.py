@@ -1,22 +1,27 @@
-"""The OpenAI chat API's routes over the generative servables: `POST /v1/chat/completions` (whole or streamed
-as Server-Sent Events) and `GET /v1/models`. openai_api.py reads the requests and writes the bodies; these
-routes ask the catalog and answer every error as an OpenAI error object with its HTTP status.
+"""The OpenAI API's routes: `POST /v1/chat/completions` (whole or streamed as Server-Sent Events) and `GET
+/v1/models` over the generative servables, `POST /v1/embeddings` over the servables with a text embedding.
+openai_api.py reads the requests and writes the bodies; these routes ask the catalog and answer every error as
+an OpenAI error object with its HTTP status.
 
 The routes take the `Server` (server.py).
 """
 import asyncio
+import functools
 
 from aiohttp import web
+
+from mindvl.preprocess.text import TextTokenizer
 
 from mindvl.serving import openai_api as O
 from mindvl.serving.catalog import NotAvailable
 from mindvl.serving.event_stream import stream_events
 from mindvl.serving.failures import Failure, failure_of
-from mindvl.serving.predict import generative
+from mindvl.serving.predict import generative, predict
 from mindvl.serving.protocol import InstanceError
 from mindvl.serving.rest_bodies import held_body
 
-PATHS = ("/v1/chat/completions", "/v1/models")
+PATHS = ("/v1/chat/completions", "/v1/models", "/v1/embeddings")
+EMBED = "embed_text"  # the method /v1/embeddings runs (a classifier package's text embedding graph)
 
 
 async def answer(server, request: web.Request) -> web.StreamResponse:
@@ -52,7 +57,9 @@ async def _answer(server, request: web.Request) -> web.StreamResponse:
                        if versions and versions[max(versions)].batcher is not None)
         return web.Response(body=O.models_list(names), content_type="application/json")
     if request.method != "POST":
-        raise O.OpenAIError("use POST for /v1/chat/completions", 405, code="method_not_allowed")
+        raise O.OpenAIError(f"use POST for {request.path}", 405, code="method_not_allowed")
+    if request.path == "/v1/embeddings":
+        return await _embeddings(server, request)
     async with held_body(server, request) as body:
         chat = O.parse_chat(body)
         name, _, version = chat.model.partition("@")
@@ -91,3 +98,38 @@ async def _answer(server, request: web.Request) -> web.StreamResponse:
             finally:
                 choices.cancel()
             return web.Response(body=completion.whole(results, chat.logprobs), content_type="application/json")
+
+
+async def _embeddings(server, request: web.Request) -> web.Response:
+    """`POST /v1/embeddings`: each input string through the servable's embed_text method (a package's text embedding
+    graph, unit length), the tokens counted by the package's own tokenizer."""
+    async with held_body(server, request) as body:
+        asked = O.parse_embeddings(body)
+        name, _, version = asked.model.partition("@")
+        try:
+            loaded = server.catalog.get(name, int(version or 0))
+        except (NotAvailable, ValueError):
+            raise O.OpenAIError(f"The model {asked.model!r} does not exist; GET /servables lists the servables", 404,
+                                "model", "model_not_found") from None
+        if EMBED not in loaded.methods or not ((loaded.manifest or {}).get("preprocess") or {}).get("tokenizer"):
+            raise O.OpenAIError(f"model {asked.model!r} has no text embedding (its methods: "
+                                f"{', '.join(sorted(loaded.methods))}); export a package with the text_embed graph",
+                                400, "model", "model_not_embedding")
+        results, _ = await predict(server, name, loaded.version, EMBED, [{"text": t} for t in asked.texts], "openai")
+        for index, result in enumerate(results):
+            if isinstance(result, BaseException):
+                raise O.OpenAIError(f"input[{index}]: {result}", 400, "input", "invalid_value")
+        tokenizer = _tokenizer(loaded)
+        tokens = sum(tokenizer.count(text) for text in asked.texts)
+        return web.Response(body=O.embeddings_body(asked.model, [r["embedding"] for r in results], tokens,
+                                                   asked.base64), content_type="application/json")
+
+
+@functools.lru_cache(maxsize=8)
+def _tokens_of(path: str):
+    return TextTokenizer.load(path)
+
+
+def _tokenizer(loaded):
+    """The package's tokenizer (what its embed_text reads), loaded once per file."""
+    return _tokens_of(str(loaded.folder / loaded.manifest["preprocess"]["tokenizer"]))

@@ -323,3 +323,29 @@ def test_a_client_that_goes_away_cancels_its_generation(server):
         time.sleep(0.05)
     assert engine(server).cancelled == before + 1
     assert not engine(server).batch.rows
+
+
+def test_embeddings_over_the_openai_client_are_the_packages_text_embeddings(server, client):
+    """/v1/embeddings runs a package's embed_text: the vectors REST gets, unit length, as floats or base64, tokens
+    counted by its tokenizer; a model without a text embedding and what the route does not do are refused by name."""
+    import numpy as np
+
+    texts = ["a red circle", "what color is the shape?"]
+    answer = client.embeddings.create(model="vqa", input=texts)
+    status, rest = call(f"{server.rest_url}/model/vqa:embed_text", {"instances": [{"text": t} for t in texts]})
+    assert status == 200
+    for item, expected in zip(answer.data, rest["instances"]):
+        np.testing.assert_allclose(item.embedding, expected["embedding"], rtol=1e-6, atol=1e-7)
+        assert np.linalg.norm(item.embedding) == pytest.approx(1.0, abs=1e-4)
+    assert [item.index for item in answer.data] == [0, 1]
+    assert answer.usage.prompt_tokens == len("a red circle".split()) + 2 + len("what color is the shape ?".split()) + 2
+    packed = client.embeddings.create(model="vqa", input="a red circle", encoding_format="base64")
+    np.testing.assert_allclose(np.frombuffer(base64.b64decode(packed.data[0].embedding), "<f4"),
+                               answer.data[0].embedding, rtol=1e-6)
+    with pytest.raises(openai.BadRequestError, match="has no text embedding") as raised:
+        client.embeddings.create(model="vlm", input="a red circle")
+    assert raised.value.code == "model_not_embedding"
+    with pytest.raises(openai.BadRequestError, match="dimensions: this server's embeddings keep their trained width"):
+        client.embeddings.create(model="vqa", input="a red circle", dimensions=8)
+    with pytest.raises(openai.BadRequestError, match="token ids are not taken"):
+        client.embeddings.create(model="vqa", input=[[1, 2, 3]])
