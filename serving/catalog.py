@@ -3,14 +3,19 @@
 Readers take the current mapping without a lock; a load or unload builds a new mapping and swaps it in, so
 a request sees the default version either before or after a switch, never half of one. A version in use
 is closed only once its last request has finished: a request pinned to a version keeps getting it until
-the version is unloaded, and none fails because of a switch.
+the version is unloaded, and none fails because of a switch. A gray release splits a servable's default
+traffic between its loaded versions by weight (the MindSpore Serving guide's traffic split), sticky per client
+key; the weights swap in whole like the mapping, so switching them under load loses no request.
 """
 import asyncio
 import contextlib
+import hashlib
 import logging
+import math
+import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from mindvl.serving.protocol import ProtocolError
 from mindvl.serving.register import ServableError
@@ -18,6 +23,11 @@ from mindvl.serving.runtime import LoadedVersion, load_version
 from mindvl.serving.servable import list_servables, list_versions
 
 LOG = logging.getLogger("mindvl.serving")
+
+
+def _fraction(text: str) -> float:
+    """A fixed point of [0, 1) for a text (a client key): the same on every server and after restarts."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "replace")).digest()[:8], "big") / 2 ** 64
 
 
 class NotAvailable(ProtocolError):
@@ -38,21 +48,61 @@ class Catalog:
         self.users: Dict[int, int] = {}  # id(LoadedVersion) -> requests using it
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="load")  # one load at a time
         self.lock = asyncio.Lock()  # orders swaps with the loads and unloads that make them
+        # gray release: each servable's version weights (set_traffic; replaced, never changed in place)
+        self.traffic: Dict[str, Dict[int, float]] = {}
+        self.routed: Callable[[str, int], None] = lambda name, version: None  # counts each answer's version
 
     # ---- requests -------------------------------------------------------------------------------------
 
-    def get(self, name: str, version: int) -> LoadedVersion:
-        """The loaded version `version` of `name`; version 0: the newest loaded."""
+    def get(self, name: str, version: int, client: Optional[str] = None) -> LoadedVersion:
+        """The loaded version `version` of `name`; version 0: the default, which is the newest loaded unless the
+        servable's traffic is split (set_traffic), then a version drawn by weight: the same one for every request
+        of a `client` key while the weights stand."""
         versions = self.loaded.get(name)
         if not versions:
             have = ", ".join(sorted(self.loaded)) or "none"
             raise NotAvailable(f"servable is not available: servable {name!r} is not loaded (loaded: {have})")
         if version == 0:
-            return versions[max(versions)]
-        if version not in versions:
+            version = self._drawn(name, versions, client)
+        elif version not in versions:
             raise NotAvailable(f"servable is not available: servable {name} version {version} is not loaded "
                                f"(loaded: {', '.join(map(str, sorted(versions)))})")
+        self.routed(name, version)
         return versions[version]
+
+    def _drawn(self, name: str, versions: Dict[int, LoadedVersion], client: Optional[str]) -> int:
+        """A version by the servable's weights (its loaded ones; none weighted: the newest). The versions take
+        consecutive shares of [0, 1), newest first, and a client key maps to a fixed point of it, so raising a new
+        version's weight only moves clients onto it, never back and forth."""
+        weighted = [(v, w) for v, w in sorted(self.traffic.get(name, {}).items(), reverse=True)
+                    if v in versions and w > 0]
+        if not weighted:
+            return max(versions)
+        point = (_fraction(f"{name}\n{client}") if client else random.random()) * sum(w for _, w in weighted)
+        for version, weight in weighted:
+            if point < weight:
+                return version
+            point -= weight
+        return weighted[-1][0]
+
+    def set_traffic(self, name: str, weights: Dict[int, float]) -> None:
+        """Split the default traffic of `name` between its loaded versions by weight (any non-negative numbers,
+        one positive); empty: the newest takes it all again. Requests running keep their version."""
+        versions = self.loaded.get(name)
+        if not versions:
+            raise NotAvailable(f"servable is not available: servable {name!r} is not loaded")
+        for version, weight in weights.items():
+            if version not in versions:
+                raise NotAvailable(f"traffic: servable {name} version {version} is not loaded (loaded: "
+                                   f"{', '.join(map(str, sorted(versions)))}); load it first")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
+                    or weight < 0:
+                raise ValueError(f"traffic: version {version}'s weight must be a finite number >= 0, got {weight!r}")
+        if weights and not any(weights.values()):
+            raise ValueError("traffic: every weight is 0; give one version a positive weight, or none to send "
+                             "everything to the newest")
+        traffic = {key: value for key, value in self.traffic.items() if key != name}
+        self.traffic = {**traffic, name: dict(weights)} if weights else traffic
 
     @contextlib.contextmanager
     def using(self, loaded: LoadedVersion) -> Iterator[LoadedVersion]:
@@ -191,7 +241,8 @@ class Catalog:
                 else:
                     entry = {"status": "available"}
                 versions[str(version)] = entry
-            report[name] = {"default_version": max(loaded) if loaded else None, "versions": versions}
+            report[name] = {"default_version": max(loaded) if loaded else None, "versions": versions,
+                            "traffic": {str(v): w for v, w in self.traffic.get(name, {}).items()} or None}
         return report
 
     async def close(self) -> None:

@@ -5,7 +5,7 @@ The handlers take the `Server` (server.py); `build` makes the grpc server that s
 """
 import asyncio
 import functools
-from typing import Any
+from typing import Any, Optional
 
 import grpc
 
@@ -13,7 +13,7 @@ from mindvl.errors import ConfigError
 from mindvl.serving import grpc_protocol as G
 from mindvl.serving.catalog import NotAvailable
 from mindvl.serving.failures import Failure
-from mindvl.serving.predict import generative, predict
+from mindvl.serving.predict import CLIENT_HEADER, generative, predict
 from mindvl.serving.protocol import InstanceError, ProtocolError, too_many_instances
 from mindvl.serving.register import GENERATE
 from mindvl.serving.serve_config import ServeConfig
@@ -48,7 +48,7 @@ async def predict_rpc(server, request, context) -> Any:
         server.metrics.errors.labels("protocol").inc()
         return G.reply_from_error(spec, ProtocolError(f"Parser request failed, {error}"))
     try:
-        results, served = await predict(server, servable, version, method, instances, "grpc")
+        results, served = await predict(server, servable, version, method, instances, "grpc", _client(context))
     except Failure as failure:
         error = ProtocolError(str(failure)) if failure.status < 500 else InstanceError(str(failure))
         return G.reply_from_error(spec, error)
@@ -67,7 +67,7 @@ async def predict_stream_rpc(server, request, context):
         servable, method, version, instance = G.stream_request_to_instance(request)
         if method != GENERATE:
             raise ProtocolError(f"PredictStream streams method {GENERATE}, not {method}; call Predict for it")
-        loaded = generative(server.catalog, servable, version)
+        loaded = generative(server.catalog, servable, version, _client(context))
     except (ProtocolError, Failure) as error:  # NotAvailable is a ProtocolError
         missing = isinstance(error, NotAvailable)
         server.metrics.errors.labels("not_found" if missing else "protocol").inc()
@@ -91,3 +91,8 @@ async def predict_stream_rpc(server, request, context):
                                 else grpc.StatusCode.INTERNAL, str(error))
         finally:
             generation.cancel()
+
+
+def _client(context) -> Optional[str]:
+    """The client key of a call (its `x-client-key` metadata): a gray release keeps it on one version."""
+    return dict(context.invocation_metadata() or ()).get(CLIENT_HEADER.lower())

@@ -18,6 +18,8 @@ class Metrics:
                                 registry=self.registry)
         self.errors = Counter("mindvl_errors", "Failed requests or instances by kind", ["kind"], registry=self.registry)
         self.instances = Counter("mindvl_instances", "Instances answered", ["servable", "method"], registry=self.registry)
+        self.routed = Counter("mindvl_version_requests", "Requests routed to each servable version (a gray release's "
+                              "split included)", ["servable", "version"], registry=self.registry)
         self.latency = Histogram("mindvl_request_latency_seconds", "Predict latency, queueing included",
                                  ["servable", "method", "protocol"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.batch_size = Histogram("mindvl_batch_size", "Instances per executed graph batch", ["servable", "model"],

@@ -189,6 +189,7 @@ class ChatRequest(NamedTuple):
     n: int  # choices
     logprobs: bool  # each choice lists its tokens' log-probabilities (and instance["top_logprobs"] alternatives)
     grammar_field: Optional[str]  # the field that asked for structured output (response_format, guided_*)
+    user: Optional[str]  # OpenAI's end-user id: a gray release's client key when no X-Client-Key header is sent
 
 
 def parse_chat(body: bytes) -> ChatRequest:
@@ -222,7 +223,7 @@ def parse_chat(body: bytes) -> ChatRequest:
     if not isinstance(options, dict):
         raise OpenAIError("stream_options: expected an object", param="stream_options")
     return ChatRequest(model, instance, stream, _flag(options, "include_usage", "stream_options.include_usage"), n,
-                       logprobs, grammar_field)
+                       logprobs, grammar_field, _user(request))
 
 
 def _json_object(body: bytes) -> dict:
@@ -375,6 +376,7 @@ class EmbeddingRequest(NamedTuple):
     model: str
     texts: List[str]
     base64: bool  # encoding_format "base64": each embedding as little-endian float32 bytes, base64
+    user: Optional[str]
 
 
 def parse_embeddings(body: bytes) -> EmbeddingRequest:
@@ -403,7 +405,14 @@ def parse_embeddings(body: bytes) -> EmbeddingRequest:
     if encoding not in ("float", "base64"):
         raise OpenAIError(f"encoding_format: expected float or base64, got {shown(encoding)}", param="encoding_format",
                           code="invalid_value")
-    return EmbeddingRequest(model, texts, encoding == "base64")
+    return EmbeddingRequest(model, texts, encoding == "base64", _user(request))
+
+
+def _user(request: dict) -> Optional[str]:
+    user = request.get("user")
+    if user is not None and not isinstance(user, str):
+        raise OpenAIError(f"user: expected a string, got {shown(user)}", param="user", code="invalid_type")
+    return user
 
 
 def embeddings_body(model: str, embeddings: Sequence[Any], tokens: int, as_base64: bool) -> bytes:

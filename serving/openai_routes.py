@@ -7,6 +7,7 @@ The routes take the `Server` (server.py).
 """
 import asyncio
 import functools
+from typing import Optional
 
 from aiohttp import web
 
@@ -16,7 +17,7 @@ from mindvl.serving import openai_api as O
 from mindvl.serving.catalog import NotAvailable
 from mindvl.serving.event_stream import stream_events
 from mindvl.serving.failures import Failure, failure_of
-from mindvl.serving.predict import generative, predict
+from mindvl.serving.predict import CLIENT_HEADER, generative, predict
 from mindvl.serving.protocol import InstanceError
 from mindvl.serving.rest_bodies import held_body
 
@@ -64,7 +65,7 @@ async def _answer(server, request: web.Request) -> web.StreamResponse:
         chat = O.parse_chat(body)
         name, _, version = chat.model.partition("@")
         try:
-            loaded = generative(server.catalog, name, int(version or 0))
+            loaded = generative(server.catalog, name, int(version or 0), _client(request, chat.user))
         except (NotAvailable, ValueError):
             raise O.OpenAIError(f"The model {chat.model!r} does not exist; GET /v1/models lists the served models",
                                 404, "model", "model_not_found") from None
@@ -102,27 +103,37 @@ async def _answer(server, request: web.Request) -> web.StreamResponse:
 
 async def _embeddings(server, request: web.Request) -> web.Response:
     """`POST /v1/embeddings`: each input string through the servable's embed_text method (a package's text embedding
-    graph, unit length), the tokens counted by the package's own tokenizer."""
+    graph, unit length), the tokens counted by the package's own tokenizer (every version of a servable shares it:
+    servable.package_contract)."""
     async with held_body(server, request) as body:
         asked = O.parse_embeddings(body)
         name, _, version = asked.model.partition("@")
-        try:
-            loaded = server.catalog.get(name, int(version or 0))
-        except (NotAvailable, ValueError):
+        versions = server.catalog.loaded.get(name)
+        if not versions or not (version.isdigit() or not version):
             raise O.OpenAIError(f"The model {asked.model!r} does not exist; GET /servables lists the servables", 404,
-                                "model", "model_not_found") from None
-        if EMBED not in loaded.methods or not ((loaded.manifest or {}).get("preprocess") or {}).get("tokenizer"):
+                                "model", "model_not_found")
+        newest = versions[max(versions)]
+        if EMBED not in newest.methods or not ((newest.manifest or {}).get("preprocess") or {}).get("tokenizer"):
             raise O.OpenAIError(f"model {asked.model!r} has no text embedding (its methods: "
-                                f"{', '.join(sorted(loaded.methods))}); export a package with the text_embed graph",
+                                f"{', '.join(sorted(newest.methods))}); export a package with the text_embed graph",
                                 400, "model", "model_not_embedding")
-        results, _ = await predict(server, name, loaded.version, EMBED, [{"text": t} for t in asked.texts], "openai")
+        try:
+            results, _ = await predict(server, name, int(version or 0), EMBED, [{"text": t} for t in asked.texts],
+                                       "openai", _client(request, asked.user))
+        except Failure as failure:
+            raise O.OpenAIError(str(failure), failure.status, "model" if failure.status == 404 else None) from None
         for index, result in enumerate(results):
             if isinstance(result, BaseException):
                 raise O.OpenAIError(f"input[{index}]: {result}", 400, "input", "invalid_value")
-        tokenizer = _tokenizer(loaded)
+        tokenizer = _tokenizer(newest)
         tokens = sum(tokenizer.count(text) for text in asked.texts)
         return web.Response(body=O.embeddings_body(asked.model, [r["embedding"] for r in results], tokens,
                                                    asked.base64), content_type="application/json")
+
+
+def _client(request: web.Request, user: Optional[str]) -> Optional[str]:
+    """The client key a gray release keeps on one version: the X-Client-Key header, else OpenAI's `user` field."""
+    return request.headers.get(CLIENT_HEADER) or user
 
 
 @functools.lru_cache(maxsize=8)

@@ -7,7 +7,7 @@ The functions take the `Server` (server.py) for its catalog, worker pool, batche
 """
 import asyncio
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from mindvl.serving.catalog import Catalog
 from mindvl.serving.failures import Failure, failure_of
@@ -15,13 +15,17 @@ from mindvl.serving.metrics import Metrics
 from mindvl.serving.runtime import LoadedVersion
 
 
+CLIENT_HEADER = "X-Client-Key"  # a client's key: a gray release sends all its requests to one version
+
+
 async def predict(server, servable: str, version: int, method: str, instances: List[Dict[str, Any]],
-                  protocol: str) -> Tuple[List[Any], int]:
-    """The results of `instances` and the version that answered; raises Failure."""
+                  protocol: str, client: Optional[str] = None) -> Tuple[List[Any], int]:
+    """The results of `instances` and the version that answered (version 0: the default, drawn by the servable's
+    traffic split for `client`); raises Failure."""
     start = time.perf_counter()
     labels = ("", "", protocol)  # names become labels only once they exist (bounded label sets)
     try:
-        loaded = server.catalog.get(servable, version)
+        loaded = server.catalog.get(servable, version, client)
         loaded.method(method)
         labels = (servable, method, protocol)
         with server.catalog.using(loaded):
@@ -56,10 +60,10 @@ def _count(metrics: Metrics, labels: Tuple[str, str, str], start: float, outcome
     metrics.latency.labels(*labels).observe(time.perf_counter() - start)
 
 
-def generative(catalog: Catalog, servable: str, version: int) -> LoadedVersion:
+def generative(catalog: Catalog, servable: str, version: int, client: Optional[str] = None) -> LoadedVersion:
     """The loaded version of a servable that generates; NotAvailable when there is none, Failure when the
     servable does not generate."""
-    loaded = catalog.get(servable, version)
+    loaded = catalog.get(servable, version, client)
     if loaded.batcher is None:
         raise Failure(f"servable {servable} does not generate (it has {', '.join(sorted(loaded.methods))}); "
                       f"deploy a generative model package to stream answers", 400, "protocol")

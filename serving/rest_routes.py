@@ -12,7 +12,7 @@ from aiohttp import web
 from mindvl.serving.event_stream import stream_events
 from mindvl.serving.failures import Failure
 from mindvl.serving.openai_api import DONE, Completion
-from mindvl.serving.predict import generative, predict
+from mindvl.serving.predict import CLIENT_HEADER, generative, predict
 from mindvl.serving.protocol import InstanceError, ProtocolError, encode_reply, parse_url
 from mindvl.serving.register import GENERATE
 from mindvl.serving.rest_bodies import held_body, json_reply, parse_instances, protocol_failure
@@ -39,7 +39,8 @@ async def answer(server, request: web.Request) -> web.StreamResponse:
         instances = parse_instances(server, body, server.config.max_instances)
         if method == GENERATE and "text/event-stream" in request.headers.get("Accept", ""):
             return await _generate_events(server, request, servable, version, instances)
-        results, _ = await predict(server, servable, version, method, instances, "rest")
+        results, _ = await predict(server, servable, version, method, instances, "rest",
+                                   request.headers.get(CLIENT_HEADER))
         return json_reply(server, encode_reply(results))
 
 
@@ -50,7 +51,7 @@ async def _generate_events(server, request: web.Request, servable: str, version:
     "dropped_turns"), then `data: [DONE]`."""
     if len(instances) != 1:
         raise Failure(f"a streamed generate takes one instance, got {len(instances)}", 400, "protocol")
-    loaded = generative(server.catalog, servable, version)
+    loaded = generative(server.catalog, servable, version, request.headers.get(CLIENT_HEADER))
     with server.catalog.using(loaded):
         try:
             generation = await loaded.start_generation(instances[0], server.pool)

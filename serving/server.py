@@ -67,6 +67,7 @@ class Server:
         self.admin_token = read_admin_token(config.admin_token_file, config.admin_token_env)
         self.catalog = Catalog(Path(config.servable_dir), self.key, config.max_batch_size if config.batching else 1)
         self.metrics = Metrics()
+        self.catalog.routed = lambda name, version: self.metrics.routed.labels(name, str(version)).inc()
         self.pool = ThreadPoolExecutor(config.workers, thread_name_prefix="stage")
         self.batching = BatchPolicy(config.max_batch_size, config.max_wait_ms / 1000, lambda servable, graph, size:
                                     self.metrics.batch_size.labels(servable, graph).observe(size)) \
@@ -174,6 +175,9 @@ class Server:
                 match = admin_routes.URL.fullmatch(path)
                 if match and request.method == "POST":
                     return await admin_routes.answer(self, request, *match.groups())
+                match = admin_routes.TRAFFIC.fullmatch(path)
+                if match and request.method == "POST":
+                    return await admin_routes.traffic(self, request, match.group(1))
                 raise Failure(f"please check url: {request.method} {path[:64]!r} is not served; predict with "
                               f"POST /model/<servable>[/version/<n>]:<method>, POST /v1/chat/completions, or GET "
                               f"/health, /ready, /metrics, /servables, /v1/models"

@@ -53,15 +53,15 @@ def b64(data: bytes) -> dict:
     return {"b64": base64.b64encode(data).decode("ascii")}
 
 
-def grpc_predict(server, servable, method, instances, version=0):
+def grpc_predict(server, servable, method, instances, version=0, metadata=()):
     """The PredictReply to a PredictRequest built from `instances` ({name: numpy / str / bytes} each)."""
-    return grpc_raw(server, G.instances_to_request(servable, method, version, instances))
+    return grpc_raw(server, G.instances_to_request(servable, method, version, instances), metadata)
 
 
-def grpc_raw(server, request):
-    """The PredictReply to `request` as it is (malformed ones included)."""
+def grpc_raw(server, request, metadata=()):
+    """The PredictReply to `request` as it is (malformed ones included); `metadata`: the call's (key, value)s."""
     with grpc.insecure_channel(server.grpc_target) as channel:
-        return G.predict_stub(channel)(request, timeout=120)
+        return G.predict_stub(channel)(request, timeout=120, metadata=metadata or None)
 
 
 QUESTION_MODES = ("typed", "spoken", "both")
