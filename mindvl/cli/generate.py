@@ -40,11 +40,36 @@ def _generate(args) -> None:
     finish = None
     for delta in model.stream(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
-                              stop_strings=args.stop, seed=args.seed):
+                              stop_strings=args.stop, seed=args.seed, grammar=_grammar(args)):
         print(delta.text, end="", flush=True)
         finish = delta.finish or finish
     print()
     print(f"[{finish}]", file=sys.stderr)
+
+
+def _grammar(args):
+    """The structured output asked for (at most one of --json-schema, --json-object, --regex, --choice), or None."""
+    import json
+
+    from mindvl.engine.grammar import Grammar
+
+    asked = [(flag, value) for flag, value in (("--json-schema", args.json_schema), ("--json-object", args.json_object),
+                                               ("--regex", args.regex), ("--choice", args.choice)) if value]
+    if len(asked) > 1:
+        raise ConfigError(f"{asked[0][0]} and {asked[1][0]}: one structured output at a time")
+    if not asked:
+        return None
+    flag, value = asked[0]
+    if flag == "--json-schema":
+        path = Path(value)
+        if not path.is_file():
+            raise ConfigError(f"--json-schema {value}: no such file; give a JSON schema file")
+        try:
+            return Grammar("json_schema", json.loads(path.read_text()))
+        except ValueError as error:
+            raise ConfigError(f"--json-schema {value}: not JSON ({error})") from None
+    return {"--json-object": Grammar("json_object"), "--regex": Grammar("regex", value),
+            "--choice": Grammar("choice", value)}[flag]
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -72,6 +97,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--repetition-penalty", type=float, default=1.0, help="1: off")
     generate.add_argument("--stop", action="append", default=[], metavar="TEXT", help="a stop string (repeatable)")
     generate.add_argument("--seed", type=int, help="makes sampling reproducible")
+    generate.add_argument("--json-schema", metavar="FILE", help="the answer is JSON valid against this JSON schema")
+    generate.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
+    generate.add_argument("--regex", help="the answer matches this regular expression (Rust's regex syntax)")
+    generate.add_argument("--choice", action="append", metavar="TEXT", help="the answer is one of these (repeatable)")
     generate.add_argument("--cache-len", type=int, default=1024, help="prompt + new tokens at most")
     generate.add_argument("--kernels", choices=KERNELS.values, default=KERNELS.default,
                           help="auto (default) and fused: mindvl's CPU kernels (a converted LLM: RMSNorm, the "

@@ -126,7 +126,7 @@ def test_bad_checkpoints_and_attachments_are_refused_by_name(generators, tmp_pat
         generator.prompt("q", video=str(other / "config.json"))
 
 
-def test_cli_converts_and_answers_about_two_images(tmp_path, capsys):
+def test_cli_converts_and_answers_about_two_images_and_in_json(tmp_path, capsys):
     out = tmp_path / "vlm"
     assert main(["convert", "vlm", "--hf", str(REFERENCES / "tiny_qwen2_vl"), "--out", str(out)]) == 0
     assert "qwen2_vl:" in capsys.readouterr().out
@@ -134,6 +134,17 @@ def test_cli_converts_and_answers_about_two_images(tmp_path, capsys):
                  photo(1, tmp_path), "--max-new-tokens", "4"]) == 0
     printed = capsys.readouterr()
     assert "[length]" in printed.err or "[stop]" in printed.err
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"n": {"type": "integer", "maximum": 99}},
+                                  "required": ["n"], "additionalProperties": False}))
+    assert main(["generate", "--model", str(out), "how many?", "--image", photo(2, tmp_path), "--json-schema",
+                 str(schema), "--max-new-tokens", "24"]) == 0
+    printed = capsys.readouterr()
+    assert "[stop]" in printed.err and isinstance(json.loads(printed.out)["n"], int)  # the random model writes JSON
+    assert main(["generate", "--model", str(out), "yes?", "--choice", "yes", "--choice", "no"]) == 0
+    assert capsys.readouterr().out.strip() in ("yes", "no")
+    assert main(["generate", "--model", str(out), "q", "--regex", "[a", "--max-new-tokens", "2"]) == 2
+    assert "regex: cannot be compiled" in capsys.readouterr().err
     assert main(["convert", "vlm", "--gguf", "x.gguf"]) == 2
 
 

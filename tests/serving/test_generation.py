@@ -1,7 +1,8 @@
 """A generative package served live on 127.0.0.1: `generate` over REST, Server-Sent Events, continuous batching
 (concurrent requests share decode steps and get what they get alone), the OpenAI chat API through the real
-`openai` client (an image, a spoken question, streaming with usage), OpenAI-style errors, and a client that
-goes away cancelling its generation."""
+`openai` client (an image, a spoken question, streaming with usage, whole conversations and their truncation,
+logprobs, n, penalties, embeddings), OpenAI-style errors, and a client that goes away cancelling its
+generation."""
 import base64
 import concurrent.futures
 import http.client
@@ -118,9 +119,9 @@ def image_part(example):
 
 
 def test_the_whole_conversation_is_read_its_image_in_an_earlier_turn(server, client, examples):
-    """A chat client sends the history on every request: the model reads it (prompt_tokens and the logits change),
-    an image sent in an earlier turn is still the one the question is about, and REST `generate` with the same
-    `history` gets the same tokens."""
+    """A chat client sends the history on every request: the model reads it (prompt_tokens, the logits and a sampled
+    answer change), an image sent in an earlier turn is still the one the question is about, and REST `generate`
+    with the same `history` gets the same tokens."""
     example = next(e for e in examples if "color" in e.question)
     first = [{"role": "user", "content": [image_part(example), {"type": "text", "text": "Look at this picture."}]}]
     alone = client.chat.completions.create(model="vlm", max_tokens=12, messages=first)
@@ -143,6 +144,10 @@ def test_the_whole_conversation_is_read_its_image_in_an_earlier_turn(server, cli
     assert alone_rest["text"] == just_last.choices[0].message.content
     confidences = {round(float(a["mean_logprob"]), 5) for a in (rest, without_image, alone_rest)}
     assert len(confidences) == 3, "the history changed nothing the model computed"
+    # sampled with one seed, the answer itself changes with the history
+    sampled = {"model": "vlm", "max_tokens": 12, "temperature": 1.0, "seed": 7, "extra_body": {"ignore_eos": True}}
+    assert client.chat.completions.create(messages=chat, **sampled).choices[0].message.content != \
+        client.chat.completions.create(messages=chat[-1:], **sampled).choices[0].message.content
 
 
 def test_a_conversation_longer_than_the_prompt_leaves_out_its_oldest_exchanges(server, client, examples):
