@@ -55,6 +55,8 @@ class SamplingConfig:
             if not isinstance(self.grammar, Grammar):
                 raise ConfigError(f"grammar: expected an engine.grammar.Grammar, got {shown(self.grammar)}")
             self.grammar.validate()
+            if self.ignore_eos:
+                raise ConfigError("ignore_eos: a grammar ends the answer once it is complete; leave ignore_eos out")
         if self.seed is not None:
             _integer(self.seed, "seed", *SEED_RANGE)
         if not isinstance(self.ignore_eos, (bool, np.bool_)):

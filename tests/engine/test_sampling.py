@@ -6,6 +6,7 @@ import pytest
 
 from mindvl.engine.sampling import (SamplingConfig, StopMatcher, TextSequence, next_tokens, penalise_presence,
                                     penalise_repetition, sampling_config, token_logprobs, top_logprobs)
+from mindvl.engine.grammar import Grammar
 from mindvl.errors import ConfigError
 
 
@@ -83,6 +84,7 @@ def test_ignore_eos_generates_past_the_end_of_sequence_token_and_keeps_it_out_of
     ({"presence_penalty": 2.5}, "presence_penalty: expected a value in \\[-2, 2\\], got 2.5"),
     ({"frequency_penalty": float("nan")}, "frequency_penalty: expected a value in \\[-2, 2\\], got nan"),
     ({"top_logprobs": 21}, "top_logprobs: expected an integer in \\[0, 21\\), got 21"),
+    ({"grammar": Grammar("json_object"), "ignore_eos": True}, "ignore_eos: a grammar ends the answer"),
     ({"stop_strings": ["x" * 120000]}, "stop_strings: a string of 120000 characters, more than the limit of 256"),
 ])
 def test_every_setting_the_sampler_cannot_use_is_refused_by_name(setting, message):
