@@ -241,8 +241,9 @@ class Catalog:
                 else:
                     entry = {"status": "available"}
                 versions[str(version)] = entry
-            report[name] = {"default_version": max(loaded) if loaded else None, "versions": versions,
-                            "traffic": {str(v): w for v, w in self.traffic.get(name, {}).items()} or None}
+            report[name] = {"default_version": max(loaded) if loaded else None, "versions": versions}
+            if self.traffic.get(name):  # a gray release's split, while one is set
+                report[name]["traffic"] = {str(v): w for v, w in self.traffic[name].items()}
         return report
 
     async def close(self) -> None:
