@@ -25,6 +25,23 @@ def quantize_per_channel(weight: np.ndarray):
     return q, scale
 
 
+class Int8Product(nn.Cell):
+    """x (rows, in) float32 @ (weight_int8 (out, in) * scale (out,))^T with standard operators (Cast, Mul,
+    MatMul): what exports hold; the CPU kernels replace it by FusedInt8MatMul, which reads the int8 weights as
+    they are."""
+
+    def __init__(self):
+        super().__init__()
+        self.cast = ops.Cast()
+        self.mul = ops.Mul()
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.reshape = ops.Reshape()
+
+    def construct(self, x, weight_int8, scale):
+        weight = self.mul(self.cast(weight_int8, ms.float32), self.reshape(scale, (-1, 1)))
+        return self.matmul(x, weight)
+
+
 class Int8Linear(nn.Cell):
     """(..., in) -> (..., out) = x @ (weight_int8 * weight_scale[:, None]).T + bias, float32 in and out.
 
@@ -42,7 +59,7 @@ class Int8Linear(nn.Cell):
             self.bias = Parameter(Tensor(bias, ms.float32), name="bias")
         self.cast = ops.Cast()
         self.mul = ops.Mul()
-        self.matmul = ops.MatMul(transpose_b=True)
+        self.product = Int8Product()  # the CPU kernels swap in FusedInt8MatMul
         self.add = ops.Add()
         self.reshape = ops.Reshape()
 
@@ -58,16 +75,13 @@ class Int8Linear(nn.Cell):
         return self.mul(self.cast(self.weight_int8, ms.float32), scale)
 
     def construct(self, x):
-        leading = x.shape[:-1]
-        y = self.matmul(self.reshape(x, (-1, self.in_width)), self.dequantized_weight())  # (rows, out)
-        if self.has_bias:
-            y = self.add(y, self.bias)
-        return self.reshape(y, leading + (self.out_width,))
+        y = self.project(x)
+        return self.add(y, self.bias) if self.has_bias else y
 
     def project(self, x):
         """The product without the bias, as Linear.project (the MLP adds fc1's bias with its activation)."""
         leading = x.shape[:-1]
-        y = self.matmul(self.reshape(x, (-1, self.in_width)), self.dequantized_weight())
+        y = self.product(self.reshape(x, (-1, self.in_width)), self.weight_int8, self.weight_scale)
         return self.reshape(y, leading + (self.out_width,))
 
     def extend_repr(self):

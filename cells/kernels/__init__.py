@@ -83,10 +83,11 @@ def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn
     from mindvl.cells.decoder import CausalLM
     from mindvl.cells.linear import Linear
     from mindvl.cells.norm import LayerNorm, RMSNorm
+    from mindvl.cells.quant import Int8Linear
     from mindvl.cells.rotary import RotateHalf
 
-    from .cpu import (FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedHeadMatMul, FusedLayerNorm,
-                      FusedMatMul, FusedRMSNorm, FusedRotateHalf, FusedSoftmax)
+    from .cpu import (FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedHeadMatMul, FusedInt8MatMul,
+                      FusedLayerNorm, FusedMatMul, FusedRMSNorm, FusedRotateHalf, FusedSoftmax)
 
     swaps = []
     for _, cell in model.cells_and_names():
@@ -96,6 +97,8 @@ def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn
             swaps.append((cell, "layer_norm", FusedLayerNorm(cell.eps, path)))
         if isinstance(cell, RMSNorm):
             swaps.append((cell, "rms_norm", FusedRMSNorm(cell.eps, path)))
+        if isinstance(cell, Int8Linear):
+            swaps.append((cell, "product", FusedInt8MatMul(path)))
         if isinstance(cell, Linear):
             swaps.append((cell, "matmul", FusedMatMul(path)))
             if cell.has_bias:
@@ -187,8 +190,11 @@ def use_kernels(model: nn.Cell, kind: str, device: Optional[str] = None, compute
                                  "probe (a forward pass of the model on a real batch); pass probe= or choose "
                                  "'fused' or 'standard'")
             from .auto import choose
+            from .cpu import FusedInt8MatMul
 
-            swaps = choose(swaps, probe, path, cache_dir(), log, agree)
+            untimed = [swap for swap in swaps if isinstance(swap[2], FusedInt8MatMul)]  # inference only: always faster
+            timed = [swap for swap in swaps if not isinstance(swap[2], FusedInt8MatMul)]
+            swaps = list(choose(timed, probe, path, cache_dir(), log, agree)) + untimed
     for parent, attribute, fused in swaps:
         setattr(parent, attribute, fused)
     return len(swaps)

@@ -157,6 +157,35 @@ class FusedMatMul(nn.Cell):
         return ops.MatMul(transpose_b=True)
 
 
+class FusedInt8MatMul(nn.Cell):
+    """x (M, K) float32 @ (weight_int8 (N, K) * scale (N,))^T, an Int8Linear's product (cells/quant.py), in one
+    kernel that reads the int8 weights as they are (int8_matmul.cc: a quarter of the float32 bytes per decode
+    step) instead of widening the whole weight in the graph first. Inference only (the int8 weights are frozen):
+    it has no backward, and "auto" keeps it without timing (the standard product widens every weight on every
+    call, always the slower)."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+
+        def dtypes(x, weight, scale):
+            found = [t.element_type() if isinstance(t, mstype.TensorType) else t for t in (x, weight, scale)]
+            if found != [mstype.float32, mstype.int8, mstype.float32]:
+                raise TypeError(f"mindvl fused kernel MindvlInt8MatMul: expected float32 x, int8 weight, float32 "
+                                f"scale, got {found}; keep the cell in float32 or set the kernels to standard")
+            return x
+
+        self.forward = ops.Custom(f"{path}:MindvlInt8MatMul", out_shape=lambda x, w, s: [x[0], w[0]],
+                                  out_dtype=dtypes, func_type="aot")
+
+    def construct(self, x, weight_int8, scale):
+        return self.forward(x, weight_int8, scale)
+
+    def standard(self):
+        from mindvl.cells.quant import Int8Product
+
+        return Int8Product()
+
+
 class FusedHeadMatMul(FusedMatMul):
     """FusedMatMul as a CausalLM's head_matmul: its own class so that generation can take it alone (a
     one-token step's 262k-row head is 8% faster split over the workers' shares of the vocabulary; the
@@ -269,4 +298,4 @@ class FusedAttentionCore(nn.Cell):
         return AttentionCore(self.heads, self.head_dim)
 
 
-CPU_CELLS = (FusedLayerNorm, FusedRMSNorm, FusedRotateHalf, FusedBiasAdd, FusedMatMul, FusedHeadMatMul, FusedGELU, FusedBiasGELU, FusedSoftmax, FusedAttentionCore)
+CPU_CELLS = (FusedLayerNorm, FusedRMSNorm, FusedRotateHalf, FusedBiasAdd, FusedMatMul, FusedHeadMatMul, FusedGELU, FusedBiasGELU, FusedSoftmax, FusedAttentionCore, FusedInt8MatMul)

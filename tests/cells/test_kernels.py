@@ -342,3 +342,35 @@ def test_training_with_the_kernels_follows_training_without(native_path, small_c
     assert len(losses["fused"]) == len(losses["standard"]) == len(losses["auto"]) == 4
     np.testing.assert_allclose(losses["fused"], losses["standard"], rtol=1e-4)
     np.testing.assert_allclose(losses["auto"], losses["standard"], rtol=1e-4)
+
+
+@pytest.mark.parametrize("rows, width, out", [(1, 640, 1000), (3, 257, 129), (7, 64, 300), (8, 640, 257),
+                                              (40, 130, 70)])
+def test_int8_weight_product_equals_the_widened_weights_product(path, rows, width, out):
+    """FusedInt8MatMul reads the int8 weights as they are: one dot product per row pair below 8 rows (a decode
+    step), widened blocks through sgemm from 8 (a prefill); both equal the standard Cast * scale then MatMul."""
+    from mindvl.cells.kernels.cpu import FusedInt8MatMul
+    from mindvl.cells.quant import Int8Product, quantize_per_channel
+
+    rng = np.random.default_rng(rows * 1000 + width)
+    weight, scale = quantize_per_channel(rng.normal(size=(out, width)).astype(np.float32))
+    x = rng.normal(size=(rows, width)).astype(np.float32)
+    tensors = [ms.Tensor(x), ms.Tensor(weight, ms.int8), ms.Tensor(scale)]
+    want = Int8Product()(*tensors).asnumpy()
+    got = FusedInt8MatMul(path)(*tensors).asnumpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(want, x @ (weight.astype(np.float32) * scale[:, None]).T, rtol=1e-4, atol=1e-4)
+
+
+def test_an_int8_linear_takes_the_int8_kernel_and_exports_its_standard_product(native_path):
+    from mindvl.cells.kernels.cpu import FusedInt8MatMul
+    from mindvl.cells.quant import Int8Linear, Int8Product
+
+    linear = Int8Linear.from_linear(Linear(48, 20, has_bias=True))
+    x = ms.Tensor(np.random.default_rng(0).normal(size=(2, 5, 48)).astype(np.float32))
+    standard = linear(x).asnumpy()
+    assert use_kernels(linear, "fused", device="CPU") >= 1 and isinstance(linear.product, FusedInt8MatMul)
+    np.testing.assert_allclose(linear(x).asnumpy(), standard, rtol=1e-5, atol=1e-5)
+    with standard_kernels(linear):
+        assert isinstance(linear.product, Int8Product)
+    assert isinstance(linear.product, FusedInt8MatMul)
