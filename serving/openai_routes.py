@@ -125,8 +125,9 @@ async def _embeddings(server, request: web.Request) -> web.Response:
         for index, result in enumerate(results):
             if isinstance(result, BaseException):
                 raise O.OpenAIError(f"input[{index}]: {result}", 400, "input", "invalid_value")
-        tokenizer = _tokenizer(newest)
-        tokens = sum(tokenizer.count(text) for text in asked.texts)
+        path = str(newest.folder / newest.manifest["preprocess"]["tokenizer"])
+        tokens = await asyncio.get_running_loop().run_in_executor(  # CPU work: off the event loop
+            server.pool, lambda: sum(map(_tokenizer(path).count, asked.texts)))
         return web.Response(body=O.embeddings_body(asked.model, [r["embedding"] for r in results], tokens,
                                                    asked.base64), content_type="application/json")
 
@@ -137,10 +138,6 @@ def _client(request: web.Request, user: Optional[str]) -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=8)
-def _tokens_of(path: str):
+def _tokenizer(path: str) -> TextTokenizer:
+    """A package's tokenizer (what its embed_text reads), loaded once per file."""
     return TextTokenizer.load(path)
-
-
-def _tokenizer(loaded):
-    """The package's tokenizer (what its embed_text reads), loaded once per file."""
-    return _tokens_of(str(loaded.folder / loaded.manifest["preprocess"]["tokenizer"]))

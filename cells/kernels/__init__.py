@@ -190,11 +190,8 @@ def use_kernels(model: nn.Cell, kind: str, device: Optional[str] = None, compute
                                  "probe (a forward pass of the model on a real batch); pass probe= or choose "
                                  "'fused' or 'standard'")
             from .auto import choose
-            from .cpu import FusedInt8MatMul
 
-            untimed = [swap for swap in swaps if isinstance(swap[2], FusedInt8MatMul)]  # inference only: always faster
-            timed = [swap for swap in swaps if not isinstance(swap[2], FusedInt8MatMul)]
-            swaps = list(choose(timed, probe, path, cache_dir(), log, agree)) + untimed
+            swaps = choose(swaps, probe, path, cache_dir(), log, agree)
     for parent, attribute, fused in swaps:
         setattr(parent, attribute, fused)
     return len(swaps)

@@ -178,8 +178,12 @@ def choose(swaps: Sequence[tuple], probe: Callable[[], object], library: Path, f
 
     `agree`: under data parallelism, the per-operation (fused ms, standard ms) summed over the ranks. Every
     rank must compile the same graph (its collectives line up by position), while each times its own first
-    batch on a busy machine; deciding on the sums gives every rank the same choices."""
+    batch on a busy machine; deciding on the sums gives every rank the same choices. A fused cell marked
+    `untimed` (inference only: no backward to time, and a standard form that is always the slower) is kept
+    without timing."""
     log = log or logger.info
+    kept = [swap for swap in swaps if getattr(swap[2], "untimed", False)]
+    swaps = [swap for swap in swaps if not getattr(swap[2], "untimed", False)]
     calls = record_shapes(swaps, probe)
     signatures = [signature(fused, shapes) if shapes else None for (_, _, fused), shapes in zip(swaps, calls)]
     cache = read_choices(folder)
@@ -201,7 +205,7 @@ def choose(swaps: Sequence[tuple], probe: Callable[[], object], library: Path, f
         times = np.asarray(agree(times), np.float64)
     faster = (times[:, 1] > 0) & (times[:, 0] < times[:, 1])
     log(summary(swaps, times, faster, measured, time.perf_counter() - start, folder / CHOICES_FILE))
-    return [swap for swap, fused in zip(swaps, faster) if fused]
+    return [swap for swap, fused in zip(swaps, faster) if fused] + kept
 
 
 def summary(swaps, times: np.ndarray, faster: np.ndarray, measured: int, seconds: float, path: Path) -> str:

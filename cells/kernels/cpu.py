@@ -164,6 +164,8 @@ class FusedInt8MatMul(nn.Cell):
     it has no backward, and "auto" keeps it without timing (the standard product widens every weight on every
     call, always the slower)."""
 
+    untimed = True  # auto.choose keeps it as swapped
+
     def __init__(self, path: Path):
         super().__init__()
 

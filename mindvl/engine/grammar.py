@@ -99,27 +99,30 @@ class Grammars:
                               f"library: {_first_line(error)}); structured output needs a BPE tokenizer (byte-level, "
                               f"or SentencePiece-style with byte fallback), as every converted LLM has") from None
 
-    def check(self, grammar: Grammar) -> str:
-        """The grammar's source, or ConfigError with the library's message when it cannot be compiled."""
+    def check(self, grammar: Grammar) -> None:
+        """ConfigError with the library's message when the grammar cannot be compiled (a request's, before it
+        joins the batch)."""
         from llguidance import LLMatcher
 
-        grammar.validate()
-        try:
-            source = grammar.source()
-        except (ValueError, TypeError, RuntimeError) as error:
-            raise ConfigError(f"{grammar.kind}: cannot be compiled ({_first_line(error)})") from None
-        problem = LLMatcher.validate_grammar(source, self.tokenizer)
+        problem = LLMatcher.validate_grammar(self._source(grammar), self.tokenizer)
         if problem:
             raise ConfigError(f"{grammar.kind}: cannot be compiled ({_first_line(problem)})")
-        return source
+
+    @staticmethod
+    def _source(grammar: Grammar) -> str:
+        grammar.validate()
+        try:
+            return grammar.source()
+        except (ValueError, TypeError, RuntimeError) as error:
+            raise ConfigError(f"{grammar.kind}: cannot be compiled ({_first_line(error)})") from None
 
     def constraint(self, grammar: Optional[Grammar]) -> Optional[Constraint]:
-        """A fresh matcher for one sequence (None without a grammar)."""
+        """A fresh matcher for one sequence (None without a grammar): compiled once, its errors the library's."""
         if grammar is None:
             return None
         from llguidance import LLMatcher
 
-        matcher = LLMatcher(self.tokenizer, self.check(grammar))
+        matcher = LLMatcher(self.tokenizer, self._source(grammar))
         if matcher.is_error():
             raise ConfigError(f"{grammar.kind}: cannot be compiled ({_first_line(matcher.get_error())})")
         return Constraint(matcher, self.vocab_size)
