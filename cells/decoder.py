@@ -28,6 +28,7 @@ from .masks import MASK_VALUE
 from .norm import create_norm
 from .rotary import Rotary, sectioned_rotary
 from .transformer import TransformerBlock
+from .graph_entry import GraphEntry
 
 
 def decoder_block(cfg) -> TransformerBlock:
@@ -64,6 +65,7 @@ class CausalLM(nn.Cell):
         if not self.tied:
             self.lm_head = nn.Cell()
             self.lm_head.weight = Parameter(initializer(Normal(0.02), (cfg.vocab_size, cfg.width)), name="weight")
+        self.quantized_table = False  # use_quantized_tables sets it
         self.position_axes = len(cfg.mrope_section) or 1
         if cfg.mrope_section:  # M-RoPE: positions (batch, seq, 3); 1-D positions are broadcast to the three axes
             self.rotary_global = sectioned_rotary(self.head_dim, cfg.rope_theta, cfg.mrope_section)
@@ -84,12 +86,23 @@ class CausalLM(nn.Cell):
         self.concat = ops.Concat(axis=1)
         self.expand = ops.ExpandDims()
 
+    def use_quantized_tables(self, embed, lm_head=None) -> None:
+        """Replace the token table (and an untied head) by quantized layers of (vocab, width) rows
+        (cells.quant.QuantizedLinear): embedding lookups widen the rows they gather, the head is the layer's
+        product (cells/quantize.py calls this)."""
+        self.embed = embed
+        if not self.tied:
+            self.lm_head = lm_head
+        self.quantized_table = True
+
     # ------------------------------------------------------------------ pieces shared by the entry points
 
     def _logits(self, hidden):
         """(rows, width) -> (rows, vocab)."""
-        weight = self.embed.weight if self.tied else self.lm_head.weight
-        return self.head_matmul(hidden, weight)
+        head = self.embed if self.tied else self.lm_head
+        if self.quantized_table:
+            return head.project(hidden)
+        return self.head_matmul(hidden, head.weight)
 
     def _additive(self, allowed):
         zeros = ops.zeros(allowed.shape, mstype.float32)
@@ -148,7 +161,8 @@ class CausalLM(nn.Cell):
     def embed_tokens(self, ids):
         """ids (..., seq) int32 -> their scaled embeddings (..., seq, width): the decoder's input, into which a
         multimodal model writes its projected image and audio tokens."""
-        return self.mul(self.gather(self.embed.weight, ids, 0), self.embed_scale)
+        rows = self.embed.rows(ids) if self.quantized_table else self.gather(self.embed.weight, ids, 0)
+        return self.mul(rows, self.embed_scale)
 
     def packed_states(self, x, segment, positions):
         """Embedded packed rows x (rows, seq, width), segment (rows, seq) int32 (1, 2, ... per sequence, 0 at
@@ -219,7 +233,7 @@ class CausalLM(nn.Cell):
         return self._logits(hidden), keys, values
 
 
-class Prefill(nn.Cell):
+class Prefill(GraphEntry):
     """CausalLM.prefill as a graph of its own (one per prompt bucket)."""
 
     def __init__(self, lm: CausalLM):
@@ -230,7 +244,7 @@ class Prefill(nn.Cell):
         return self.lm.prefill(ids, valid)
 
 
-class Decode(nn.Cell):
+class Decode(GraphEntry):
     """CausalLM.decode as a graph of its own (one for every step). The caches come as separate tensors,
     every layer's keys then every layer's values (a tuple argument would be a graph constant, recompiled
     at every step, and separate tensors are what an exported graph's inputs are)."""

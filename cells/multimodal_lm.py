@@ -19,6 +19,7 @@ from .decoder import CausalLM
 from .linear import dense
 from .slots import SlotWriter
 from .vision import VisionEncoder
+from .graph_entry import GraphEntry
 
 
 def pool_factor(tokens: int, budget: int, square: bool) -> int:
@@ -157,7 +158,7 @@ class MultimodalLM(nn.Cell):
         return self.decoder.logits_at(self.decoder.packed_states(x, segment, positions), label_index)
 
 
-class MultimodalPrefill(nn.Cell):
+class MultimodalPrefill(GraphEntry):
     """The prefill graph of a multimodal prompt: construct(ids, valid, slot_index, image, mel, frame_mask) ->
     CausalLM.prefill's outputs, the prompts left-padded (valid) and slot_index laid out as in
     MultimodalLM (one prompt per row, B = the rows). Decode steps are the decoder's own (cells.decoder.Decode)."""

@@ -18,6 +18,7 @@ from mindspore import nn, ops
 from .decoder import CausalLM
 from .multimodal_lm import Projector, pooled_audio
 from .slots import SlotWriter
+from .graph_entry import GraphEntry
 
 
 class NativeVLM(nn.Cell):
@@ -87,7 +88,7 @@ class NativeVLM(nn.Cell):
         return self.slots(self.decoder.embed_tokens(ids), tokens, slot_index)
 
 
-class NativePrefill(nn.Cell):
+class NativePrefill(GraphEntry):
     """construct(ids, valid, positions, slot_index, *attachments) -> CausalLM.prefill's outputs: positions (rows,
     seq, 3) M-RoPE (or (rows, seq)), slot_index (rows, seq) into the slot table, the attachments as NativeVLM
     takes them."""

@@ -42,6 +42,12 @@ class Choice:
 # "auto": in training each fused kernel where it times faster at the model's shapes; in generation the fused
 # kernels, which were faster (and leaner) at every prefill and decode shape timed.
 KERNELS = Choice(("auto", "standard", "fused"), "auto")
+# How a converted LLM folder stores its products and token table (mindvl convert llm --weights): float32; int8 per
+# channel; int4 in groups of 32; gguf: a GGUF's quantized blocks as they are (mindvl/pretrained/gguf_blocks.py)
+CONVERTED_WEIGHTS = Choice(("float32", "int8", "int4", "gguf"), "float32")
+# The weights a converted LLM generates with (from_pretrained's weights=, mindvl generate --weights): as the folder
+# stores them, or a float32 folder quantized as it loads (cells/quantize.py)
+GENERATION_WEIGHTS = Choice(("stored", "int8", "int4"), "stored")
 IMAGE_MERGES = Choice(("mean", "concat"), "mean")  # model.projector.image_merge
 
 # model.<encoder>.activation (cells/activation.py); a decoder also takes silu (SwiGLU's)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from mindvl.choices import KERNELS, LITE_BACKENDS
+from mindvl.choices import GENERATION_WEIGHTS, KERNELS, LITE_BACKENDS
 from mindvl.errors import ConfigError
 
 LOG = logging.getLogger("mindvl")
@@ -36,7 +36,7 @@ PACKAGE = "a model package"
 
 # the options each kind takes, with their defaults
 OPTIONS = {
-    LLM: {"cache_len": 1024, "kernels": KERNELS.default},
+    LLM: {"cache_len": 1024, "kernels": KERNELS.default, "weights": GENERATION_WEIGHTS.default},
     VLM: {"cache_len": 1024, "kernels": KERNELS.default},
     GENERATIVE_RUN: {"cache_len": 256, "kernels": KERNELS.default},
     CLASSIFIER_RUN: {},
@@ -69,7 +69,8 @@ def describe(path: PathLike) -> Found:
     if is_llm_folder(path):
         config = json.loads((path / "config.json").read_text())
         return Found(LLM, f"{LLM} ({config.get('architecture', 'decoder')}, "
-                          f"{config.get('decoder', {}).get('layers', '?')} layers) written by `mindvl convert llm`")
+                          f"{config.get('decoder', {}).get('layers', '?')} layers, {config.get('weights', 'float32')} "
+                          f"weights) written by `mindvl convert llm`")
     if is_vlm_folder(path):
         config = json.loads((path / "config.json").read_text())
         return Found(VLM, f"{VLM} ({config.get('architecture')}, vision {config['vision'].get('layers', '?')} layers, "
@@ -109,24 +110,25 @@ def _options(found: Found, given: dict) -> dict:
 
 
 def from_pretrained(path: PathLike, *, cache_len: Optional[int] = None, kernels: Optional[str] = None,
-                    image_size: Optional[int] = None, backend: Optional[str] = None,
+                    weights: Optional[str] = None, image_size: Optional[int] = None, backend: Optional[str] = None,
                     threads: Optional[int] = None) -> Any:
     """Open whatever `path` holds (see the module docstring) and log what it found.
 
     cache_len: prompt + new tokens at most (an LLM or VLM: 1024, a generative run: 256); kernels: mindvl.choices.
-    KERNELS (a generator's; "auto"); image_size: a converted vision encoder built for another resolution;
+    KERNELS (a generator's; "auto"); weights: mindvl.choices.GENERATION_WEIGHTS (an LLM's: "stored", or int8 / int4
+    quantizing a float32 folder as it loads); image_size: a converted vision encoder built for another resolution;
     backend and threads: a package's device runtime (LiteModel's backend, workers per modality)."""
     found = describe(path)
-    options = _options(found, {"cache_len": cache_len, "kernels": kernels, "image_size": image_size,
+    options = _options(found, {"cache_len": cache_len, "kernels": kernels, "weights": weights, "image_size": image_size,
                                "backend": backend, "threads": threads})
     LOG.info("mindvl: %s: %s", path, found.description)
     return _OPEN[found.kind](Path(path), **options)
 
 
-def _open_llm(path: Path, cache_len: int, kernels: str):
+def _open_llm(path: Path, cache_len: int, kernels: str, weights: str):
     from mindvl.generation.language_model import LanguageModel
 
-    return LanguageModel(path, cache_len, kernels)
+    return LanguageModel(path, cache_len, kernels, weights)
 
 
 def _open_vlm(path: Path, cache_len: int, kernels: str):

@@ -32,7 +32,7 @@ def test_each_kind_of_folder_is_found_and_opened(tiny_llms, converted, trained_r
 
 
 def test_an_option_of_another_kind_and_an_unknown_folder_are_refused(tiny_llms, converted, tmp_path):
-    with pytest.raises(ConfigError, match=r"image_size: not an option of a converted LLM \(takes cache_len, kernels\)"):
+    with pytest.raises(ConfigError, match=r"image_size: not an option of a converted LLM \(takes cache_len, kernels, weights\)"):
         mindvl.from_pretrained(tiny_llms["llama"], image_size=224)
     with pytest.raises(ConfigError, match="cache_len: not an option of a converted encoder"):
         mindvl.from_pretrained(converted("minilm"), cache_len=64)

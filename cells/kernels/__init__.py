@@ -83,10 +83,11 @@ def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn
     from mindvl.cells.decoder import CausalLM
     from mindvl.cells.linear import Linear
     from mindvl.cells.norm import LayerNorm, RMSNorm
-    from mindvl.cells.quant import Int8Linear
+    from mindvl.cells.quant import Int4Linear, Int8Linear
     from mindvl.cells.rotary import RotateHalf
 
-    from .cpu import (FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedHeadMatMul, FusedInt8MatMul,
+    from .cpu import (FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedHeadMatMul, FusedInt4MatMul,
+                      FusedInt8MatMul,
                       FusedLayerNorm, FusedMatMul, FusedRMSNorm, FusedRotateHalf, FusedSoftmax)
 
     swaps = []
@@ -99,6 +100,8 @@ def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn
             swaps.append((cell, "rms_norm", FusedRMSNorm(cell.eps, path)))
         if isinstance(cell, Int8Linear):
             swaps.append((cell, "product", FusedInt8MatMul(path)))
+        if isinstance(cell, Int4Linear):
+            swaps.append((cell, "product", FusedInt4MatMul(path)))
         if isinstance(cell, Linear):
             swaps.append((cell, "matmul", FusedMatMul(path)))
             if cell.has_bias:

@@ -157,35 +157,59 @@ class FusedMatMul(nn.Cell):
         return ops.MatMul(transpose_b=True)
 
 
+def _quantized_product(path: Path, function: str, stored) -> ops.Custom:
+    """The AOT product of x (M, K) float32 with a quantized weight (N, ...) whose tensors have dtypes `stored`."""
+
+    def dtypes(x, *weight):
+        found = [t.element_type() if isinstance(t, mstype.TensorType) else t for t in (x, *weight)]
+        if found != [mstype.float32, *stored]:
+            raise TypeError(f"mindvl fused kernel {function}: expected float32 x and weight tensors of {list(stored)}, "
+                            f"got {found}; keep the cell in float32 or set the kernels to standard")
+        return x
+
+    return ops.Custom(f"{path}:{function}", out_shape=lambda x, q, *scales: [x[0], q[0]], out_dtype=dtypes,
+                      func_type="aot")
+
+
 class FusedInt8MatMul(nn.Cell):
-    """x (M, K) float32 @ (weight_int8 (N, K) * scale (N,))^T, an Int8Linear's product (cells/quant.py), in one
-    kernel that reads the int8 weights as they are (int8_matmul.cc: a quarter of the float32 bytes per decode
-    step) instead of widening the whole weight in the graph first. Inference only (the int8 weights are frozen):
-    it has no backward, and "auto" keeps it without timing (the standard product widens every weight on every
-    call, always the slower)."""
+    """x (M, K) float32 @ the int8 weight (q (N, K), scale (N, groups)) ^T, an Int8Linear's product
+    (cells/quant.py), in one kernel that reads the int8 weights as they are (quantized_matmul.cc: a quarter of
+    the float32 bytes per decode step) instead of widening the whole weight in the graph first. Inference only
+    (the weights are frozen): it has no backward, and "auto" keeps it without timing (the standard product widens
+    every weight on every call, always the slower)."""
 
     untimed = True  # auto.choose keeps it as swapped
 
     def __init__(self, path: Path):
         super().__init__()
+        self.forward = _quantized_product(path, "MindvlInt8MatMul", (mstype.int8, mstype.float32))
 
-        def dtypes(x, weight, scale):
-            found = [t.element_type() if isinstance(t, mstype.TensorType) else t for t in (x, weight, scale)]
-            if found != [mstype.float32, mstype.int8, mstype.float32]:
-                raise TypeError(f"mindvl fused kernel MindvlInt8MatMul: expected float32 x, int8 weight, float32 "
-                                f"scale, got {found}; keep the cell in float32 or set the kernels to standard")
-            return x
-
-        self.forward = ops.Custom(f"{path}:MindvlInt8MatMul", out_shape=lambda x, w, s: [x[0], w[0]],
-                                  out_dtype=dtypes, func_type="aot")
-
-    def construct(self, x, weight_int8, scale):
-        return self.forward(x, weight_int8, scale)
+    def construct(self, x, q, scale):
+        return self.forward(x, q, scale)
 
     def standard(self):
         from mindvl.cells.quant import Int8Product
 
         return Int8Product()
+
+
+class FusedInt4MatMul(nn.Cell):
+    """FusedInt8MatMul for an Int4Linear (q (N, K / 2) uint8, scale and minimum (N, K / 32)): an eighth of the
+    float32 bytes per decode step."""
+
+    untimed = True
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.forward = _quantized_product(path, "MindvlInt4MatMul", (mstype.uint8, mstype.float32, mstype.float32))
+
+    def construct(self, x, q, scale, minimum):
+        return self.forward(x, q, scale, minimum)
+
+    def standard(self):
+        from mindvl.cells.quant import Int4Product
+
+        return Int4Product()
 
 
 class FusedHeadMatMul(FusedMatMul):
@@ -300,4 +324,5 @@ class FusedAttentionCore(nn.Cell):
         return AttentionCore(self.heads, self.head_dim)
 
 
-CPU_CELLS = (FusedLayerNorm, FusedRMSNorm, FusedRotateHalf, FusedBiasAdd, FusedMatMul, FusedHeadMatMul, FusedGELU, FusedBiasGELU, FusedSoftmax, FusedAttentionCore, FusedInt8MatMul)
+CPU_CELLS = (FusedLayerNorm, FusedRMSNorm, FusedRotateHalf, FusedBiasAdd, FusedMatMul, FusedHeadMatMul, FusedGELU,
+             FusedBiasGELU, FusedSoftmax, FusedAttentionCore, FusedInt8MatMul, FusedInt4MatMul)

@@ -2,6 +2,8 @@
 import argparse
 import json
 
+from mindvl.choices import CONVERTED_WEIGHTS
+
 LLM = "llm"
 VLM = "vlm"
 
@@ -11,10 +13,10 @@ def _convert_llm(args) -> None:
     if args.gguf and args.hf:
         raise SystemExit("mindvl convert llm: give --gguf FILE or --hf DIR, not both")
     out = args.out or "pretrained/llm"
-    out = convert_hf(args.hf, out) if args.hf else convert_gguf(args.gguf, out)
+    out = convert_hf(args.hf, out, weights=args.weights) if args.hf else convert_gguf(args.gguf, out, weights=args.weights)
     config = json.loads((out / "config.json").read_text())
-    print(f"{config['architecture']}: {config['parameters']:,} parameters ({config['decoder']['layers']} layers) "
-          f"-> {out}")
+    print(f"{config['architecture']}: {config['parameters']:,} parameters ({config['decoder']['layers']} layers, "
+          f"{config['weights']} weights) -> {out}")
 
 
 def _convert_vlm(args) -> None:
@@ -30,6 +32,8 @@ def _convert_vlm(args) -> None:
 
 def _convert(args) -> None:
     from mindvl.pretrained import convert
+    if args.weights != CONVERTED_WEIGHTS.default and args.source != LLM:
+        raise SystemExit(f"mindvl convert {args.source}: --weights is for `mindvl convert llm`")
     if args.source == LLM:
         return _convert_llm(args)
     if args.source == VLM:
@@ -57,4 +61,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     convert.add_argument("--hf", metavar="DIR", help=f"{LLM}: a Hugging Face folder (config.json, *.safetensors, "
                                                     f"tokenizer.json) of the Llama, Qwen2 or Gemma 3 family; {VLM}: "
                                                     f"of Qwen2-VL or Qwen2.5-VL (both key layouts)")
+    convert.add_argument("--weights", choices=CONVERTED_WEIGHTS.values, default=CONVERTED_WEIGHTS.default,
+                         help=f"{LLM}: how the folder stores the products and the token table: float32 (default); "
+                              f"int8 per channel; int4 in groups of 32; gguf: a GGUF's quantized blocks as they are "
+                              f"(Q8_0, Q5_0, Q6_K as int8, Q4_0, Q4_K as int4)")
     convert.set_defaults(func=_convert)

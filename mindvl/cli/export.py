@@ -70,12 +70,12 @@ def _export_compare(args) -> None:
 
 def _export_quantize(args) -> None:
     from mindvl.deploy.export_pipeline import package_and_check
-    from mindvl.export.quantize import quantize_int8
+    from mindvl.cells.quantize import quantize_model
     from mindvl.model_factory import load_model
     cfg, model, source = load_model(args.checkpoint, args.config, args.overrides, args.data_root)
-    report = quantize_int8(model)
+    report = quantize_model(model, args.weights)
     result = package_and_check(cfg, model, source, args.out, _package_options(args, not args.no_eval),
-                               {"method": "int8-weight-only", **report})
+                               {"method": f"{args.weights}-weight-only", **report})
     _print_export(result, args.json)
 
 
@@ -204,8 +204,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     compare.add_argument("packages", nargs="+", metavar="PKG")
     compare.set_defaults(func=_export_compare)
 
-    quantize = sub.add_parser("quantize", help="INT8 weight-only post-training quantization into a new package")
+    quantize = sub.add_parser("quantize", help="INT8 / INT4 weight-only post-training quantization into a new package")
     _add_source_args(quantize, required=True)
+    quantize.add_argument("--weights", choices=("int8", "int4"), default="int8",
+                          help="int8: per output channel; int4: groups of 32 inputs (per-channel int8 where a layer's "
+                               "inputs are not in groups of 32)")
     prune = sub.add_parser("prune", help="prune attention heads and FFN channels by importance, fine-tune, package")
     _add_source_args(prune, required=True)
     prune.add_argument("--keep-heads", type=float, default=0.5, help="fraction of attention heads kept per layer")

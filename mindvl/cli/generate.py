@@ -3,7 +3,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mindvl.choices import KERNELS
+from mindvl.choices import GENERATION_WEIGHTS, KERNELS
 from mindvl.errors import ConfigError
 
 
@@ -14,6 +14,9 @@ def _generate(args) -> None:
     from mindvl.generation.native_generator import NativeGenerator
 
     found = describe(args.model)
+    if args.weights != GENERATION_WEIGHTS.default and found.kind != LLM:
+        raise ConfigError(f"--weights {args.weights}: quantized generation takes a converted LLM folder (mindvl convert "
+                          f"llm); --model {args.model} is a {found.description}")
     model = from_pretrained(args.model, cache_len=args.cache_len, kernels=args.kernels) \
         if found.kind in (VLM, GENERATIVE_RUN) else None
     native = isinstance(model, NativeGenerator)  # a converted VLM, or a native run trained from one
@@ -28,7 +31,7 @@ def _generate(args) -> None:
         if args.image or args.audio:
             raise ConfigError(f"--model {args.model}: a converted LLM reads text only; --image and --audio need "
                               f"a trained generative run (mindvl train --config vlm-tiny)")
-        model = from_pretrained(args.model, cache_len=args.cache_len, kernels=args.kernels)
+        model = from_pretrained(args.model, cache_len=args.cache_len, kernels=args.kernels, weights=args.weights)
         prompt = args.prompt
         print(args.prompt, end="", flush=True)
     elif found.kind == GENERATIVE_RUN:  # the question, with the image and the spoken question if given
@@ -105,4 +108,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--kernels", choices=KERNELS.values, default=KERNELS.default,
                           help="auto (default) and fused: mindvl's CPU kernels (a converted LLM: RMSNorm, the "
                                "rotation and the LM head); standard: MindSpore's operators only")
+    generate.add_argument("--weights", choices=GENERATION_WEIGHTS.values, default=GENERATION_WEIGHTS.default,
+                          help="a converted LLM: stored (default) generates with the weights the folder stores; int8 "
+                               "or int4 quantize a float32 folder as it loads (convert with --weights to load no "
+                               "float32 copy)")
     generate.set_defaults(func=_generate)

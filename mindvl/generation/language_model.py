@@ -16,12 +16,13 @@ from typing import Iterator, List, Sequence, Union
 
 import numpy as np
 
-from mindvl.choices import KERNELS
+from mindvl.choices import GENERATION_WEIGHTS, KERNELS
+from mindvl.errors import ConfigError
 from mindvl.engine.decode_loop import DecodeBatch
 from mindvl.engine.prompts import GenerationLimits, TextLayout
 from mindvl.engine.sampling import Delta, Generation, sampling_config
 from mindvl.generation.cell_graphs import CellGraphs
-from mindvl.pretrained.llm import FORMAT, TOKENIZER_FILE, load_llm_weights, read_llm_config
+from mindvl.pretrained.llm import FORMAT, TOKENIZER_FILE, load_llm_weights, read_llm_config, stored_shapes
 
 Prompt = Union[str, Sequence[int]]  # text, or its token ids
 
@@ -30,15 +31,42 @@ def decoder_kernels(lm, kernels: str) -> None:
     """Swap the generation kernels `kernels` names into a decoder `lm`: "auto" and "fused" run RMSNorm and the
     rotary rotation as mindvl's CPU kernels (one pass each instead of five or six MindSpore kernels: 2x faster
     alone at every prefill and decode shape timed) and the LM head as one sgemm per worker over its share of
-    the vocabulary: decode ~25% faster on Gemma 3 270M, the same tokens (docs/llm.md). "standard" keeps
-    MindSpore's operators. The blocks' products stay MindSpore's: at one token a step they are no faster as
-    the kernels' sgemm."""
+    the vocabulary: decode ~25% faster on Gemma 3 270M, the same tokens (docs/llm.md), and a quantized model's
+    products as kernels that read the int8 / int4 weights as they are. "standard" keeps MindSpore's operators.
+    A float model's block products stay MindSpore's: at one token a step they are no faster as the kernels'
+    sgemm."""
     from mindvl.cells.kernels import use_kernels
-    from mindvl.cells.kernels.cpu import FusedHeadMatMul, FusedRMSNorm, FusedRotateHalf
+    from mindvl.cells.kernels.cpu import (FusedHeadMatMul, FusedInt4MatMul, FusedInt8MatMul, FusedRMSNorm,
+                                          FusedRotateHalf)
 
     KERNELS.check("kernels", kernels)
     use_kernels(lm, "standard" if kernels == "standard" else "fused",
-                only=(FusedRMSNorm, FusedRotateHalf, FusedHeadMatMul))
+                only=(FusedRMSNorm, FusedRotateHalf, FusedHeadMatMul, FusedInt8MatMul, FusedInt4MatMul))
+
+
+def load_decoder(folder: Path, config: dict, cfg, cache_len: int, weights: str):
+    """The folder's CausalLM with its weights, and the layout it generates with ("float32", "int8", "int4" or
+    "gguf"). A quantized folder builds its quantized layers empty and loads them: the model is never held in
+    float32. weights: mindvl.choices.GENERATION_WEIGHTS; int8 / int4 quantize a float32 folder once loaded."""
+    from mindspore.nn.utils import no_init_parameters
+
+    from mindvl.cells.decoder import CausalLM
+    from mindvl.cells.quantize import quantize_model
+
+    GENERATION_WEIGHTS.check("weights", weights)
+    stored = config.get("weights", "float32")
+    if stored != "float32" and weights not in ("stored", stored):
+        raise ConfigError(f"weights={weights}: {folder} stores {stored} weights; convert the source again with "
+                          f"`mindvl convert llm --weights {weights}`, or generate with the stored weights")
+    with no_init_parameters():  # no random weights drawn only to be replaced (1 GB at Gemma 3 270M)
+        lm = CausalLM(cfg, cache_len)
+        if stored != "float32":
+            quantize_model(lm, stored=stored_shapes(folder))
+    load_llm_weights(folder, lm)
+    if stored == "float32" and weights != "stored":
+        quantize_model(lm, weights)
+        return lm, weights
+    return lm, stored
 
 
 class LanguageModel:
@@ -46,18 +74,20 @@ class LanguageModel:
 
     cache_len: the key/value cache's length, the most prompt + new tokens one call holds (a bigger cache
     costs memory and a little time per step: layers * batch * cache_len * kv_width * 8 bytes).
-    kernels: mindvl.choices.KERNELS; see `decoder_kernels`."""
+    kernels: mindvl.choices.KERNELS; see `decoder_kernels`. weights: mindvl.choices.GENERATION_WEIGHTS, see
+    `load_decoder`; `self.weights` says which layout generates."""
 
-    def __init__(self, folder: Union[str, Path], cache_len: int = 1024, kernels: str = KERNELS.default):
+    def __init__(self, folder: Union[str, Path], cache_len: int = 1024, kernels: str = KERNELS.default,
+                 weights: str = GENERATION_WEIGHTS.default):
         import mindspore as ms
-        from mindspore.nn.utils import no_init_parameters
         from tokenizers import Tokenizer
 
-        from mindvl.cells.decoder import CausalLM, Decode, Prefill
+        from mindvl.cells.decoder import Decode, Prefill
 
         self.folder = Path(folder)
         self.config, self.cfg = read_llm_config(self.folder)
         KERNELS.check("kernels", kernels)  # before the weights load
+        GENERATION_WEIGHTS.check("weights", weights)
         limits = GenerationLimits.for_cache(min(cache_len, self.cfg.max_positions))
         self.cache_len = limits.cache_len
         self.tokens = self.config["tokens"]
@@ -65,9 +95,7 @@ class LanguageModel:
         self.pad_id = int(self.tokens.get("pad") if self.tokens.get("pad") is not None else 0)
         self.tokenizer = Tokenizer.from_file(str(self.folder / TOKENIZER_FILE))
         ms.set_context(mode=ms.GRAPH_MODE)
-        with no_init_parameters():  # no random weights drawn only to be replaced (1 GB at Gemma 3 270M)
-            lm = CausalLM(self.cfg, self.cache_len)
-        load_llm_weights(self.folder, lm)
+        lm, self.weights = load_decoder(self.folder, self.config, self.cfg, self.cache_len, weights)
         self.lm = lm
         lm.set_train(False)
         decoder_kernels(lm, kernels)

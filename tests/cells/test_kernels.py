@@ -344,33 +344,83 @@ def test_training_with_the_kernels_follows_training_without(native_path, small_c
     np.testing.assert_allclose(losses["auto"], losses["standard"], rtol=1e-4)
 
 
-@pytest.mark.parametrize("rows, width, out", [(1, 640, 1000), (3, 257, 129), (7, 64, 300), (8, 640, 257),
-                                              (40, 130, 70)])
-def test_int8_weight_product_equals_the_widened_weights_product(path, rows, width, out):
-    """FusedInt8MatMul reads the int8 weights as they are: one dot product per row pair below 8 rows (a decode
-    step), widened blocks through sgemm from 8 (a prefill); both equal the standard Cast * scale then MatMul."""
-    from mindvl.cells.kernels.cpu import FusedInt8MatMul
-    from mindvl.cells.quant import Int8Product, quantize_per_channel
+# (layout, rows, width, out): below 32 rows the decode path (int8 activations when the width is in groups of 32),
+# from 32 rows widened blocks through sgemm; per-channel int8 also at widths not in groups of 32
+QUANTIZED_CASES = [("int8", 1, 640, 1000), ("int8", 3, 257, 129), ("int8", 7, 64, 300), ("int8", 31, 96, 70),
+                   ("int8", 32, 640, 257), ("int8", 40, 130, 70), ("int8/32", 1, 640, 300), ("int8/32", 5, 96, 33),
+                   ("int8/32", 40, 64, 70), ("int8/16", 2, 256, 65), ("int8/16", 33, 64, 20), ("int4", 1, 640, 1000),
+                   ("int4", 6, 96, 129), ("int4", 31, 64, 40), ("int4", 32, 640, 257), ("int4", 45, 64, 33)]
 
+
+def _quantized(layout: str, weight: np.ndarray):
+    """(standard product, fused class, stored tensors) of one layout."""
+    from mindvl.cells.kernels.cpu import FusedInt4MatMul, FusedInt8MatMul
+    from mindvl.cells.quant import Int4Product, Int8Product, quantize_int4, quantize_int8
+
+    if layout == "int4":
+        return Int4Product(), FusedInt4MatMul, quantize_int4(weight)
+    group = int(layout.split("/")[1]) if "/" in layout else None
+    return Int8Product(), FusedInt8MatMul, quantize_int8(weight, group)
+
+
+def _activation_rounding(x: np.ndarray, widened: np.ndarray) -> np.ndarray:
+    """(rows, out): how far rounding each row of x to int8 per group of 32 (scale max|x| / 127) can move a product
+    with `widened`: sum over groups of scale / 2 * sum |W| over the group's inputs."""
+    rows, width = x.shape
+    half_steps = np.abs(x.reshape(rows, -1, 32)).max(axis=2) / 127 / 2  # (rows, groups)
+    weight_sums = np.abs(widened).reshape(len(widened), -1, 32).sum(axis=2)  # (out, groups)
+    return half_steps @ weight_sums.T
+
+
+@pytest.mark.parametrize("layout, rows, width, out", QUANTIZED_CASES)
+def test_quantized_products_equal_the_widened_weights_product(path, layout, rows, width, out):
+    """FusedInt8MatMul / FusedInt4MatMul read the quantized weights as they are. Below 32 rows (decode steps, batches
+    of streams) each row of x is rounded to int8 per group of 32 and the products summed in integers, as llama.cpp
+    does: within that rounding's bound of the standard product (widen the weights, then MatMul); from 32 rows
+    (a prefill) widened blocks through sgemm, equal to it."""
     rng = np.random.default_rng(rows * 1000 + width)
-    weight, scale = quantize_per_channel(rng.normal(size=(out, width)).astype(np.float32))
+    weight = rng.normal(size=(out, width)).astype(np.float32)
+    standard, fused, stored = _quantized(layout, weight)
     x = rng.normal(size=(rows, width)).astype(np.float32)
-    tensors = [ms.Tensor(x), ms.Tensor(weight, ms.int8), ms.Tensor(scale)]
-    want = Int8Product()(*tensors).asnumpy()
-    got = FusedInt8MatMul(path)(*tensors).asnumpy()
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    np.testing.assert_allclose(want, x @ (weight.astype(np.float32) * scale[:, None]).T, rtol=1e-4, atol=1e-4)
+    tensors = [ms.Tensor(x), *(ms.Tensor(t) for t in stored)]
+    want = standard(*tensors).asnumpy()
+    got = fused(path)(*tensors).asnumpy()
+    widened = standard.dequantize(*tensors[1:]).asnumpy()
+    np.testing.assert_allclose(want, x @ widened.T, rtol=1e-4, atol=1e-4)
+    if rows < 32 and width % 32 == 0:
+        bound = _activation_rounding(x, widened)
+        assert (np.abs(got - want) <= bound + 1e-4).all()
+        assert np.abs(got - want).max() > 0  # the activations were rounded: the integer path ran
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-def test_an_int8_linear_takes_the_int8_kernel_and_exports_its_standard_product(native_path):
-    from mindvl.cells.kernels.cpu import FusedInt8MatMul
-    from mindvl.cells.quant import Int8Linear, Int8Product
+@pytest.mark.parametrize("layout", ["int8", "int8/32", "int8/16", "int4"])
+def test_the_native_and_avx2_builds_give_the_same_quantized_products(layout):
+    """The integer sums are exact and both builds scale them into the same 8 float32 lanes in the same order, so an
+    AVX-512 machine (VNNI's dpbusd) and an AVX2 one (maddubs) give the same bits."""
+    if not _runs_avx2():
+        pytest.skip("no AVX2 + FMA")
+    rng = np.random.default_rng(7)
+    _, fused, stored = _quantized(layout, rng.normal(size=(300, 256)).astype(np.float32))
+    tensors = [ms.Tensor(rng.normal(size=(3, 256)).astype(np.float32)), *(ms.Tensor(t) for t in stored)]
+    np.testing.assert_array_equal(fused(_built("native"))(*tensors).asnumpy(),
+                                  fused(_built("x86-64-v3"))(*tensors).asnumpy())
 
-    linear = Int8Linear.from_linear(Linear(48, 20, has_bias=True))
-    x = ms.Tensor(np.random.default_rng(0).normal(size=(2, 5, 48)).astype(np.float32))
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_quantized_linear_takes_its_kernel_and_exports_its_standard_product(native_path, kind):
+    from mindvl.cells.kernels.cpu import FusedInt4MatMul, FusedInt8MatMul
+    from mindvl.cells.quant import Int4Linear, Int4Product, Int8Linear, Int8Product
+
+    cell, fused, standard_product = {"int8": (Int8Linear, FusedInt8MatMul, Int8Product),
+                                     "int4": (Int4Linear, FusedInt4MatMul, Int4Product)}[kind]
+    linear = cell.from_linear(Linear(64, 20, has_bias=True))
+    assert isinstance(linear, cell)
+    x = ms.Tensor(np.random.default_rng(0).normal(size=(2, 20, 64)).astype(np.float32))  # 40 rows: the sgemm path
     standard = linear(x).asnumpy()
-    assert use_kernels(linear, "fused", device="CPU") >= 1 and isinstance(linear.product, FusedInt8MatMul)
+    assert use_kernels(linear, "fused", device="CPU") >= 1 and isinstance(linear.product, fused)
     np.testing.assert_allclose(linear(x).asnumpy(), standard, rtol=1e-5, atol=1e-5)
     with standard_kernels(linear):
-        assert isinstance(linear.product, Int8Product)
-    assert isinstance(linear.product, FusedInt8MatMul)
+        assert isinstance(linear.product, standard_product)
+    assert isinstance(linear.product, fused)

@@ -62,29 +62,30 @@ def test_options_a_generative_package_does_not_have_yet_are_refused(generative_r
 
 
 @pytest.mark.slow
-def test_an_int8_decoder_package_verifies_and_takes_its_row_in_the_comparison_table(generative_run, generative_package,
+def test_an_int4_decoder_package_verifies_and_takes_its_row_in_the_comparison_table(generative_run, generative_package,
                                                                                   tmp_path):
-    """`mindvl export quantize` of a generative run: INT8 weight-only projections everywhere (the decoder's
-    included), verified like any package; evaluation generates the test questions through its graphs."""
+    """`mindvl export quantize --weights int4` of a generative run: INT4 weight-only projections everywhere (the
+    decoder's and its token table included, widened by standard operators in the MindIR), verified like any
+    package; evaluation generates the test questions through its graphs."""
     from mindvl.deploy.evaluate_package import comparison_table, evaluate_package
     from mindvl.deploy.export_pipeline import PackageOptions, package_and_check
-    from mindvl.export.quantize import quantize_int8
+    from mindvl.cells.quantize import quantize_model
     from mindvl.model_factory import load_model
 
     cfg, model, record = load_model(generative_run[1].output_dir)
-    report = quantize_int8(model)
+    report = quantize_model(model, "int4")
     assert report["layers"] > 0
     # the session package's prompt buckets and cache: the default (every bucket the decoder's 256 positions
     # allow) would export, verify and evaluate a prefill graph per bucket for nothing this test checks
     options = PackageOptions(progress=False, evaluate=True, eval_limit=2, prompt_buckets=(32, 48), cache_len=112)
-    result = package_and_check(cfg, model, record, tmp_path / "int8", options, {"method": "int8-weight-only", **report},
+    result = package_and_check(cfg, model, record, tmp_path / "int4", options, {"method": "int4-weight-only", **report},
                                log=lambda *_: None)
     assert result["verify"]["ok"]
     row = result["evaluation"]
     assert row["kind"] == "generative" and row["questions"] == 4 and row["decode_ms_b1"] > 0
     assert 0 <= row["vqa_text"] <= 1 and 0 <= row["vqa_audio"] <= 1
     evaluate_package(generative_package[1], progress=False, limit=2)
-    table = comparison_table([generative_package[1], tmp_path / "int8"])
-    assert "| int8 | int8-weight-only |" in table and "decode ms/token b1" in table
-    int8_bytes = read_manifest(tmp_path / "int8")["weights"]["weights_bytes"]
-    assert int8_bytes < 0.6 * read_manifest(generative_package[1])["weights"]["weights_bytes"]
+    table = comparison_table([generative_package[1], tmp_path / "int4"])
+    assert "| int4 | int4-weight-only |" in table and "decode ms/token b1" in table
+    int4_bytes = read_manifest(tmp_path / "int4")["weights"]["weights_bytes"]
+    assert int4_bytes < 0.45 * read_manifest(generative_package[1])["weights"]["weights_bytes"]

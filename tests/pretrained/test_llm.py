@@ -111,3 +111,68 @@ def test_cli_converts_and_reports(tmp_path, capsys):
     assert "qwen2: " in capsys.readouterr().out
     assert main(["convert", "llm", "--gguf", str(tmp_path / "none.gguf"), "--out", str(tmp_path / "x")]) == 2
     assert "none.gguf: no such file" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def quantized_tiny(tmp_path_factory):
+    """The tiny Gemma 3 converted with int8 and int4 weights."""
+    out = tmp_path_factory.mktemp("quantized")
+    return {kind: convert_hf(REFERENCES / "tiny_gemma3_text", out / kind, log=lambda *_: None, weights=kind)
+            for kind in ("int8", "int4")}
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_quantized_folder_stores_its_layout_and_generates_from_it(quantized_tiny, tiny_llms, tiny_models, kind):
+    from safetensors import safe_open
+
+    from mindvl import from_pretrained
+    from mindvl.cells.quant import QuantizedLinear
+
+    folder = quantized_tiny[kind]
+    config, cfg = read_llm_config(folder)
+    assert config["weights"] == kind
+    assert config["parameters"] == sum(int(np.prod(s)) for s in expected_shapes(cfg).values())
+    with safe_open(str(folder / "model.safetensors"), framework="np") as stored:
+        dtypes = {name: stored.get_tensor(name).dtype for name in stored.keys()}
+    value = "weight_int8" if kind == "int8" else "weight_int4"
+    assert dtypes[f"embed.{value}"] == (np.int8 if kind == "int8" else np.uint8)
+    assert dtypes["blocks.0.attn.q_proj.weight_scale"] == np.float32 and "embed.weight" not in dtypes
+    assert dtypes["blocks.0.norm1.weight"] == np.float32  # norms stay float32
+
+    model = from_pretrained(folder, cache_len=64)
+    assert model.weights == kind and model.lm.quantized_table
+    assert sum(isinstance(cell, QuantizedLinear) for _, cell in model.lm.cells_and_names()) == 7 * cfg.layers + 1
+    ids = model.encode("The quick brown fox")
+    logits, float_logits = model.logits(ids), tiny_models["gemma3_text"].logits(ids)
+    error = np.linalg.norm(logits - float_logits) / np.linalg.norm(float_logits)
+    assert 0 < error < (0.05 if kind == "int8" else 0.5)  # random tiny weights: measured 0.006 / 0.11
+    assert len(model.generate("The quick brown fox", max_new_tokens=6).tokens) >= 1
+
+    # quantizing a float32 folder as it loads gives the same model as the quantized folder
+    loaded = from_pretrained(tiny_llms["gemma3_text"], cache_len=64, weights=kind)
+    assert loaded.weights == kind
+    np.testing.assert_array_equal(loaded.logits(ids), logits)
+
+
+def test_quantized_weights_are_refused_where_they_cannot_be_given(quantized_tiny, tmp_path):
+    from mindvl import from_pretrained
+    from mindvl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="stores int4 weights; convert the source again with `mindvl convert llm "
+                                          "--weights int8`"):
+        from_pretrained(quantized_tiny["int4"], weights="int8")
+    with pytest.raises(ConfigError, match="weights: expected one of"):
+        from_pretrained(quantized_tiny["int4"], weights="int2")
+    with pytest.raises(ConfigError, match="--weights gguf keeps a GGUF"):
+        convert_hf(REFERENCES / "tiny_llama", tmp_path / "x", weights="gguf")
+    with pytest.raises(ConfigError, match="--weights: expected one of"):
+        convert_hf(REFERENCES / "tiny_llama", tmp_path / "x", weights="q4")
+
+
+def test_cli_converts_and_generates_quantized(tmp_path, capsys):
+    out = tmp_path / "q"
+    assert main(["convert", "llm", "--hf", str(REFERENCES / "tiny_qwen2"), "--out", str(out), "--weights", "int4"]) == 0
+    assert "int4 weights" in capsys.readouterr().out
+    assert main(["generate", "hello", "--model", str(out), "--max-new-tokens", "3"]) == 0
+    assert main(["generate", "hello", "--model", str(out), "--weights", "int8"]) == 2
+    assert "stores int4 weights" in capsys.readouterr().err

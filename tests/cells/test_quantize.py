@@ -1,4 +1,4 @@
-"""INT8 weight-only quantization: one Int8Linear against its float layer, the trained model quantized in
+"""INT8 weight-only quantization (cells/quantize.py): one Int8Linear against its float layer, the trained model quantized in
 place (every Linear replaced, canonical names, int8 storage, an honest report), its answers against the
 float model's on the whole test split, and its MindIR export (same outputs, weights stored as int8).
 
@@ -16,7 +16,7 @@ from mindvl.cells.linear import Linear
 from mindvl.data import create_dataset
 from mindvl.model_factory import load_model
 from mindvl.export.graphs import export_graph, question_inputs
-from mindvl.export.quantize import quantize_int8
+from mindvl.cells.quantize import quantize_model
 
 ms.set_context(mode=ms.GRAPH_MODE)
 
@@ -27,7 +27,7 @@ def models(trained_run):
     _, result = trained_run
     cfg, float_model, _ = load_model(result.output_dir)
     _, quantized, _ = load_model(result.output_dir)
-    return cfg, float_model, quantized, quantize_int8(quantized)
+    return cfg, float_model, quantized, quantize_model(quantized)
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +59,16 @@ def test_int8_linear_matches_float_layer_within_half_a_step_per_weight():
 
     layer = Int8Linear.from_linear(linear)
     q, scale = layer.weight_int8.asnumpy(), layer.weight_scale.asnumpy()
-    assert q.dtype == np.int8 and np.abs(q).max() == 127 and scale[3] == 1.0 and not q[3].any()
-    restored = q.astype(np.float32) * scale[:, None]
-    assert (np.abs(restored - merged["weight"]) <= scale[:, None] / 2 + 1e-9).all()
+    assert scale.shape == (10, 1)  # one group a row: per channel
+    assert q.dtype == np.int8 and np.abs(q).max() == 127 and scale[3, 0] == 1.0 and not q[3].any()
+    restored = q.astype(np.float32) * scale
+    assert (np.abs(restored - merged["weight"]) <= scale / 2 + 1e-9).all()
 
     x = rng.normal(0, 1, (2, 5, 24)).astype(np.float32)
     y = layer(Tensor(x)).asnumpy()
     assert y.shape == (2, 5, 10)
     np.testing.assert_allclose(y, x @ restored.T + merged["bias"], atol=1e-5)  # what the graph dequantizes
-    bound = np.abs(x) @ np.broadcast_to(scale[:, None] / 2, restored.shape).T  # sum_i |x_i| * scale_c / 2
+    bound = np.abs(x) @ np.broadcast_to(scale / 2, restored.shape).T  # sum_i |x_i| * scale_c / 2
     assert (np.abs(y - (x @ merged["weight"].T + merged["bias"])) <= bound + 1e-5).all()
 
 
@@ -97,8 +98,8 @@ def test_every_linear_is_replaced_with_canonical_int8_parameters(models):
     assert report["quantized_parameters"] == weights
     assert report["total_parameters"] == sum(p.size for p in float_params.values()) - lora + channels
     assert report["weight_bytes_float32"] == 4 * weights
-    assert report["weight_bytes_int8"] == weights + 4 * channels
-    assert report["weight_bytes_int8"] < 0.3 * report["weight_bytes_float32"]
+    assert report["weight_bytes_quantized"] == weights + 4 * channels
+    assert report["weight_bytes_quantized"] < 0.3 * report["weight_bytes_float32"]
     assert 0 < report["max_relative_error"] < 0.02  # per-channel int8: under 1% on Gaussian-like weights
 
 
