@@ -1,20 +1,27 @@
 """Text generation speed on this CPU: mindvl against transformers and llama.cpp, same weights, same threads.
 
     python benchmarks/generate.py [--model DIR] [--prompt-tokens 128] [--new-tokens 64] [--threads 2]
-                                  [--peers mindvl,mindir,transformers,llama.cpp] [--json FILE]
+                                  [--peers mindvl,mindvl-int8,...] [--json FILE] [--plot PNG]
 
 Gemma 3 270M from the registry's GGUF (weights.txt), greedy, one prompt of --prompt-tokens tokens, each
 peer in a process of its own (its own peak memory, its own threads), one after the other:
   mindvl        mindvl.generation.LanguageModel in graph mode, float32 (the folder `mindvl convert llm`
                 writes; converted here when --model is not given);
-  mindir        the same prefill and decode graphs exported to MindIR and loaded back (mindspore.load +
+  mindvl-int8, mindvl-int4, mindvl-gguf
+                the same with the folder converted `--weights int8` (per channel), `int4` (groups of 32) and
+                `gguf` (the GGUF's own Q8_0 / Q5_0 / Q6_K / Q4_K blocks), next to --model;
+  mindir        the float32 prefill and decode graphs exported to MindIR and loaded back (mindspore.load +
                 nn.GraphCell), the graphs a deployment runs;
-  transformers  Gemma3ForCausalLM (PyTorch eager, float32) from the same GGUF, model.generate;
-  llama.cpp     llama-cpp-python on the original Q4_K_M GGUF, the CPU inference reference on 4-5 bit
-                weights. It builds llama.cpp from source; on this project's Xeon a -march=native build
+  transformers  Gemma3ForCausalLM (PyTorch eager, float32) from the same GGUF (reading a GGUF needs torch and
+                accelerate besides transformers);
+  llama.cpp     llama-cpp-python on the original Q4_K_M GGUF, the CPU inference reference on 4-5 bit weights;
+  llama.cpp-q8_0  the same GGUF requantized to Q8_0 by llama.cpp itself (cached next to it).
+                llama-cpp-python builds llama.cpp from source; on this project's Xeon a -march=native build
                 (GGML_NATIVE, with AMX) crashed in its first decode (SIGSEGV), so build it without AMX:
                 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
                 -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install llama-cpp-python==0.3.36
+                (for an AVX2 row on an AVX-512 machine, a second build with -DGGML_AVX512=OFF, and the mindvl
+                peers with MINDVL_KERNEL_ARCH=x86-64-v3)
 Figures: prefill tokens/s (prompt tokens / time to the first new token), decode tokens/s (new tokens after the
 first / their time), the first call's time (graph compilation for mindvl), peak resident memory (VmHWM).
 The decode floor: a decode step reads every weight once (the tied LM head reads the whole embedding), so
@@ -33,7 +40,9 @@ from pathlib import Path
 
 from mindvl.plots.benchmarks import add_plot_option, plot_comparison
 
-PEERS = ("mindvl", "mindir", "transformers", "llama.cpp")
+PEERS = ("mindvl", "mindvl-int8", "mindvl-int4", "mindvl-gguf", "mindir", "transformers", "llama.cpp", "llama.cpp-q8_0")
+LAYOUTS = {"mindvl": "float32", "mindir": "float32", "mindvl-int8": "int8", "mindvl-int4": "int4",
+           "mindvl-gguf": "gguf"}
 TEXT = ("MindSpore compiles the whole network into one graph before it runs, so the framework can fuse "
         "operators, plan memory and schedule kernels ahead of time. ")
 
@@ -74,6 +83,11 @@ def split_outputs(outputs, layers: int) -> tuple:
     return outputs[0], tuple(outputs[1:1 + layers]), tuple(outputs[1 + layers:])
 
 
+def layout_folder(model: str, layout: str) -> str:
+    """The folder of --model's weights in `layout`: --model itself for float32, else a sibling."""
+    return model if layout == "float32" else f"{model.rstrip('/')}-{layout}"
+
+
 def run_mindvl(args, ids: list, mindir: bool) -> dict:
     import mindspore as ms
     import numpy as np
@@ -84,9 +98,9 @@ def run_mindvl(args, ids: list, mindir: bool) -> dict:
 
     ms.device_context.cpu.op_tuning.threads_num(args.threads)
     start = time.perf_counter()
-    model = from_pretrained(args.model, cache_len=len(ids) + args.new_tokens + 64)
+    model = from_pretrained(layout_folder(args.model, LAYOUTS[args.peer]), cache_len=len(ids) + args.new_tokens + 64)
     load_s = time.perf_counter() - start
-    bucket = model._bucket(len(ids), args.new_tokens)
+    bucket = model.layout.limits.bucket(len(ids), args.new_tokens)
     prefill, decode, layers = model.prefill_graph, model.decode_graph, model.cfg.layers
     tokens = np.full((1, bucket), model.pad_id, np.int32)
     tokens[0, bucket - len(ids):] = ids
@@ -152,11 +166,30 @@ def run_transformers(args, ids: list) -> dict:
         return {**timed_generation(len(ids), args.new_tokens, run_prefill, run_step), "load_s": load_s}
 
 
+def q8_0_gguf(gguf: str) -> str:
+    """The GGUF requantized to Q8_0 by llama.cpp (llama_model_quantize, allow_requantize), made once beside it."""
+    import ctypes
+
+    import llama_cpp
+
+    out = Path(gguf).with_name(Path(gguf).stem.replace("q4_k_m", "") + "q8_0-requantized.gguf")
+    if not out.is_file():
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+        params.allow_requantize = True
+        partial = out.with_suffix(".partial")
+        if llama_cpp.llama_model_quantize(gguf.encode(), str(partial).encode(), ctypes.byref(params)) != 0:
+            raise RuntimeError(f"llama.cpp could not requantize {gguf} to Q8_0")
+        partial.replace(out)
+    return str(out)
+
+
 def run_llama_cpp(args, ids: list) -> dict:
     from llama_cpp import Llama
 
+    gguf = q8_0_gguf(args.gguf) if args.peer == "llama.cpp-q8_0" else args.gguf
     start = time.perf_counter()
-    model = Llama(model_path=args.gguf, n_threads=args.threads, n_threads_batch=args.threads,
+    model = Llama(model_path=gguf, n_threads=args.threads, n_threads_batch=args.threads,
                   n_ctx=len(ids) + args.new_tokens + 8, n_batch=len(ids), logits_all=True, verbose=False)
     load_s = time.perf_counter() - start
 
@@ -174,7 +207,7 @@ def run_llama_cpp(args, ids: list) -> dict:
 
 def run_peer(args) -> None:
     ids = prompt_ids(Path(args.model) / "tokenizer.json", args.prompt_tokens)
-    if args.peer in ("mindvl", "mindir"):
+    if args.peer in LAYOUTS:
         row = run_mindvl(args, ids, args.peer == "mindir")
     elif args.peer == "transformers":
         row = run_transformers(args, ids)
@@ -242,8 +275,10 @@ def main(argv=None) -> None:
     args.gguf = args.gguf or str(installed_gguf())
     if not args.model:
         args.model = str(Path.home() / ".cache" / "mindvl" / "llm" / "gemma3-270m")
-        if not (Path(args.model) / "config.json").is_file():
-            convert_gguf(args.gguf, args.model)
+    for peer in args.peers.split(","):
+        folder = layout_folder(args.model, LAYOUTS.get(peer, "float32"))
+        if not (Path(folder) / "config.json").is_file():
+            convert_gguf(args.gguf, folder, weights=LAYOUTS.get(peer, "float32"))
     rows = {}
     for peer in args.peers.split(","):
         command = [sys.executable, __file__, "--peer", peer, "--model", args.model, "--gguf", args.gguf,
@@ -261,15 +296,15 @@ def main(argv=None) -> None:
     print(f"\nGemma 3 270M, prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens (greedy)")
     print(f"memory read bandwidth: {', '.join(f'{k} {v:.1f} GB/s' for k, v in bandwidth.items())}; float32 weights "
           f"{weight_bytes(Path(args.model)) / 1e9:.2f} GB per decode step: floor {floor:.1f} tokens/s")
-    print(f"{'peer':<13} {'prefill tok/s':>13} {'decode tok/s':>12} {'vs transformers':>15} {'of floor':>8} "
+    print(f"{'peer':<14} {'prefill tok/s':>13} {'decode tok/s':>12} {'vs transformers':>15} {'of floor':>8} "
           f"{'first call s':>12} {'peak RSS GB':>11}  same tokens as mindvl")
     reference = rows.get("transformers", {}).get("decode_tok_s")
     for peer, row in rows.items():
         ratio = f"{row['decode_tok_s'] / reference:.2f}x" if reference else "-"
-        of_floor = f"{row['decode_tok_s'] / floor:.0%}" if peer != "llama.cpp" else "(4-5 bit)"
+        of_floor = f"{row['decode_tok_s'] / floor:.0%}" if LAYOUTS.get(peer) == "float32" else "(quantized)"
         same = "yes" if row["tokens"] == rows.get("mindvl", row)["tokens"] else \
             f"first {next(i for i, (a, b) in enumerate(zip(row['tokens'], rows['mindvl']['tokens'])) if a != b)}"
-        print(f"{peer:<13} {row['prefill_tok_s']:>13.1f} {row['decode_tok_s']:>12.2f} {ratio:>15} {of_floor:>8} "
+        print(f"{peer:<14} {row['prefill_tok_s']:>13.1f} {row['decode_tok_s']:>12.2f} {ratio:>15} {of_floor:>8} "
               f"{row['first_call_s']:>12.1f} {row['peak_rss_gb']:>11.2f}  {same}")
     if args.json:
         Path(args.json).write_text(json.dumps({"bandwidth_gb_s": bandwidth, "floor_tok_s": floor, "rows": rows},

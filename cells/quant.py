@@ -25,6 +25,12 @@ from .linear import Linear
 INT8_MAX = 127  # symmetric range [-127, 127]: -128 is left unused so +-max|W| map to +-127
 INT4_GROUP = 32  # inputs per int4 group (a GGUF block)
 INT4_LEVELS = 15
+# Layers int8 in the int4 layout too. A decoder's token table (its embedding and LM head): the head writes the
+# logits directly, and its int8 product is the faster one at decode (6.7 against 9.5 ms). The MLP's down and the
+# attention's value projections, the two llama.cpp's Q4_K_M keeps at 6 bits: on Gemma 3 270M (docs/llm.md) all
+# int4 gave perplexity +24% and 74% top-1 agreement with float32, an int8 table +18% / 79%, these int8 too +9% /
+# 84%, for 7 MB more.
+INT8_IN_INT4 = ("embed", "lm_head", "mlp.fc2", "attn.v_proj")
 
 
 # ----------------------------------------------------------------------------- numpy: quantizing, packing
@@ -44,17 +50,29 @@ def quantize_int8(weight: np.ndarray, group: Optional[int] = None) -> Tuple[np.n
     return q.reshape(out, width), scale
 
 
-def quantize_int4(weight: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """weight (out, in) float, in a multiple of 32 -> (packed uint8 (out, in / 2), scale, minimum float32
-    (out, in / 32)): per group of 32 the grid from its minimum to its maximum in 15 steps, rounded to nearest."""
+def quantize_int4(weight: np.ndarray, refinements: int = 4) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """weight (out, in), in a multiple of 32 -> (packed uint8 (out, in / 2), scale, minimum float32 (out, in / 32)).
+
+    Per group of 32: start from the grid spanning the group's minimum to its maximum in 15 steps, then `refinements`
+    times fit the scale and minimum to the rounded values by least squares and round again (as llama.cpp refines
+    its K-quants): the rounding error falls by ~10% (a Gemma 3 270M MLP weight: 8.3% -> 7.4% relative) against the
+    plain min-max grid."""
     out, width = weight.shape
     if width % INT4_GROUP:
         raise ValueError(f"int4 needs rows in groups of {INT4_GROUP} inputs; a row has {width}")
     grouped = weight.reshape(out, width // INT4_GROUP, INT4_GROUP).astype(np.float32)
     low, high = grouped.min(axis=2), grouped.max(axis=2)
     scale = np.where(high > low, (high - low) / INT4_LEVELS, 1.0).astype(np.float32)
-    q = np.clip(np.round((grouped - low[..., None]) / scale[..., None]), 0, INT4_LEVELS).astype(np.uint8)
-    return pack_int4(q.reshape(out, width)), scale, low.astype(np.float32)
+    q = np.clip(np.round((grouped - low[..., None]) / scale[..., None]), 0, INT4_LEVELS)
+    for _ in range(refinements):
+        mean_q, mean_w = q.mean(axis=2), grouped.mean(axis=2)
+        spread = ((q - mean_q[..., None]) ** 2).sum(axis=2)
+        fitted = ((q - mean_q[..., None]) * (grouped - mean_w[..., None])).sum(axis=2) / np.where(spread > 0, spread, 1)
+        usable = (spread > 0) & (fitted > 0)
+        scale = np.where(usable, fitted, scale).astype(np.float32)
+        low = np.where(usable, mean_w - scale * mean_q, low).astype(np.float32)
+        q = np.clip(np.round((grouped - low[..., None]) / scale[..., None]), 0, INT4_LEVELS)
+    return pack_int4(q.astype(np.uint8).reshape(out, width)), scale, low.astype(np.float32)
 
 
 def pack_int4(q: np.ndarray) -> np.ndarray:
@@ -81,6 +99,13 @@ def dequantize(tensors: Dict[str, np.ndarray]) -> np.ndarray:
     q = unpack_int4(tensors["weight_int4"]).astype(np.float32)
     grouped = q.reshape(*scale.shape, -1) * scale[..., None] + tensors["weight_min"][..., None]
     return grouped.reshape(q.shape)
+
+
+def layer_weights(path: str, weights: str) -> str:
+    """The layout of the layer at `path` (a model path: `blocks.3.mlp.fc2`, `embed`) when a model is quantized to
+    `weights`: int4 keeps INT8_IN_INT4 at int8."""
+    kept = path.rsplit(".", 1)[-1] in INT8_IN_INT4[:2] or path.endswith(INT8_IN_INT4[2:])
+    return "int8" if weights == "int4" and kept else weights
 
 
 def quantized_tensors(weight: np.ndarray, weights: str) -> Dict[str, np.ndarray]:

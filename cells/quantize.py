@@ -2,7 +2,8 @@
 
 Every `Linear` (attention, MLP, fusion input projections, heads, patch embedding) becomes an Int8Linear or an
 Int4Linear, and a decoder's token table (its embedding, tied to its LM head, and an untied head) a quantized
-table: at Gemma 3 270M the table is 63% of the weights and the head the largest product of a decode step.
+table: at Gemma 3 270M the table is 63% of the weights and the head the largest product of a decode step. The
+int4 layout keeps the table and the MLP's down and attention's value projections at int8 (quant.INT8_IN_INT4).
 Everything else stays float32 on purpose: norms, logit scales, position tables and the audio `Conv1dMatMul`
 convolutions (few weights, sensitive to error). Quantize a model for inference or export only: the quantized
 weights are frozen, and LoRA adapters are folded in and dropped.
@@ -20,7 +21,7 @@ from mindspore import nn
 
 from .decoder import CausalLM
 from .linear import Linear
-from .quant import WEIGHT_CELLS, QuantizedLinear, quantized_layer, stored_cell
+from .quant import WEIGHT_CELLS, QuantizedLinear, layer_weights, quantized_layer, stored_cell
 
 
 def quantize_model(model: nn.Cell, weights: str = "int8",
@@ -48,7 +49,7 @@ def quantize_model(model: nn.Cell, weights: str = "int8",
                 source_elements += layer.in_width * layer.out_width
             return layer
         weight = weight_of()
-        layer = quantized_layer(weight, weights, bias_of())
+        layer = quantized_layer(weight, layer_weights(path, weights), bias_of())
         source_elements += weight.size
         errors.append(_relative_error(weight, layer))
         return layer

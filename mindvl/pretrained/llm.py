@@ -107,15 +107,17 @@ def _parameter_count(tensors: Dict[str, np.ndarray]) -> int:
 
 def quantize_tensors(tensors: Dict[str, np.ndarray], weights: str) -> Dict[str, np.ndarray]:
     """A decoder's float tensors with every 2-D weight (the products and the token table) in the layout `weights`
-    ("int8" or "int4", cells.quant.quantized_tensors), the rest as they are; float32 keeps them all."""
-    from mindvl.cells.quant import quantized_tensors
+    ("int8" or "int4", cells.quant.layer_weights and quantized_tensors), the rest as they are; float32 keeps them
+    all."""
+    from mindvl.cells.quant import layer_weights, quantized_tensors
 
     if weights == "float32":
         return tensors
     out = {}
     for name, value in tensors.items():
         if value.ndim == 2 and name.endswith(".weight"):
-            out.update({f"{name[:-len('weight')]}{key}": part for key, part in quantized_tensors(value, weights).items()})
+            layout = layer_weights(name[:-len(".weight")], weights)
+            out.update({f"{name[:-len('weight')]}{key}": part for key, part in quantized_tensors(value, layout).items()})
         else:
             out[name] = value
     return out
@@ -433,4 +435,4 @@ def load_llm_weights(path: Union[str, Path], cell) -> None:
             raise ConversionError(f"{file}: does not match the decoder its config.json describes (missing "
                                   f"{missing[:3]}, unexpected {unexpected[:3]}); convert it again")
         for name, param in params.items():
-            param.set_data(Tensor(weights.get_tensor(name)))
+            param.set_data(Tensor.from_numpy(weights.get_tensor(name)))  # the array itself, not a copy of it

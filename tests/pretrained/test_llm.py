@@ -135,7 +135,8 @@ def test_a_quantized_folder_stores_its_layout_and_generates_from_it(quantized_ti
     with safe_open(str(folder / "model.safetensors"), framework="np") as stored:
         dtypes = {name: stored.get_tensor(name).dtype for name in stored.keys()}
     value = "weight_int8" if kind == "int8" else "weight_int4"
-    assert dtypes[f"embed.{value}"] == (np.int8 if kind == "int8" else np.uint8)
+    assert dtypes[f"blocks.0.attn.q_proj.{value}"] == (np.int8 if kind == "int8" else np.uint8)
+    assert dtypes["embed.weight_int8"] == dtypes["blocks.0.mlp.fc2.weight_int8"] == np.int8  # int8 in int4 too
     assert dtypes["blocks.0.attn.q_proj.weight_scale"] == np.float32 and "embed.weight" not in dtypes
     assert dtypes["blocks.0.norm1.weight"] == np.float32  # norms stay float32
 
