@@ -20,8 +20,8 @@ peer in a process of its own (its own peak memory, its own threads), one after t
                 (GGML_NATIVE, with AMX) crashed in its first decode (SIGSEGV), so build it without AMX:
                 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
                 -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install llama-cpp-python==0.3.36
-                (for an AVX2 row on an AVX-512 machine, a second build with -DGGML_AVX512=OFF, and the mindvl
-                peers with MINDVL_KERNEL_ARCH=x86-64-v3)
+                (for an AVX2 row on an AVX-512 machine, a second build with -DGGML_AVX512=OFF, and the other
+                peers under MINDVL_KERNEL_ARCH=x86-64-v3 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2)
 Figures: prefill tokens/s (prompt tokens / time to the first new token), decode tokens/s (new tokens after the
 first / their time), the first call's time (graph compilation for mindvl), peak resident memory (VmHWM).
 The decode floor: a decode step reads every weight once (the tied LM head reads the whole embedding), so
@@ -301,7 +301,8 @@ def main(argv=None) -> None:
     reference = rows.get("transformers", {}).get("decode_tok_s")
     for peer, row in rows.items():
         ratio = f"{row['decode_tok_s'] / reference:.2f}x" if reference else "-"
-        of_floor = f"{row['decode_tok_s'] / floor:.0%}" if LAYOUTS.get(peer) == "float32" else "(quantized)"
+        of_floor = f"{row['decode_tok_s'] / floor:.0%}" if LAYOUTS.get(peer, peer) in ("float32", "transformers") \
+            else "(quantized)"
         same = "yes" if row["tokens"] == rows.get("mindvl", row)["tokens"] else \
             f"first {next(i for i, (a, b) in enumerate(zip(row['tokens'], rows['mindvl']['tokens'])) if a != b)}"
         print(f"{peer:<14} {row['prefill_tok_s']:>13.1f} {row['decode_tok_s']:>12.2f} {ratio:>15} {of_floor:>8} "

@@ -33,6 +33,9 @@ namespace {
 constexpr int64_t kRowsPerDot = 32;  // x with fewer rows than this: dot products per (row of x, row of W)
 constexpr int64_t kBlock = 64;      // W rows widened at a time for sgemm (64 x K floats stay in L2)
 constexpr int64_t kInt4Group = 32;
+// A decode product of fewer weights runs on the calling thread alone: waking a worker cost more than it saved
+// (a 2048 x 640 int8 product 64 us on two threads, 40 on one; the 262,144-row LM head halves on two)
+constexpr int64_t kInlineWeights = int64_t{1} << 21;
 
 float dot(const float *x, const int8_t *w, int64_t k) {
   float sum = 0.0f;
@@ -42,15 +45,20 @@ float dot(const float *x, const int8_t *w, int64_t k) {
 }
 
 // The rows of x quantised to int8 per group of 32 inputs: q (M, K), scale and the float32 sums of x (M, K / 32).
+// `paired` orders q as the int4 weights' bytes read two groups at once: for groups g, g + 1 (g even), inputs 0-15
+// of g then of g + 1, then inputs 16-31 of g then of g + 1, so a 32-byte load of low nibbles (or of high ones)
+// meets its inputs in place.
 struct Activations {
   std::vector<int8_t> q;
   std::vector<float> scale, sum;
   int64_t k = 0, groups = 0;
 
-  Activations(const float *x, int64_t m, int64_t width) : k(width), groups(width / kInt4Group) {
+  Activations(const float *x, int64_t m, int64_t width, bool paired = false)
+      : k(width), groups(width / kInt4Group) {
     q.resize(static_cast<size_t>(m * k));
     scale.resize(static_cast<size_t>(m * groups));
     sum.resize(static_cast<size_t>(m * groups));
+    constexpr int64_t kHalf = kInt4Group / 2;
     for (int64_t r = 0; r < m * groups; ++r) {
       const float *xg = x + r * kInt4Group;
       float peak = 0.0f, total_x = 0.0f;
@@ -59,7 +67,13 @@ struct Activations {
         total_x += xg[t];
       }
       const float d = peak / 127.0f, inverse = peak > 0.0f ? 127.0f / peak : 0.0f;
-      for (int64_t t = 0; t < kInt4Group; ++t) q[r * kInt4Group + t] = static_cast<int8_t>(std::nearbyint(xg[t] * inverse));
+      const int64_t g = r % groups, pair_start = (r - g) * kInt4Group + (g & ~int64_t{1}) * kInt4Group;
+      const bool in_pair = paired && (g | 1) < groups;
+      for (int64_t t = 0; t < kInt4Group; ++t) {
+        const int64_t at = in_pair ? pair_start + (t / kHalf) * kInt4Group + (g & 1) * kHalf + t % kHalf
+                                   : r * kInt4Group + t;
+        q[at] = static_cast<int8_t>(std::nearbyint(xg[t] * inverse));
+      }
       scale[r] = d;
       sum[r] = total_x;
     }
@@ -129,28 +143,44 @@ float int4_dot(const Activations &a, int64_t i, const uint8_t *q, const float *s
   const float *dx = a.row_scale(i), *x_sums = a.row_sum(i);
   float offset = 0.0f;
   for (int64_t g = 0; g < a.groups; ++g) offset += minimum[g] * x_sums[g];
+  constexpr int64_t kHalf = kInt4Group / 2;
+  int64_t g = 0;
 #ifdef MINDVL_INTEGER_DOTS
-  const __m128i nibble = _mm_set1_epi8(15);
+  const __m256i nibble = _mm256_set1_epi8(15);
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t g = 0; g < a.groups; ++g) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i *>(q + g * (kInt4Group / 2)));
-    const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), _mm_and_si128(bytes, nibble));
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xq + g * kInt4Group));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_bytes(w, xv)), _mm256_set1_ps(dx[g] * scale[g]), acc);
+  for (; g + 1 < a.groups; g += 2) {  // two groups a step: lanes 0-3 sum group g, lanes 4-7 group g + 1
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q + g * kHalf));
+    const __m256i low = _mm256_and_si256(bytes, nibble), high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+    const int8_t *x_pair = xq + g * kInt4Group;  // paired order (Activations)
+    const __m256i sums = _mm256_add_epi32(
+        dot_bytes(low, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x_pair))),
+        dot_bytes(high, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x_pair + kInt4Group))));
+    const __m256 factor = _mm256_set_m128(_mm_set1_ps(dx[g + 1] * scale[g + 1]), _mm_set1_ps(dx[g] * scale[g]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), factor, acc);
   }
-  return lanes_total(acc) + offset;
+  offset += lanes_total(acc);
 #else
-  float total_y = offset;
-  for (int64_t g = 0; g < a.groups; ++g) {
-    int32_t sum = 0;
-    for (int64_t b = 0; b < kInt4Group / 2; ++b) {
-      const uint8_t byte = q[g * (kInt4Group / 2) + b];
-      sum += (byte & 15) * xq[g * kInt4Group + b] + (byte >> 4) * xq[g * kInt4Group + b + kInt4Group / 2];
+  for (; g + 1 < a.groups; g += 2) {
+    for (int64_t half = 0; half < 2; ++half) {
+      int32_t sum = 0;
+      for (int64_t b = 0; b < kHalf; ++b) {
+        const uint8_t byte = q[(g + half) * kHalf + b];
+        sum += (byte & 15) * xq[g * kInt4Group + half * kHalf + b] +
+               (byte >> 4) * xq[g * kInt4Group + kInt4Group + half * kHalf + b];
+      }
+      offset += static_cast<float>(sum) * dx[g + half] * scale[g + half];
     }
-    total_y += static_cast<float>(sum) * dx[g] * scale[g];
   }
-  return total_y;
 #endif
+  for (; g < a.groups; ++g) {  // an odd last group, in plain order
+    int32_t sum = 0;
+    for (int64_t b = 0; b < kHalf; ++b) {
+      const uint8_t byte = q[g * kHalf + b];
+      sum += (byte & 15) * xq[g * kInt4Group + b] + (byte >> 4) * xq[g * kInt4Group + b + kHalf];
+    }
+    offset += static_cast<float>(sum) * dx[g] * scale[g];
+  }
+  return offset;
 }
 
 // Row j of an int8 W as float32.
@@ -197,11 +227,16 @@ template <class Rows, class Dot>
 void product(const float *x, const Rows &rows, const Dot &dot_row, float *y, int64_t m, int64_t n, int64_t k) {
   mindvl::Pool &pool = mindvl::Pool::instance();
   if (m < kRowsPerDot) {
-    pool.parallel_for(n, [&](int64_t begin, int64_t end, int) {
+    const auto rows_of_w = [&](int64_t begin, int64_t end, int) {
       for (int64_t j = begin; j < end; ++j) {
         for (int64_t i = 0; i < m; ++i) y[i * n + j] = dot_row(i, j);
       }
-    });
+    };
+    if (n * k < kInlineWeights) {
+      rows_of_w(0, n, 0);
+    } else {
+      pool.parallel_for(n, rows_of_w);
+    }
     return;
   }
   pool.parallel_for(n, [&](int64_t begin, int64_t end, int) {
@@ -246,7 +281,7 @@ MINDVL_KERNEL(MindvlInt4MatMul) {
   const int64_t m = shapes[0][0], k = shapes[0][1], n = shapes[1][0], groups = k / kInt4Group;
   const Int4Rows rows{static_cast<const uint8_t *>(params[1]), static_cast<const float *>(params[2]),
                       static_cast<const float *>(params[3]), k, groups};
-  const Activations a(x, m < kRowsPerDot ? m : 0, k);
+  const Activations a(x, m < kRowsPerDot ? m : 0, k, true);
   product(x, rows, [&](int64_t i, int64_t j) {
     return int4_dot(a, i, rows.q + j * (k / 2), rows.scale + j * groups, rows.minimum + j * groups);
   }, static_cast<float *>(params[4]), m, n, k);
