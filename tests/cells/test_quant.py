@@ -104,6 +104,7 @@ def _decoder(cfg=TINY):
 def test_a_decoder_quantizes_its_products_and_token_table_and_loads_them_back_from_stored_shapes(kind, tied):
     from dataclasses import replace
 
+    ms.set_context(mode=ms.GRAPH_MODE)  # another module of this worker may have left PyNative set
     cfg = replace(TINY, tie_embeddings=tied)
     reference, lm, widened = _decoder(cfg), _decoder(cfg), _decoder(cfg)
     for (_, param), (_, same), (_, again) in zip(reference.parameters_and_names(), lm.parameters_and_names(),
