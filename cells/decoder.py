@@ -24,11 +24,11 @@ from mindspore import Parameter, nn, ops
 from mindspore import dtype as mstype
 from mindspore.common.initializer import Normal, initializer
 
+from .graph_entry import GraphEntry
 from .masks import MASK_VALUE
 from .norm import create_norm
 from .rotary import Rotary, sectioned_rotary
 from .transformer import TransformerBlock
-from .graph_entry import GraphEntry
 
 
 def decoder_block(cfg) -> TransformerBlock:

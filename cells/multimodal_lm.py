@@ -16,10 +16,10 @@ from mindspore import nn, ops
 from .activation import create_activation
 from .audio import AudioEncoder
 from .decoder import CausalLM
+from .graph_entry import GraphEntry
 from .linear import dense
 from .slots import SlotWriter
 from .vision import VisionEncoder
-from .graph_entry import GraphEntry
 
 
 def pool_factor(tokens: int, budget: int, square: bool) -> int:

@@ -16,9 +16,9 @@ T + B x audio_tokens) marks text.
 from mindspore import nn, ops
 
 from .decoder import CausalLM
+from .graph_entry import GraphEntry
 from .multimodal_lm import Projector, pooled_audio
 from .slots import SlotWriter
-from .graph_entry import GraphEntry
 
 
 class NativeVLM(nn.Cell):

@@ -30,7 +30,8 @@ INT4_LEVELS = 15
 # attention's value projections, the two llama.cpp's Q4_K_M keeps at 6 bits: on Gemma 3 270M (docs/llm.md) all
 # int4 gave perplexity +24% and 74% top-1 agreement with float32, an int8 table +18% / 79%, these int8 too +9% /
 # 84%, for 7 MB more.
-INT8_IN_INT4 = ("embed", "lm_head", "mlp.fc2", "attn.v_proj")
+INT8_TABLES = ("embed", "lm_head")  # a layer's last name
+INT8_PROJECTIONS = ("mlp.fc2", "attn.v_proj")  # the end of a layer's path
 
 
 # ----------------------------------------------------------------------------- numpy: quantizing, packing
@@ -103,8 +104,8 @@ def dequantize(tensors: Dict[str, np.ndarray]) -> np.ndarray:
 
 def layer_weights(path: str, weights: str) -> str:
     """The layout of the layer at `path` (a model path: `blocks.3.mlp.fc2`, `embed`) when a model is quantized to
-    `weights`: int4 keeps INT8_IN_INT4 at int8."""
-    kept = path.rsplit(".", 1)[-1] in INT8_IN_INT4[:2] or path.endswith(INT8_IN_INT4[2:])
+    `weights`: int4 keeps INT8_TABLES and INT8_PROJECTIONS at int8."""
+    kept = path.rsplit(".", 1)[-1] in INT8_TABLES or path.endswith(INT8_PROJECTIONS)
     return "int8" if weights == "int4" and kept else weights
 
 
@@ -187,8 +188,8 @@ class Int4Product(nn.Cell):
 
 class QuantizedLinear(nn.Cell):
     """(..., in) -> (..., out) = x @ W^T + bias with W stored quantized (Int8Linear, Int4Linear: `multiply`
-    rows of x, `widen_at` W's rows at ids); also a table
-    whose `rows(ids)` are the float32 rows at ids (a quantized decoder's token embedding, tied to its head).
+    rows of x, `widen_at` W's rows at ids); also a table whose `rows(ids)` are the float32 rows at ids (a
+    quantized decoder's token embedding, tied to its head).
     Built empty by shape (loading fills it: under no_init_parameters nothing is allocated twice) or from a
     float layer with `from_linear` / `quantized_layer`. The quantized weights are frozen; the bias (out,) float32
     is a parameter when the source had one."""

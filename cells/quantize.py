@@ -3,7 +3,7 @@
 Every `Linear` (attention, MLP, fusion input projections, heads, patch embedding) becomes an Int8Linear or an
 Int4Linear, and a decoder's token table (its embedding, tied to its LM head, and an untied head) a quantized
 table: at Gemma 3 270M the table is 63% of the weights and the head the largest product of a decode step. The
-int4 layout keeps the table and the MLP's down and attention's value projections at int8 (quant.INT8_IN_INT4).
+int4 layout keeps the table and the MLP's down and attention's value projections at int8 (quant.INT8_TABLES, INT8_PROJECTIONS).
 Everything else stays float32 on purpose: norms, logit scales, position tables and the audio `Conv1dMatMul`
 convolutions (few weights, sensitive to error). Quantize a model for inference or export only: the quantized
 weights are frozen, and LoRA adapters are folded in and dropped.

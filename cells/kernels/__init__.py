@@ -87,8 +87,7 @@ def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn
     from mindvl.cells.rotary import RotateHalf
 
     from .cpu import (FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedHeadMatMul, FusedInt4MatMul,
-                      FusedInt8MatMul,
-                      FusedLayerNorm, FusedMatMul, FusedRMSNorm, FusedRotateHalf, FusedSoftmax)
+                      FusedInt8MatMul, FusedLayerNorm, FusedMatMul, FusedRMSNorm, FusedRotateHalf, FusedSoftmax)
 
     swaps = []
     for _, cell in model.cells_and_names():

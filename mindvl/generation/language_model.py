@@ -47,13 +47,13 @@ def decoder_kernels(lm, kernels: str) -> None:
 def load_decoder(folder: Path, config: dict, cfg, cache_len: int, weights: str):
     """The folder's CausalLM with its weights, and the layout it generates with ("float32", "int8", "int4" or
     "gguf"). A quantized folder builds its quantized layers empty and loads them: the model is never held in
-    float32. weights: mindvl.choices.GENERATION_WEIGHTS; int8 / int4 quantize a float32 folder once loaded."""
+    float32. weights: mindvl.choices.GENERATION_WEIGHTS (checked by the caller); int8 / int4 quantize a float32
+    folder once loaded."""
     from mindspore.nn.utils import no_init_parameters
 
     from mindvl.cells.decoder import CausalLM
     from mindvl.cells.quantize import quantize_model
 
-    GENERATION_WEIGHTS.check("weights", weights)
     stored = config.get("weights", "float32")
     if stored != "float32" and weights not in ("stored", stored):
         raise ConfigError(f"weights={weights}: {folder} stores {stored} weights; convert the source again with "

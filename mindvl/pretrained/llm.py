@@ -105,6 +105,12 @@ def _parameter_count(tensors: Dict[str, np.ndarray]) -> int:
     return int(sum(value.size * counts.get(name.rsplit(".", 1)[-1], 1) for name, value in tensors.items()))
 
 
+def _layer_tensors(name: str, parts: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """A quantized layer's tensors ({"weight_int8": ...}) under the names of its float weight `name`
+    (`blocks.0.attn.q_proj.weight` -> `blocks.0.attn.q_proj.weight_int8`, ...)."""
+    return {f"{name[:-len('weight')]}{key}": part for key, part in parts.items()}
+
+
 def quantize_tensors(tensors: Dict[str, np.ndarray], weights: str) -> Dict[str, np.ndarray]:
     """A decoder's float tensors with every 2-D weight (the products and the token table) in the layout `weights`
     ("int8" or "int4", cells.quant.layer_weights and quantized_tensors), the rest as they are; float32 keeps them
@@ -116,8 +122,7 @@ def quantize_tensors(tensors: Dict[str, np.ndarray], weights: str) -> Dict[str, 
     out = {}
     for name, value in tensors.items():
         if value.ndim == 2 and name.endswith(".weight"):
-            layout = layer_weights(name[:-len(".weight")], weights)
-            out.update({f"{name[:-len('weight')]}{key}": part for key, part in quantized_tensors(value, layout).items()})
+            out.update(_layer_tensors(name, quantized_tensors(value, layer_weights(name[:-len(".weight")], weights))))
         else:
             out[name] = value
     return out
@@ -252,18 +257,13 @@ def convert_gguf(path: Union[str, Path, None], out: Union[str, Path], log=print,
     names = {"embed.weight": "token_embd.weight", "norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
     for index in range(cfg.layers):
         names.update({f"blocks.{index}.{ours}": f"blk.{index}.{theirs}" for ours, theirs in GGUF_BLOCK.items()})
-    stored = {t.name: t for t in reader.tensors}
+    source = TensorSource(path, {t.name: t for t in reader.tensors},
+                          shape_of=lambda t: tuple(reversed([int(n) for n in t.shape])))  # GGUF lists shapes reversed
     tensors: Dict[str, np.ndarray] = {}
     widened = set()  # quantizations --weights gguf cannot keep exactly
     for name, shape in expected_shapes(cfg).items():
-        tensor = stored.pop(names[name], None)
-        if tensor is None:
-            raise ConversionError(f"{path}: tensor {names[name]!r} is missing (expected shape {tuple(shape)}); "
-                                  f"is this the right file for this converter?")
-        tensors.update(_gguf_tensor(path, name, tensor, shape, weights, widened))
-    if stored:
-        raise ConversionError(f"{path}: {len(stored)} tensor(s) this converter does not map, e.g. "
-                              f"{sorted(stored)[:3]}; the file holds another architecture")
+        tensors.update(_gguf_tensor(path, name, source.claim(names[name], shape), shape, weights, widened))
+    source.check_all_taken()
     if widened:
         log(f"{path.name}: {', '.join(sorted(widened))} blocks are not held exactly by mindvl's layouts; those "
             f"tensors were widened and quantized to int8 per channel")
@@ -276,20 +276,16 @@ def convert_gguf(path: Union[str, Path, None], out: Union[str, Path], log=print,
 
 
 def _gguf_tensor(path: Path, name: str, tensor, shape: Tuple[int, ...], weights: str, widened: set) -> Dict[str, np.ndarray]:
-    """One GGUF tensor under our name(s), as `weights` asks."""
+    """One GGUF tensor (its shape checked) under our name(s), as `weights` asks."""
     import gguf
 
     from .gguf_blocks import gguf_layout
 
-    found = tuple(reversed([int(n) for n in tensor.shape]))
-    if found != tuple(shape):
-        raise ConversionError(f"{path}: tensor {tensor.name!r} has shape {found}, expected {tuple(shape)}; the "
-                              f"file holds another architecture or size")
     floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
     if weights == "gguf" and len(shape) == 2 and tensor.tensor_type not in floats:
         layout = gguf_layout(tensor.data, tensor.tensor_type)
         if layout is not None:
-            return {f"{name[:-len('weight')]}{key}": value for key, value in layout.items()}
+            return _layer_tensors(name, layout)
         widened.add(tensor.tensor_type.name)
     try:
         value = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape).astype(np.float32)

@@ -61,25 +61,31 @@ def current_sha256(path: Path) -> str:
 
 
 class TensorSource:
-    """Named arrays read from one source file; `take` hands each out once, checking its shape, and
-    `check_all_taken` refuses a file with tensors the converter did not expect (another architecture)."""
+    """Named tensors read from one source file; `take` hands each out once as float32, checking its shape, and
+    `check_all_taken` refuses a file with tensors the converter did not expect (another architecture). `claim`
+    hands out the stored object itself (a GGUF's quantized tensor), its shape read by `shape_of`."""
 
-    def __init__(self, path: Path, tensors: Dict[str, np.ndarray], ignore: Tuple[str, ...] = ()) -> None:
+    def __init__(self, path: Path, tensors: Dict[str, object], ignore: Tuple[str, ...] = (),
+                 shape_of=np.shape) -> None:
         self.path = Path(path)
         self.tensors = dict(tensors)
         self.ignore = ignore
+        self.shape_of = shape_of
         self.taken: set = set()
 
-    def take(self, name: str, shape: Tuple[int, ...]) -> np.ndarray:
+    def claim(self, name: str, shape: Tuple[int, ...]):
         if name not in self.tensors:
             raise ConversionError(f"{self.path}: tensor {name!r} is missing (expected shape {tuple(shape)}); "
                                   f"is this the right file for this converter?")
-        value = np.asarray(self.tensors[name])
-        if tuple(value.shape) != tuple(shape):
-            raise ConversionError(f"{self.path}: tensor {name!r} has shape {tuple(value.shape)}, expected "
+        found = tuple(self.shape_of(self.tensors[name]))
+        if found != tuple(shape):
+            raise ConversionError(f"{self.path}: tensor {name!r} has shape {found}, expected "
                                   f"{tuple(shape)}; the file holds another architecture or size")
         self.taken.add(name)
-        return value.astype(np.float32)
+        return self.tensors[name]
+
+    def take(self, name: str, shape: Tuple[int, ...]) -> np.ndarray:
+        return np.asarray(self.claim(name, shape)).astype(np.float32)
 
     def check_all_taken(self) -> None:
         left = sorted(n for n in set(self.tensors) - self.taken if not n.startswith(self.ignore))
