@@ -117,6 +117,9 @@ class MultiHeadAttention(nn.Cell):
             self.rotate = RotateHalf(self.head_dim)
         self.reshape = ops.Reshape()
         self.select = ops.Select()  # a decode step's key and value into its cache slot
+        self.slot_matmul = ops.BatchMatMul()  # several steps' keys and values into theirs
+        self.reduce_any = ops.ReduceAny(keep_dims=True)
+        self.cast = ops.Cast()
         self.core = AttentionCore(heads, self.head_dim, dropout, self.kv_heads, scale)
 
     def _heads(self, x, heads, norm, rotary):
@@ -149,13 +152,22 @@ class MultiHeadAttention(nn.Cell):
         return self.out_proj(self.core(q, k, v, mask)), k, v
 
     def construct_cached(self, x, mask, rotary, cache_k, cache_v, slot):
-        """One step: x (batch, 1, width) written into the caches (batch, cache_len, kv_heads * head_dim) where
-        `slot` (batch, cache_len, 1) bool is true, then attended against the whole cache under `mask` (batch, 1, 1,
-        cache_len). Returns (output, cache_k, cache_v) with the step's key and value in place."""
+        """x (batch, steps, width): each step's key and value written into the caches (batch, cache_len, kv_heads *
+        head_dim) at its slot (`slot` (batch, cache_len, steps) bool, one true per step), then attended against
+        the whole cache under `mask` (batch, 1, steps, cache_len). Returns (output, cache_k, cache_v) with the
+        steps' keys and values in place."""
         q, k, v = self.project(x, rotary)
-        cache_k = self.select(slot, k, cache_k)
-        cache_v = self.select(slot, v, cache_v)
+        cache_k = self._write(cache_k, k, slot)
+        cache_v = self._write(cache_v, v, slot)
         return self.out_proj(self.core(q, cache_k, cache_v, mask)), cache_k, cache_v
+
+    def _write(self, cache, new, slot):
+        """cache with new (batch, steps, kv) at the slots; one step is a Select, several a one-hot product (the
+        slots are distinct, so each cache row takes at most one step's row)."""
+        if slot.shape[2] == 1:
+            return self.select(slot, new, cache)
+        written = self.slot_matmul(self.cast(slot, new.dtype), new)
+        return self.select(self.reduce_any(slot, 2), written, cache)
 
     def extend_repr(self):
         return f"width={self.width}, heads={self.heads}, head_dim={self.head_dim}, kv_heads={self.kv_heads}"

@@ -211,16 +211,20 @@ class CausalLM(nn.Cell):
         return self._logits(last), cache_k, cache_v
 
     def decode(self, token, position, slot, slot_valid, cache_k, cache_v):
-        """token (batch, 1) int32, its position (batch, 1) int32, the cache slot each sequence writes it to
-        (batch, 1) int32, slot_valid (batch, cache_len) bool (the prompt's valid slots, the generated ones and
-        this one), caches -> (logits (batch, vocab), cache_k, cache_v)."""
+        """token (batch, steps) int32: each sequence's next tokens (one at a decode step; several to extend a
+        reused prompt prefix or to verify drafted tokens), their positions and the consecutive cache slots they
+        are written to (batch, steps) int32, slot_valid (batch, cache_len) bool (the prompt's valid slots, the
+        generated ones and these: each of these sees those up to its own slot), caches -> (logits (batch *
+        steps, vocab), cache_k, cache_v)."""
         x = self.embed_tokens(token)
-        slots = ops.arange(self.cache_len).reshape(1, self.cache_len)
-        at_slot = self.expand(slots == slot, 2)  # (batch, cache_len, 1)
-        seen = self.expand(self.expand(slot_valid, 1), 1)  # (batch, 1, 1, cache_len)
-        global_mask = self._additive(seen)
-        recent = self.expand(self.expand(slots > slot - self.window, 1), 1)  # (batch, 1, 1, cache_len)
-        local_mask = self._additive(self.logical_and(seen, recent)) if self.window else global_mask
+        slots = ops.arange(self.cache_len).reshape(1, self.cache_len, 1)
+        at_slot = slots == self.expand(slot, 1)  # (batch, cache_len, steps): where each step's key goes
+        query_slot = self.expand(self.expand(slot, 1), 3)  # (batch, 1, steps, 1)
+        key_slots = self.reshape(slots, (1, 1, 1, self.cache_len))
+        seen = self.logical_and(self.expand(self.expand(slot_valid, 1), 1), query_slot + 1 > key_slots)
+        global_mask = self._additive(seen)  # (batch, 1, steps, cache_len)
+        local_mask = (self._additive(self.logical_and(seen, key_slots > query_slot - self.window)) if self.window
+                      else global_mask)
         global_rotary, local_rotary = self._rotaries(position)
         keys, values = (), ()
         for index, block in enumerate(self.blocks):

@@ -24,14 +24,14 @@ from typing import List, Mapping, Optional, Sequence
 
 from mindvl.cells import NativePrefillNet, NativeSpeechNet, NativeVisionNet, ViTVisionNet
 from mindvl.engine.native_prompts import NativePrompt
-from mindvl.engine.package_graphs import SPEECH, GenerationSpec, prefill_name, vision_name
+from mindvl.engine.package_graphs import EXTEND_STEPS, SPEECH, GenerationSpec, prefill_name, vision_name
 from mindvl.engine.vision_layout import ViTPacking, package_packing
 from mindvl.errors import PackageError
 from mindvl.export.graphs import GraphSpec, TensorSpec
 from mindvl.export.lite2_folder import write_native_lite2
-from mindvl.preprocess import preprocess_dict
-from mindvl.export.prefill_decode import (MAX_NEW_TOKENS, GenerationPackage, cache_specs, decode_graph,
+from mindvl.export.prefill_decode import (MAX_NEW_TOKENS, GenerationPackage, cache_specs, decode_graphs,
                                           prefill_buckets, write_generation_package)
+from mindvl.preprocess import preprocess_dict
 
 VISION_BUCKETS = (1024, 4096)  # patches: a 448 x 448 image, or four; a 896 x 896 image, or a short video
 SAMPLE_QUESTIONS = 3  # easy-vqa test images: one with its question, two at once, a question alone
@@ -60,7 +60,8 @@ def native_spec(generator, cache_len: int, max_new_tokens: int, buckets: Sequenc
                           layers=lm.layers, vocab_size=lm.cfg.vocab_size, width=lm.width, kv_width=lm.kv_width,
                           image_tokens=0, audio_tokens=layout.audio_tokens, pad_id=layout.pad_id,
                           stop_ids=sorted(layout.stop_ids),
-                          chat_template=layout.chat.template.name, max_new_tokens=max_new_tokens, native=native)
+                          chat_template=layout.chat.template.name, max_new_tokens=max_new_tokens, native=native,
+                          extend_steps=EXTEND_STEPS)
 
 
 def native_graph_specs(spec: GenerationSpec) -> List[GraphSpec]:
@@ -87,7 +88,7 @@ def native_graph_specs(spec: GenerationSpec) -> List[GraphSpec]:
                                [*row, TensorSpec("positions", "int32", (-1, bucket, *positions)),
                                 TensorSpec("slot_index", "int32", (-1, bucket)), tokens, *speech],
                                [TensorSpec("logits", "float32", (-1, spec.vocab_size)), *cache_specs(spec)]))
-    return specs + [decode_graph(spec)]
+    return specs + decode_graphs(spec)
 
 
 def sample_prompts(generator, count: int = SAMPLE_QUESTIONS) -> List[NativePrompt]:

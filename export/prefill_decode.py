@@ -27,8 +27,8 @@ from safetensors.numpy import save_file
 from mindvl.cells import AttachmentNet, DecodeNet, PrefillNet
 from mindvl.config import Config
 from mindvl.engine.decode_loop import DecodeBatch
-from mindvl.engine.package_graphs import (ATTACHMENTS, DECODE, SECTION, SPEECH, GenerationSpec, PackageGraphs,
-                                         prefill_name)
+from mindvl.engine.package_graphs import (ATTACHMENTS, DECODE, EXTEND_STEPS, SECTION, SPEECH, GenerationSpec,
+                                         PackageGraphs, extend_name, prefill_name)
 from mindvl.engine.prompts import MultimodalPrompt, PromptLayout, prompt_buckets
 from mindvl.engine.sampling import sampling_config
 from mindvl.errors import PackageError
@@ -70,15 +70,25 @@ def generation_spec(model, chat, cache_len: int, max_new_tokens: int,
     return GenerationSpec(cache_len=cache_len, buckets=prefill_buckets(cache_len, max_new_tokens, buckets), layers=lm.layers, vocab_size=lm.cfg.vocab_size,
                           width=lm.width, kv_width=lm.kv_width, image_tokens=model.image_tokens,
                           audio_tokens=model.audio_tokens, pad_id=chat.pad_id, stop_ids=[chat.stop_id],
-                          chat_template=chat.template.name, max_new_tokens=max_new_tokens)
+                          chat_template=chat.template.name, max_new_tokens=max_new_tokens,
+                          extend_steps=EXTEND_STEPS)
 
 
-def decode_graph(spec: GenerationSpec) -> GraphSpec:
-    """The one decode graph of every generation package (the decoder's step)."""
-    step = [TensorSpec(name, "int32", (-1, 1)) for name in ("token", "position", "slot")]
-    return GraphSpec(DECODE, "one token per sequence, each at its own cache slot -> logits and caches", DecodeNet,
-                     step + [TensorSpec("slot_valid", "int32", (-1, spec.cache_len))] + cache_specs(spec),
-                     [TensorSpec("logits", "float32", (-1, spec.vocab_size)), *cache_specs(spec)])
+def decode_graphs(spec: GenerationSpec) -> List[GraphSpec]:
+    """The decode graph of every generation package (the decoder's step) and its several-token step (a reused
+    prefix's rest, drafts verified: the server's prefix caching and speculative decoding)."""
+    def step(name: str, steps: int, doc: str) -> GraphSpec:
+        inputs = [TensorSpec(what, "int32", (-1, steps)) for what in ("token", "position", "slot")]
+        return GraphSpec(name, doc, DecodeNet,
+                         inputs + [TensorSpec("slot_valid", "int32", (-1, spec.cache_len))] + cache_specs(spec),
+                         [TensorSpec("logits", "float32", (-1, spec.vocab_size)), *cache_specs(spec)])
+
+    graphs = [step(DECODE, 1, "one token per sequence, each at its own cache slot -> logits and caches")]
+    if spec.extend_steps:
+        graphs.append(step(extend_name(spec.extend_steps), spec.extend_steps,
+                           f"{spec.extend_steps} tokens per sequence at consecutive cache slots -> each one's logits "
+                           f"(rows x {spec.extend_steps}) and the caches"))
+    return graphs
 
 
 def cache_specs(spec: GenerationSpec) -> List[TensorSpec]:
@@ -99,7 +109,7 @@ def graph_specs(spec: GenerationSpec, pre) -> List[GraphSpec]:
         row = [TensorSpec(name, "int32", (-1, bucket)) for name in ("ids", "valid", "slot_index")]
         specs.append(GraphSpec(prefill_name(bucket), f"a left-padded prompt of {bucket} tokens -> its last logits "
                                f"and the caches", PrefillNet, row + tokens, [logits, *caches]))
-    return specs + [decode_graph(spec)]
+    return specs + decode_graphs(spec)
 
 
 def _fitting(prompts: Sequence, layout, bucket: int) -> list:
@@ -161,8 +171,9 @@ def write_generation_package(package: GenerationPackage, out: Path, source: Mapp
         save_file({f"{i}.{name}": np.ascontiguousarray(value) for i, p in enumerate(prompts)
                    for name, value in package.prompt_arrays(p).items()}, str(work / "samples" / "generation.safetensors"))
         layout.tokenizer.save(str(work / spec.tokenizer))
-        lite2 = None if package.write_lite2 is None else package.write_lite2(
-            work, [(g, _sample_inputs(g.name, batch, layout, prompts, GENERATIVE_BATCH)) for g in package.graphs])
+        lite2 = None if package.write_lite2 is None else package.write_lite2(  # the device takes a token a step
+            work, [(g, _sample_inputs(g.name, batch, layout, prompts, GENERATIVE_BATCH)) for g in package.graphs
+                   if g.name != extend_name(spec.extend_steps)])
         for name, text in package.files.items():
             (work / name).write_text(text)
         manifest = {
@@ -236,7 +247,8 @@ def _sample_inputs(name: str, batch: DecodeBatch, layout, prompts: Sequence, row
         while len(fitting) > 1 and layout.vision_size(fitting) > size:
             fitting.pop()
         return list(layout.vision_inputs(fitting, size))
-    if name == DECODE:
+    if name == DECODE or name == extend_name(batch.graphs.spec.extend_steps):
+        steps = 1 if name == DECODE else batch.graphs.spec.extend_steps
         step = DecodeBatch(layout, batch.graphs)
         step.prefill(prompts, [sampling_config(max_new_tokens=2)] * len(prompts))
         step.sample_or_raise()
@@ -244,9 +256,11 @@ def _sample_inputs(name: str, batch: DecodeBatch, layout, prompts: Sequence, row
         if not running:
             raise PackageError("every sample question stopped at its first token; no decode step to store")
         for row in running:
-            row.slot_valid[row.slot] = True
-        return [np.array([[r.sequence.tokens[-1]] for r in running], np.int32),
-                np.array([[r.position] for r in running], np.int32), np.array([[r.slot] for r in running], np.int32),
+            row.slot_valid[row.slot:row.slot + steps] = True
+        ahead = np.arange(steps, dtype=np.int32)  # the last token again as the drafts: any tokens do
+        return [np.array([[r.sequence.tokens[-1]] * steps for r in running], np.int32),
+                np.array([r.position + ahead for r in running], np.int32),
+                np.array([r.slot + ahead for r in running], np.int32),
                 np.stack([r.slot_valid for r in running]).astype(np.int32),
                 *(as_array(c)[:len(running)] for c in step.caches)]
     bucket = int(name.rsplit("_", 1)[1])

@@ -19,6 +19,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from mindvl.serving.protocol import ProtocolError
 from mindvl.serving.register import ServableError
+from mindvl.serving.continuous_batching import GenerationOptions
 from mindvl.serving.runtime import LoadedVersion, load_version
 from mindvl.serving.servable import list_servables, list_versions
 
@@ -37,10 +38,12 @@ class NotAvailable(ProtocolError):
 class Catalog:
     """The loaded versions of the servables in `servable_dir`, by name and version number."""
 
-    def __init__(self, servable_dir: Path, key: Optional[bytes], max_batch: int) -> None:
+    def __init__(self, servable_dir: Path, key: Optional[bytes], max_batch: int,
+                 generation: GenerationOptions = GenerationOptions()) -> None:
         self.servable_dir = Path(servable_dir)
         self.key = key
         self.max_batch = max_batch
+        self.generation = generation  # generative versions' prefix caching and speculation
         self.loaded: Dict[str, Dict[int, LoadedVersion]] = {}  # replaced, never changed in place
         self.failed: Dict[Tuple[str, int], str] = {}  # versions that did not load, and why
         self.unloaded: Set[Tuple[str, int]] = set()  # unloaded on request: a refresh leaves them alone
@@ -120,7 +123,7 @@ class Catalog:
         loop = asyncio.get_running_loop()
         try:
             loaded = await loop.run_in_executor(self.loader, load_version, self.servable_dir, name, version,
-                                                self.key, self.max_batch)
+                                                self.key, self.max_batch, self.generation)
         except (ServableError, ValueError, OSError, RuntimeError) as error:  # PackageError is a RuntimeError
             if version and self._on_disk(name, version):  # not a version asked for before it was deployed
                 self.failed[(name, version)] = str(error)

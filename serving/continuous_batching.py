@@ -30,6 +30,7 @@ from mindvl.engine.decode_loop import DecodeBatch
 from mindvl.engine.grammar import KINDS, Grammar
 from mindvl.engine.native_prompts import NativePrompt, NativeRequests
 from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
+from mindvl.engine.prefix_cache import PrefixCache
 from mindvl.engine.prompts import MultimodalPrompt, preprocessed_prompt
 from mindvl.engine.sampling import Generation, SamplingConfig, sampling_config
 from mindvl.errors import ConfigError, InputError, shown
@@ -45,6 +46,22 @@ JOIN_PER_STEP = 1
 
 
 REQUEST_NAMES = {"max_new_tokens": "max_tokens", "stop_strings": "stop"}  # SamplingConfig's name -> a request's
+MB = 2 ** 20
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """The server's generation savings (ServeConfig's flags of the same names), both off by default:
+    prefix_cache_mb, the cache rows of earlier prompts kept for the next prompts that start the same way (a system
+    prompt, an earlier turn, an image); speculative_tokens, the prompt-lookup drafts verified per step. Either
+    loads the package's several-token step graph (one more copy of the decoder's weights)."""
+
+    prefix_cache_mb: float = 0.0
+    speculative_tokens: int = 0
+
+    @property
+    def extend(self) -> bool:
+        return self.prefix_cache_mb > 0 or self.speculative_tokens > 0
 
 
 def request_settings(fields: dict) -> SamplingConfig:
@@ -212,18 +229,25 @@ class ContinuousBatcher:
     `lock`: held around every graph call (MindSpore runs one GraphCell at a time in a process)."""
 
     def __init__(self, folder: Path, manifest: dict, key: Optional[bytes], lock: threading.Lock,
-                 max_streams: int = 16) -> None:
+                 max_streams: int = 16, options: GenerationOptions = GenerationOptions()) -> None:
         self.spec = GenerationSpec.from_manifest(manifest)
         # the images' and clips' front end (a native package has one only where it hears)
         self.pre = P.preprocess_config(manifest["preprocess"]) if "preprocess" in manifest else None
         native = self.spec.native  # a native VLM's image and video processing
         self.requests = NativeRequests(native, self.pre) if native else None
         self.layout = package_layout(folder, manifest)
-        self.graphs = {name: load_graph(folder, manifest, name, key) for name in self.spec.graph_names()}
+        if options.extend and not self.spec.extend_steps:
+            raise ConfigError(f"prefix_cache_mb / speculative_tokens: package {manifest.get('name')} ({folder}) has no "
+                              f"several-token decoder step (exported before it); export it again with this mindvl, "
+                              f"or serve it with --prefix-cache-mb 0 --speculative-tokens 0")
+        self.graphs = {name: load_graph(folder, manifest, name, key)
+                       for name in self.spec.graph_names(extend=options.extend)}
         self.max_streams = max(1, int(max_streams))
         self.run = graph_caller(self.graphs, lock)
-        self.batch = DecodeBatch(self.layout, PackageGraphs(self.spec, self.run),
-                                 sizes=[size for size in BATCH_SIZES if size < self.max_streams] + [self.max_streams])
+        self.batch = DecodeBatch(self.layout, PackageGraphs(self.spec, self.run, extend=options.extend),
+                                 sizes=[size for size in BATCH_SIZES if size < self.max_streams] + [self.max_streams],
+                                 prefixes=PrefixCache(int(options.prefix_cache_mb * MB)) if options.prefix_cache_mb
+                                 else None, speculative_tokens=options.speculative_tokens)
         self.waiting: "queue.Queue[Optional[GenerationRequest]]" = queue.Queue()
         self.steps = 0  # decode calls made (metrics, tests)
         self.cancelled = 0  # sequences stopped because their caller went away
@@ -264,6 +288,16 @@ class ContinuousBatcher:
                                     dropped_turns=prompt.dropped)
         self.waiting.put(request)
         return request
+
+    def counts(self) -> dict:
+        """What /metrics reports of this engine (counters since the version loaded)."""
+        prefixes = self.batch.prefixes
+        return {"decode_steps": self.steps, "cancelled": self.cancelled,
+                "prefix_cache_hits": prefixes.hits if prefixes else 0,
+                "prefix_cache_misses": prefixes.misses if prefixes else 0,
+                "prefix_reused_tokens": prefixes.reused_tokens if prefixes else 0,
+                "speculative_drafted_tokens": self.batch.drafted,
+                "speculative_accepted_tokens": self.batch.accepted}
 
     def close(self) -> None:
         self.closed = True

@@ -32,7 +32,7 @@ from mindvl.mindir import mindir_io
 from mindvl.package_reader import (MANIFEST, TOLERANCE, as_array, as_tuple, check_files, load_graph, load_samples,
                                    read_manifest)
 from mindvl.serving.batching import Batcher, BatchPolicy
-from mindvl.serving.continuous_batching import (Choices, ContinuousBatcher, GenerationRequest, request_history,
+from mindvl.serving.continuous_batching import (Choices, ContinuousBatcher, GenerationOptions, GenerationRequest, request_history,
                                                 request_settings)
 from mindvl.serving.protocol import InstanceError, ProtocolError
 from mindvl.serving.register import (GENERATION_INPUTS, Method, Model, Placeholder, ServableDefinition, ServableError,
@@ -441,16 +441,17 @@ def _call_batched(stage: Stage, arguments: List[List[Any]]) -> List[Any]:
 
 
 def load_version(servable_dir: Path, name: str, version: int, key: Optional[bytes] = None,
-                 max_batch: int = 1) -> LoadedVersion:
+                 max_batch: int = 1, generation: GenerationOptions = GenerationOptions()) -> LoadedVersion:
     """Load version `version` (0: the newest on disk) of servable `name` and compile its graphs (every batch
     bucket up to `max_batch`). A mindvl model package (manifest.json) is checked file by file and against
-    its stored samples; a MindSpore Serving servable's MindIR files are read as MindSpore Serving reads them."""
+    its stored samples; a MindSpore Serving servable's MindIR files are read as MindSpore Serving reads them.
+    generation: a generative version's prefix caching and speculation (off by default)."""
     folder = resolve(servable_dir, name, version or None)
     definition = load_servable_config(folder.parent / CONFIG_FILE)
     manifest = read_manifest(folder) if (folder / MANIFEST).is_file() else None
     if definition.generation:
         return LoadedVersion(name, int(folder.name), folder, manifest, definition, {},
-                             batcher=_continuous_batcher(folder, manifest, definition, key, max_batch))
+                             batcher=_continuous_batcher(folder, manifest, definition, key, max_batch, generation))
     models: Dict[int, ModelRunner] = {}
     try:
         for model in definition.models:
@@ -474,14 +475,14 @@ def load_version(servable_dir: Path, name: str, version: int, key: Optional[byte
 
 
 def _continuous_batcher(folder: Path, manifest: Optional[dict], definition: ServableDefinition, key: Optional[bytes],
-                       max_streams: int) -> ContinuousBatcher:
+                       max_streams: int, options: GenerationOptions) -> ContinuousBatcher:
     """A generative package's continuous batcher, every graph checked against its stored samples first."""
     if manifest is None or SECTION not in manifest:
         raise ServableError(f"{definition.config}: declare_generation() serves generative model packages; {folder} "
                             f"holds {'no manifest.json' if manifest is None else 'a package that does not generate'}")
     check_files(folder, manifest)
     check_config(definition, manifest, folder)
-    batcher = ContinuousBatcher(folder, manifest, key, GRAPH_LOCK, max_streams)
+    batcher = ContinuousBatcher(folder, manifest, key, GRAPH_LOCK, max_streams, options)
     try:
         for graph in batcher.graphs:
             _check_samples(folder, manifest, graph, _SampleRunner(batcher.run, graph))

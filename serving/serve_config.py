@@ -43,6 +43,9 @@ class ServeConfig:
     admin_token_file: str = ""  # the admin endpoints' bearer token, from a file ...
     admin_token_env: str = ""  # ... or from this environment variable; neither: the admin endpoints are off
     demo: bool = True  # the demo page at GET / (a client of the same endpoints; mindvl serve --no-demo: off)
+    prefix_cache_mb: float = 0.0  # generative versions keep earlier prompts' cache rows (up to this much each) for
+    # prompts that start the same way (a system prompt, an earlier turn, an image); 0: off
+    speculative_tokens: int = 0  # generative versions verify this many prompt-lookup draft tokens a step; 0: off
 
     def validate(self) -> "ServeConfig":
         if not self.servable_dir:
@@ -67,7 +70,7 @@ class ServeConfig:
             raise ConfigError(f"max_inflight_mb: {self.max_inflight_mb:g} is less than max_request_mb "
                               f"{self.max_request_mb:g}, so a body of the largest size could never be served; "
                               f"raise --max-inflight-mb or lower --max-request-mb")
-        for name in ("max_wait_ms", "poll_s"):
+        for name in ("max_wait_ms", "poll_s", "prefix_cache_mb", "speculative_tokens"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected a number >= 0, got {getattr(self, name)}")
         if not 0 <= self.port <= 65535 or not -1 <= self.grpc_port <= 65535:

@@ -43,6 +43,7 @@ from mindvl.serving import admin_routes, demo, grpc_service, openai_routes, rest
 from mindvl.serving.admission import BodyBudget, Connections, read_admin_token
 from mindvl.serving.batching import BatchPolicy
 from mindvl.serving.catalog import Catalog
+from mindvl.serving.continuous_batching import GenerationOptions
 from mindvl.serving.failures import Failure, failure_of
 from mindvl.serving.metrics import Metrics
 from mindvl.serving.protocol import encode_error
@@ -65,8 +66,10 @@ class Server:
         self.config = config.validate()
         self.key = read_key(config.key_file or None, config.key_env or None)
         self.admin_token = read_admin_token(config.admin_token_file, config.admin_token_env)
-        self.catalog = Catalog(Path(config.servable_dir), self.key, config.max_batch_size if config.batching else 1)
+        self.catalog = Catalog(Path(config.servable_dir), self.key, config.max_batch_size if config.batching else 1,
+                               GenerationOptions(config.prefix_cache_mb, config.speculative_tokens))
         self.metrics = Metrics()
+        self.metrics.watch_generation(lambda: self.catalog.loaded)
         self.catalog.routed = lambda name, version: self.metrics.routed.labels(name, str(version)).inc()
         self.pool = ThreadPoolExecutor(config.workers, thread_name_prefix="stage")
         self.batching = BatchPolicy(config.max_batch_size, config.max_wait_ms / 1000, lambda servable, graph, size:

@@ -17,15 +17,23 @@ appended as rows) and leave (their rows dropped) between decode steps: the serve
 this batch fed with requests as they come; `generate` and `stream` feed it once. Each sequence samples with
 its own settings and its own seeded generator, so what a request gets never depends on who it shares the
 batch with.
+
+Graphs that take several tokens a step (`graphs.extend_steps` > 0: decode with tokens (rows, steps)) give two
+savings, both off unless asked for: a PrefixCache (engine.prefix_cache) prefills a prompt that starts like an
+earlier one from its first new token, and `speculative_tokens` verifies that many prompt-lookup drafts
+(engine.prompt_lookup) in one step. Either way each token is still sampled from the logits of exactly the tokens
+before it, so the tokens are the ones the plain loop would choose.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from mindvl.engine.grammar import Constraint, Grammars
+from mindvl.engine.prefix_cache import PrefixCache, PromptKey
+from mindvl.engine.prompt_lookup import drafts
 from mindvl.engine.sampling import (Delta, Generation, SamplingConfig, TextSequence, next_tokens, token_logprobs,
                                    top_logprobs)
 from mindvl.errors import ConfigError
@@ -49,6 +57,9 @@ class Running:
     cancelled: bool = False
     dropped: int = 0  # its conversation's oldest turns left out to fit (the layout's fit)
     constraint: Optional[Constraint] = None  # its grammar's matcher (engine.grammar), when its settings have one
+    context: Optional[np.ndarray] = None  # the prompt's text ids (prompt lookup's drafts come from them)
+    drafted: List[int] = field(default_factory=list)  # tokens a several-token step verified, not yet sampled
+    pending: List[np.ndarray] = field(default_factory=list)  # the logits after each of them
 
     @property
     def done(self) -> bool:
@@ -58,13 +69,25 @@ class Running:
 class DecodeBatch:
     """The sequences generating together over one set of graphs (see the module docstring)."""
 
-    def __init__(self, layout, graphs, sizes: Sequence[int] = ()):
+    def __init__(self, layout, graphs, sizes: Sequence[int] = (), prefixes: Optional[PrefixCache] = None,
+                 speculative_tokens: int = 0):
         """layout: the prompts' (engine.prompts), with the limits and the ids that stop an answer; graphs: see
         the module docstring. sizes: the batch sizes the graphs run at, rows padded up to the smallest that
         holds them (the padding rows compute, unread). A dynamic-batch graph compiles anew for every batch size
         it meets and keeps each compilation's working memory (vlm-s's decode graph: +0.2 GB at batch 2 ... +1.2
         GB at 16; all 16 sizes of decode and prefill exhausted 24 GB), so a server runs a few; a framework
-        graph compiled for one batch keeps that one; empty: the exact row count."""
+        graph compiled for one batch keeps that one; empty: the exact row count. prefixes, speculative_tokens:
+        see the module docstring (the graphs' extend_steps must hold speculative_tokens + 1)."""
+        steps = getattr(graphs, "extend_steps", 0)
+        if (prefixes is not None or speculative_tokens) and not steps:
+            raise ConfigError("prefix caching and speculative decoding need the decoder's several-token step, which "
+                              "these graphs lack (a package exported before it: export it again)")
+        if speculative_tokens and not 0 < speculative_tokens < steps:
+            raise ConfigError(f"speculative_tokens: expected 1..{steps - 1} (the decoder's several-token step takes "
+                              f"{steps} tokens: the last one and the drafts), got {speculative_tokens}")
+        self.prefixes = prefixes
+        self.speculative_tokens = int(speculative_tokens)
+        self.drafted = self.accepted = 0  # draft tokens verified, and of those the ones sampled anyway
         self.layout = layout
         self.graphs = graphs
         self.sizes = tuple(sorted(sizes))
@@ -108,32 +131,89 @@ class DecodeBatch:
                 owners: Optional[Sequence[Any]] = None) -> List[Running]:
         """Prefill `prompts` together (one bucket, the longest's) and add them to the batch; -> their rows. Each
         is fitted first (a conversation's oldest turns left out as its new tokens need, the layout's fit); the
-        layout refuses what the graphs cannot generate (ConfigError) before any graph runs."""
+        layout refuses what the graphs cannot generate (ConfigError) before any graph runs. With a PrefixCache,
+        a single prompt that starts like a cached one is extended from there instead."""
         if not prompts:
             raise ConfigError("generate: no prompt given")
         prompts = [self.layout.fit(prompt, config.max_new_tokens) for prompt, config in zip(prompts, settings)]
+        owners = list(owners) if owners is not None else list(range(len(prompts)))
+        if self.prefixes is not None and len(prompts) == 1:
+            single = self.layout.batch(prompts, settings[0].max_new_tokens)
+            key = PromptKey.of(single)
+            hit = self.prefixes.lookup(key)
+            if hit is not None:
+                return self._extend_prefix(prompts[0], settings[0], owners[0], single, key, *hit)
         batch = self.layout.batch(prompts + prompts[-1:] * (self.padded(len(prompts)) - len(prompts)),
                                   max(s.max_new_tokens for s in settings))
         logits, caches = self.graphs.prefill(batch)
         cache_len, bucket = self.layout.limits.cache_len, batch.ids.shape[1]
         rows = []
-        for index, (config, encoded) in enumerate(zip(settings, batch.encoded)):
+        for index, config in enumerate(settings):
             valid = np.zeros(cache_len, bool)
             valid[:bucket] = batch.valid[index]
-            seen = np.zeros(logits.shape[-1], bool)
-            seen[np.asarray(encoded, np.int64)] = True
-            stop_ids = set(self.layout.stop_ids) | set(config.stop_tokens)
             length = int(batch.valid[index].sum())
             position = length + (int(batch.deltas[index]) if batch.deltas is not None else 0)  # M-RoPE's delta
-            counts = np.zeros(logits.shape[-1], np.int32) if config.presence_penalty or config.frequency_penalty \
-                else None
-            rows.append(Running(TextSequence(index, self.layout.tokenizer, config, stop_ids), config,
-                                _generator(config.seed), seen, counts, valid, bucket, position, length,
-                                logits[index], owners[index] if owners is not None else index,
-                                dropped=getattr(prompts[index], "dropped", 0),
-                                constraint=self.grammars().constraint(config.grammar) if config.grammar else None))
-        self._append(rows, [self.graphs.to_numpy(c)[:len(rows)] for c in caches])
+            rows.append(self._running(index, config, batch.encoded[index], valid, bucket, position, length,
+                                      logits[index], owners[index], prompts[index]))
+        caches = [self.graphs.to_numpy(c)[:len(rows)] for c in caches]
+        if self.prefixes is not None:
+            for index, row in enumerate(rows):
+                self.prefixes.add(PromptKey.of(batch, index),
+                                  [c[index, bucket - row.prompt_tokens:bucket] for c in caches])
+        self._append(rows, caches)
         return rows
+
+    def _running(self, index: int, config: SamplingConfig, encoded, valid: np.ndarray, slot: int, position: int,
+                 length: int, logits: np.ndarray, owner, prompt) -> Running:
+        """A prefilled prompt's row: its next token goes to `slot`, at `position`."""
+        vocab = logits.shape[-1]
+        seen = np.zeros(vocab, bool)
+        seen[np.asarray(encoded, np.int64)] = True
+        counts = np.zeros(vocab, np.int32) if config.presence_penalty or config.frequency_penalty else None
+        stop_ids = set(self.layout.stop_ids) | set(config.stop_tokens)
+        return Running(TextSequence(index, self.layout.tokenizer, config, stop_ids), config, _generator(config.seed),
+                       seen, counts, valid, slot, position, length, logits, owner,
+                       dropped=getattr(prompt, "dropped", 0),
+                       constraint=self.grammars().constraint(config.grammar) if config.grammar else None,
+                       context=np.asarray(encoded, np.int32))
+
+    def _extend_prefix(self, prompt, config: SamplingConfig, owner, batch, key: PromptKey, entry, reused: int
+                       ) -> List[Running]:
+        """Prefill one prompt from `reused` tokens of a cached prefix: its rows copied into a fresh cache row
+        (the prompt at slot 0 on), the rest fed through the several-token step."""
+        limits, steps = self.layout.limits, self.graphs.extend_steps
+        length = len(key.tokens)
+        caches = []
+        for rows in entry.rows:
+            cache = np.zeros((1, limits.cache_len, rows.shape[-1]), np.float32)
+            cache[0, :reused] = rows[:reused]
+            caches.append(cache)
+        caches = self._pad_rows(caches, 1)
+        valid = np.zeros(limits.cache_len, bool)
+        valid[:reused] = True
+        for start in range(reused, length, steps):
+            count = min(steps, length - start)
+            pad = steps - count  # the last chunk's unused steps: later slots, never marked valid
+            tokens = np.concatenate([key.tokens[start:start + count], np.repeat(key.tokens[length - 1], pad)])
+            positions = np.concatenate([key.positions[start:start + count],
+                                        key.positions[length - 1] + 1 + np.arange(pad)]).astype(np.int32)
+            slots = np.arange(start, start + steps, dtype=np.int32)
+            valid[start:start + count] = True
+            logits, caches = self._decode_rows([tokens[None].astype(np.int32), positions[None], slots[None],
+                                                valid[None]], caches, 1)
+        row = self._running(0, config, batch.encoded[0], valid, length, int(key.positions[-1]) + 1, length,
+                            logits[0, count - 1], owner, prompt)
+        caches = [self.graphs.to_numpy(c)[:1] for c in caches]
+        self.prefixes.add(key, [c[0, :length] for c in caches])
+        self._append([row], caches)
+        return [row]
+
+    def _decode_rows(self, inputs: List[np.ndarray], caches, count: int) -> Tuple[np.ndarray, List[Any]]:
+        """The decoder's step over `count` rows (token, position, slot, slot_valid: padded to the batch size
+        here) -> (logits (count, steps, vocab), the caches)."""
+        token, position, slot, slot_valid = self._pad_rows(inputs, count)
+        logits, caches = self.graphs.decode(token, position, slot, slot_valid, caches)
+        return logits.reshape(len(token), token.shape[1], -1)[:count], caches
 
     def _append(self, rows: List[Running], caches: List[np.ndarray]) -> None:
         if self.rows:
@@ -153,7 +233,7 @@ class DecodeBatch:
             if row.done:
                 continue
             try:
-                emitted.append((row, self._sample_row(row)))
+                emitted += [(row, delta) for delta in self._sample_row(row)]
             except Exception as error:  # noqa: BLE001 - the row fails alone, its caller gets the error
                 row.cancelled = True
                 emitted.append((row, error))
@@ -168,8 +248,23 @@ class DecodeBatch:
                 raise outcome
         return emitted
 
+    def _sample_row(self, row: Running) -> List[Delta]:
+        """The row's next token from its logits; then, while it is the next verified draft, the token after it
+        from that draft's logits (its cache row is already written)."""
+        deltas = [self._sample_one(row)]
+        while row.drafted and not row.done and deltas[-1].token == row.drafted[0]:
+            row.drafted.pop(0)
+            row.slot_valid[row.slot] = True
+            row.slot += 1
+            row.position += 1
+            row.logits = row.pending.pop(0)
+            self.accepted += 1
+            deltas.append(self._sample_one(row))
+        row.drafted, row.pending = [], []
+        return deltas
+
     @staticmethod
-    def _sample_row(row: Running) -> Delta:
+    def _sample_one(row: Running) -> Delta:
         logits = row.logits[None]
         if not np.isfinite(logits).any():
             raise ConfigError("generate: the model's logits for this sequence are all NaN or infinite; the "
@@ -199,21 +294,39 @@ class DecodeBatch:
                                                            len(keep))
 
     def decode(self) -> None:
-        """One decode step of every row: its last token in, its next logits out."""
+        """One decode step of every row: its last token in, its next logits out; with speculative_tokens, where
+        a row's text offers drafts (prompt lookup), one several-token step verifies them too."""
         if not self.rows:
             return
-        token = np.array([[row.sequence.tokens[-1]] for row in self.rows], np.int32)
-        position = np.array([[row.position] for row in self.rows], np.int32)
-        slot = np.array([[row.slot] for row in self.rows], np.int32)
-        for row in self.rows:
-            row.slot_valid[row.slot] = True
-        slot_valid = np.stack([row.slot_valid for row in self.rows])
-        token, position, slot, slot_valid = self._pad_rows([token, position, slot, slot_valid], len(self.rows))
-        logits, self.caches = self.graphs.decode(token, position, slot, slot_valid, self.caches)
+        guesses = [self._drafts(row) for row in self.rows] if self.speculative_tokens else []
+        steps = self.graphs.extend_steps if any(len(g) for g in guesses) else 1
+        token, position, slot = (np.zeros((len(self.rows), steps), np.int32) for _ in range(3))
         for index, row in enumerate(self.rows):
-            row.logits = logits[index]
+            guess = guesses[index] if steps > 1 else []
+            token[index] = np.concatenate([[row.sequence.tokens[-1]], guess,
+                                           np.repeat(row.sequence.tokens[-1], steps - 1 - len(guess))])
+            position[index] = row.position + np.arange(steps)
+            slot[index] = row.slot + np.arange(steps)
+            row.slot_valid[row.slot] = True
+            row.drafted = [int(t) for t in guess]
+            self.drafted += len(guess)
+        slot_valid = np.stack([row.slot_valid for row in self.rows])
+        for index, row in enumerate(self.rows):  # the drafts' own slots, for this step only
+            slot_valid[index, row.slot + 1:row.slot + 1 + len(row.drafted)] = True
+        logits, self.caches = self._decode_rows([token, position, slot, slot_valid], self.caches, len(self.rows))
+        for index, row in enumerate(self.rows):
+            row.logits = logits[index, 0]
+            row.pending = list(logits[index, 1:1 + len(row.drafted)])
             row.slot += 1
             row.position += 1
+
+    def _drafts(self, row: Running) -> np.ndarray:
+        """A row's prompt-lookup drafts, as many as its cache and its token budget leave room for."""
+        room = min(self.speculative_tokens, self.layout.limits.cache_len - row.slot - 1,
+                   row.settings.max_new_tokens - len(row.sequence.tokens) - 1)
+        if room < 1:
+            return np.zeros(0, np.int32)
+        return drafts(np.concatenate([row.context, np.asarray(row.sequence.tokens, np.int32)]), room)
 
     # ---- a whole generation -------------------------------------------------------------------------
 

@@ -24,12 +24,17 @@ SECTION = "generation"  # the manifest's key
 ATTACHMENTS = "attachments"
 SPEECH = "speech"  # a native package's clips -> their tokens (a model that hears)
 DECODE = "decode"
+EXTEND_STEPS = 8  # tokens per row of the decoder's several-token step: a reused prefix's rest, or a token + 7 drafts
 
 Run = Callable[[str, Sequence[Any]], Sequence[Any]]
 
 
 def prefill_name(bucket: int) -> str:
     return f"prefill_{bucket}"
+
+
+def extend_name(steps: int) -> str:
+    return f"extend_{steps}"
 
 
 def vision_name(patches: int) -> str:
@@ -59,6 +64,8 @@ class GenerationSpec:
     # tokens_per_second, patches (PatchConfig), video (VideoSampling), default_system (the chat's system turn);
     # where it hears (audio_tokens > 0), speech_shape: a clip's log-mel (n_mels, frames)
     native: Optional[Dict[str, Any]] = None
+    extend_steps: int = 0  # the decoder's several-token step (`extend_<steps>`); 0: a package exported before it
+
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> "GenerationSpec":
@@ -71,10 +78,13 @@ class GenerationSpec:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def graph_names(self) -> List[str]:
+    def graph_names(self, extend: bool = True) -> List[str]:
+        """Every graph's name; extend False leaves the several-token step out (a server that neither reuses
+        prefixes nor speculates: each graph holds its own copy of the decoder's weights)."""
         first = ([vision_name(v) for v in self.native["vision_buckets"]] + ([SPEECH] if self.audio_tokens else [])
                  if self.native else [ATTACHMENTS])
-        return [*first, *(prefill_name(b) for b in self.buckets), DECODE]
+        extended = [extend_name(self.extend_steps)] if extend and self.extend_steps else []
+        return [*first, *(prefill_name(b) for b in self.buckets), DECODE, *extended]
 
     @property
     def vision_capacity(self) -> int:
@@ -118,10 +128,13 @@ class PackageGraphs:
     """A package's graphs run by name (`run`), as the engine calls them: `prefill(batch)` (the attachments
     graph first, only when a prompt has an image or a clip) and `decode(...)`."""
 
-    def __init__(self, spec: GenerationSpec, run: Run, to_numpy: Callable[[Any], np.ndarray] = as_array):
+    def __init__(self, spec: GenerationSpec, run: Run, to_numpy: Callable[[Any], np.ndarray] = as_array,
+                 extend: bool = True):
+        """extend: the several-token step is loaded (else extend_steps is 0: the engine takes one token a step)."""
         self.spec = spec
         self.run = run
         self.to_numpy = to_numpy
+        self.extend_steps = spec.extend_steps if extend else 0
 
     def prefill_inputs(self, batch: PromptBatch) -> List[np.ndarray]:
         """A PromptBatch as its prefill graph's inputs."""
@@ -160,5 +173,8 @@ class PackageGraphs:
 
     def decode(self, token: np.ndarray, position: np.ndarray, slot: np.ndarray, slot_valid: np.ndarray,
                caches: Sequence[Any]) -> Tuple[np.ndarray, List[Any]]:
-        outputs = self.run(DECODE, [token, position, slot, slot_valid.astype(np.int32), *caches])
+        """token, position, slot (rows, steps): one step (`decode`) or the several-token one (`extend_<steps>`)
+        -> (logits (rows * steps, vocab), the caches)."""
+        name = DECODE if token.shape[1] == 1 else extend_name(token.shape[1])
+        outputs = self.run(name, [token, position, slot, slot_valid.astype(np.int32), *caches])
         return self.to_numpy(outputs[0]), list(outputs[1:])

@@ -5,6 +5,7 @@ from typing import Any, List, Sequence, Tuple
 import numpy as np
 from mindspore import Tensor
 
+from mindvl.engine.package_graphs import EXTEND_STEPS
 from mindvl.engine.prompts import PromptBatch
 
 
@@ -23,6 +24,7 @@ class CellGraphs:
     between steps; rows the engine joined or dropped come back as arrays and go in as tensors."""
 
     to_numpy = staticmethod(to_numpy)
+    extend_steps = EXTEND_STEPS  # the decode cell compiles a second graph for several tokens a row (same weights)
 
     def __init__(self, prefill_cell, decode_cell):
         self.prefill_cell = prefill_cell

@@ -98,6 +98,40 @@ def test_decode_steps_equal_the_full_forward_pass():
     assert len(decode.compile_cache) == 1
 
 
+def test_several_steps_in_one_call_equal_the_full_forward_pass():
+    """A reused prefix extended, or drafted tokens verified: steps of one call each see the cache and the steps
+    before them, and their keys land at their slots, over whatever a rejected draft left there before."""
+    lm = CausalLM(TINY, cache_len=16)
+    lm.set_train(False)
+    ids = RNG.integers(0, 50, (2, 11)).astype(np.int32)
+    valid = np.ones_like(ids, bool)
+    valid[1, :3] = False
+    full = lm(Tensor(ids), Tensor(valid)).asnumpy()
+    prompt = 4
+    _, cache_k, cache_v = Prefill(lm)(Tensor(ids[:, :prompt]), Tensor(valid[:, :prompt]))
+    decode = Decode(lm)
+    slot_valid = np.zeros((2, 16), bool)
+    slot_valid[:, :prompt] = valid[:, :prompt]
+    start = valid[:, :prompt].sum(1)
+
+    def extend(first, steps, caches, junk=False):
+        slots = np.arange(first, first + steps, dtype=np.int32)[None].repeat(2, 0)
+        tokens = (ids[:, first:first + steps] if not junk else (ids[:, first:first + steps] + 7) % 50).astype(np.int32)
+        seen = slot_valid.copy()
+        seen[:, first:first + steps] = True
+        positions = (start[:, None] + slots - prompt).astype(np.int32)
+        logits, k, v = decode(Tensor(tokens), Tensor(positions), Tensor(slots), Tensor(seen), *caches)
+        return logits.asnumpy().reshape(2, steps, -1), [*k, *v]
+
+    caches = [*cache_k, *cache_v]
+    _, caches = extend(prompt, 4, caches, junk=True)  # drafts rejected: their slots stay invalid, written again
+    logits, caches = extend(prompt, 4, caches)
+    np.testing.assert_allclose(logits, full[:, prompt:prompt + 4], atol=1e-4)
+    slot_valid[:, prompt:prompt + 4] = True
+    logits, _ = extend(prompt + 4, 3, caches)  # past the window of 3
+    np.testing.assert_allclose(logits, full[:, prompt + 4:prompt + 7], atol=1e-4)
+
+
 class _NextTokenLoss(nn.Cell):
     def __init__(self, lm):
         super().__init__()

@@ -1,6 +1,6 @@
 """The one generation loop over a package's graphs (mindvl.engine.decode_loop): padded to a few batch sizes it
-gives exactly the unpadded tokens, sequences joining a running batch get what they get alone, and a sequence
-that fails its step fails alone."""
+gives exactly the unpadded tokens, sequences joining a running batch get what they get alone, a sequence that
+fails its step fails alone, and prefix caching and speculative decoding change no token."""
 from dataclasses import replace
 
 import pytest
@@ -9,6 +9,7 @@ from mindvl.deploy.verify import stored_prompts
 from mindvl.engine.decode_loop import DecodeBatch, generate
 from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
 from mindvl.engine.sampling import sampling_config
+from mindvl.errors import ConfigError
 from mindvl.package_reader import graph_caller, load_graph, read_manifest
 
 
@@ -81,3 +82,62 @@ def test_a_sequence_whose_step_fails_fails_alone_and_its_neighbours_get_their_to
     assert [delta.token for delta in outcomes["fine"]] == alone
     with pytest.raises(ValueError):  # one request's own batch raises its failure
         generate(layout, PackageGraphs(spec, run), prompts[:1], broken)
+
+
+def _tokens(batch, prompts, settings):
+    """Each prompt's tokens, prefilled one after another into `batch` (the server's joining) and decoded
+    together."""
+    tokens = {i: [] for i in range(len(prompts))}
+    for index, (prompt, config) in enumerate(zip(prompts, settings)):
+        batch.prefill([prompt], [config], owners=[index])
+        for row, delta in batch.sample_or_raise():
+            tokens[row.owner].append(delta.token)
+        batch.decode()
+    while batch.rows:
+        for row, delta in batch.sample_or_raise():
+            tokens[row.owner].append(delta.token)
+        batch.decode()
+    return [tokens[i] for i in range(len(prompts))]
+
+
+def test_prompts_prefilled_from_a_cached_prefix_get_the_uncached_tokens(generative_package):
+    """The same image asked again, a longer question after the same start, the same prompt again (all but its
+    last token reused), a spoken one (its clip's slots differ): each generates what a whole prefill gives."""
+    from mindvl.engine.prefix_cache import PrefixCache
+
+    spec, layout, graphs, prompts = _loaded(generative_package[1])
+    run = graph_caller(graphs)
+    typed = next(p for p in prompts if p.question and p.mel is None)
+    asked = [typed, replace(typed, question=typed.question + " and why"), typed,
+             replace(typed, question="what colour is it"), *prompts]
+    settings = [sampling_config(max_new_tokens=10, ignore_eos=True)] * len(asked)
+    plain = [generate(layout, PackageGraphs(spec, run), [p], s)[0].tokens for p, s in zip(asked, settings)]
+    cache = PrefixCache(64 << 20)
+    reused = _tokens(DecodeBatch(layout, PackageGraphs(spec, run), sizes=(1, 2, 4, 8), prefixes=cache), asked,
+                     settings)
+    assert reused == plain
+    assert cache.hits >= 3 and cache.reused_tokens > 3 * spec.image_tokens  # the image's slots among them
+
+
+def test_speculated_drafts_keep_exactly_the_tokens_sampled_without_them(generative_package):
+    """Greedy and seeded sampling, one row and several: prompt-lookup drafts verified in the several-token step
+    leave every token as it was, and some are accepted (a small model repeats itself)."""
+    spec, layout, graphs, prompts = _loaded(generative_package[1])
+    run = graph_caller(graphs)
+    settings = [sampling_config(max_new_tokens=24, ignore_eos=True),
+                sampling_config(max_new_tokens=24, ignore_eos=True, temperature=0.8, seed=3)] * 2
+    plain = [generate(layout, PackageGraphs(spec, run), [p], s)[0].tokens for p, s in zip(prompts, settings)]
+    alone = DecodeBatch(layout, PackageGraphs(spec, run), sizes=(1,), speculative_tokens=7)
+    assert _tokens(alone, prompts[:1], settings[:1]) == plain[:1]
+    together = DecodeBatch(layout, PackageGraphs(spec, run), sizes=(1, 2, 4), speculative_tokens=3)
+    assert _tokens(together, prompts, settings) == plain
+    assert alone.accepted > 0 and together.drafted >= together.accepted > 0
+
+
+def test_prefix_caching_and_speculation_are_refused_without_the_several_token_step(generative_package):
+    spec, layout, graphs, _ = _loaded(generative_package[1])
+    old = PackageGraphs(spec, graph_caller(graphs), extend=False)  # as a package exported before the step
+    with pytest.raises(ConfigError, match="export it again"):
+        DecodeBatch(layout, old, speculative_tokens=2)
+    with pytest.raises(ConfigError, match=r"speculative_tokens: expected 1\.\.7"):
+        DecodeBatch(layout, PackageGraphs(spec, graph_caller(graphs)), speculative_tokens=8)

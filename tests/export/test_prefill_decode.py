@@ -11,14 +11,16 @@ def test_the_package_holds_the_generation_graphs_over_one_weights_file(generativ
     _, package = generative_package
     manifest = read_manifest(package)
     spec = manifest["generation"]
-    assert list(manifest["graphs"]) == ["attachments", *(f"prefill_{b}" for b in spec["buckets"]), "decode"]
+    assert list(manifest["graphs"]) == ["attachments", *(f"prefill_{b}" for b in spec["buckets"]), "decode",
+                                        "extend_8"]  # the several-token step: prefix caching, speculation
     assert spec["buckets"] == [32, 48] and spec["cache_len"] == 112  # the fixture's --prompt-bucket / --cache-len
+    assert spec["extend_steps"] == 8 and manifest["graphs"]["extend_8"]["inputs"][0]["shape"] == [-1, 8]
     weights = manifest["weights"]
     # every graph's parameters point into weights.bin: the graph files hold no weights of their own, and the
     # decoder, in every prefill graph and in decode, is stored once
     graph_files = sum(manifest["files"][e["file"]]["bytes"] for e in manifest["graphs"].values())
     assert weights["shared_bytes"] == graph_files + weights["weights_bytes"]
-    assert weights["shared_bytes"] < 0.6 * weights["graph_bytes"]  # the decoder in 3 graphs, stored once
+    assert weights["shared_bytes"] < 0.6 * weights["graph_bytes"]  # the decoder in 4 graphs, stored once
     assert weights["weights_bytes"] < 1.1 * 4 * manifest["parameters"] + 64 * 200  # one float32 copy (+ alignment)
     assert (package / "tokenizer.json").is_file()
     assert spec["stop_ids"] and spec["chat_template"] == "word"
@@ -35,8 +37,9 @@ def test_export_verify_regenerates_the_stored_questions_with_the_frameworks_toke
     assert len(tokens) == len(samples) == 4 and all(c.max_abs_diff == 0 for c in tokens)
     assert any(s["audio"] for s in samples) and any(s["question"] for s in samples)
     assert all(s["image"] for s in samples) and all(s["tokens"] for s in samples)
-    decode = [c for c in report.checks if c.graph == "decode"]
-    assert decode and all(c.ok for c in decode)
+    for graph in ("decode", "extend_8"):
+        checks = [c for c in report.checks if c.graph == graph]
+        assert checks and all(c.ok for c in checks)
 
 
 def test_a_tampered_weights_file_is_refused_by_name(generative_package, writable_copy, tmp_path):
