@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import numpy as np
 
@@ -99,10 +99,11 @@ def request_bodies(data_root: str, method: str, count: int = 64) -> List[bytes]:
     return bodies
 
 
-def start_server(servable_dir: Path, args, batching: bool) -> (subprocess.Popen, str):
+def start_server(servable_dir: Path, args, batching: bool, flags: Sequence[str] = ()) -> (subprocess.Popen, str):
     command = [sys.executable, "-m", "mindvl.cli", "serve", "--servable-dir", str(servable_dir), "--port", "0",
                "--grpc-port", "-1", "--workers", str(args.workers), "--max-batch-size", str(args.max_batch_size),
-               "--max-wait-ms", str(args.max_wait_ms), "--poll-s", "0", *([] if batching else ["--no-batching"])]
+               "--max-wait-ms", str(args.max_wait_ms), "--poll-s", "0", *([] if batching else ["--no-batching"]),
+               *flags]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = []
     for line in server.stdout:

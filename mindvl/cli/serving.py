@@ -10,7 +10,7 @@ from mindvl.errors import ConfigError
 SERVE_FLAGS = ("servable_dir", "host", "port", "grpc_port", "batching", "max_batch_size", "max_wait_ms", "workers",
                "max_request_mb", "max_instances", "timeout_s", "header_timeout_s", "keepalive_s", "max_connections",
                "max_inflight_mb", "decode_slots", "strict_http", "poll_s", "key_file", "key_env", "admin_token_file",
-               "admin_token_env", "demo")
+               "admin_token_env", "demo", "prefix_cache_mb", "speculative_tokens")
 QUERY_METHODS = {  # the inputs of the methods `mindvl deploy` generates; --input NAME=VALUE for any other
     "predict": ("image", "question", "audio"), "embed_image": ("image",), "embed_text": ("text",),
     "embed_audio": ("audio",)}
@@ -188,6 +188,12 @@ def register(commands: argparse._SubParsersAction) -> None:
                  "file holding the key, raw or as hex text")
     serve.add_argument("--no-demo", dest="demo", action="store_const", const=False,
                        help="no demo page at / (default: served, a client of the same endpoints)")
+    serve.add_argument("--prefix-cache-mb", type=float, metavar="MB",
+                       help="generative versions keep earlier prompts' cache rows, up to MB each, for prompts that "
+                            "start the same way: a system prompt, earlier turns, an image (default 0: off)")
+    serve.add_argument("--speculative-tokens", type=int, metavar="N",
+                       help="generative versions verify up to N (1-7) prompt-lookup draft tokens a step; the "
+                            "answers stay token for token the same (default 0: off)")
     cascade = serve.add_argument_group(
         "edge-cloud cascade for the demo page (POST /cascade): a package that answers on this machine as the device "
         "would, asking this server when unsure")

@@ -4,7 +4,8 @@ Prefill, join, step, sample, stop, leave: every generation of mindvl runs here, 
 graphs (the `graphs` object):
 
     graphs.prefill(batch: PromptBatch) -> (last logits (rows, vocab) array, caches)
-    graphs.decode(token, position, slot, slot_valid, caches) -> (logits (rows, vocab) array, caches)
+    graphs.decode(token, position, slot, slot_valid, caches) -> (logits (rows * steps, vocab) array, caches)
+                                  (token, position, slot (rows, steps): steps 1, or graphs.extend_steps)
     graphs.to_numpy(output) -> array
 
 mindvl.generation's CellGraphs are the framework's cells (LanguageModel, MultimodalGenerator);
