@@ -62,7 +62,7 @@ def stream(client, messages, tokens: int) -> Dict[str, float]:
     text, count = [], 0
     for chunk in client.chat.completions.create(model="vlm", messages=messages, max_tokens=tokens, stream=True,
                                                 extra_body={"ignore_eos": True}):
-        if chunk.choices and chunk.choices[0].delta.content is not None:
+        if chunk.choices and chunk.choices[0].delta.content:  # the first chunk's role and an empty content: none
             now = time.perf_counter()
             first = now if first is None else first
             last = now
@@ -147,9 +147,9 @@ def main(argv=None) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine, "rows": rows, "identical": same,
                                                "runs": runs}, indent=2))
-    plot_comparison(args.plot, [{"measure": r["measure"], "server": server, "value": r[key]} for r in rows
+    plot_comparison(args.plot, [{"server": server, **{r["measure"]: r[key] for r in rows}}
                                 for server, key in (("plain", "plain"), ("prefix cache + speculation", "savings"))],
-                    x="server", series="server", value="value", panel="measure", machine=machine,
+                    x="server", series="server", value={r["measure"]: r["measure"] for r in rows}, machine=machine,
                     title=f"mindvl serve, {manifest['name']}: prefix caching and speculative decoding")
 
 if __name__ == "__main__":

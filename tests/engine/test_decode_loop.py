@@ -42,6 +42,13 @@ def test_padded_batch_sizes_give_the_exact_tokens_and_bound_the_shapes(generativ
     assert {size for _, size in seen} == {4}  # 3 rows run at 4, never at 3
 
 
+def _step(batch, tokens) -> None:
+    """One step of `batch`: every row's next tokens into tokens[its owner], then the decode call."""
+    for row, delta in batch.sample_or_raise():
+        tokens[row.owner].append(delta.token)
+    batch.decode()
+
+
 def test_a_sequence_joining_a_running_batch_gets_its_tokens_alone(generative_package):
     spec, layout, graphs, prompts = _loaded(generative_package[1])
     run = graph_caller(graphs)
@@ -53,13 +60,9 @@ def test_a_sequence_joining_a_running_batch_gets_its_tokens_alone(generative_pac
     for step in range(8):
         if step == 3:  # the second joins three steps late, at other cache slots than the first's
             batch.prefill(prompts[1:2], [greedy], owners=[1])
-        for row, delta in batch.sample_or_raise():
-            tokens[row.owner].append(delta.token)
-        batch.decode()
+        _step(batch, tokens)
     while batch.rows:
-        for row, delta in batch.sample_or_raise():
-            tokens[row.owner].append(delta.token)
-        batch.decode()
+        _step(batch, tokens)
     assert [tokens[0], tokens[1]] == alone
 
 
@@ -90,13 +93,9 @@ def _tokens(batch, prompts, settings):
     tokens = {i: [] for i in range(len(prompts))}
     for index, (prompt, config) in enumerate(zip(prompts, settings)):
         batch.prefill([prompt], [config], owners=[index])
-        for row, delta in batch.sample_or_raise():
-            tokens[row.owner].append(delta.token)
-        batch.decode()
+        _step(batch, tokens)
     while batch.rows:
-        for row, delta in batch.sample_or_raise():
-            tokens[row.owner].append(delta.token)
-        batch.decode()
+        _step(batch, tokens)
     return [tokens[i] for i in range(len(prompts))]
 
 

@@ -25,7 +25,7 @@ def package(native_package):
 def test_the_graphs_and_the_stored_questions_reproduce_the_framework(package):
     folder, path = package
     manifest = json.loads((path / "manifest.json").read_text())
-    assert list(manifest["graphs"]) == ["vision_256", "vision_512", "prefill_64", "prefill_128", "decode"]
+    assert list(manifest["graphs"]) == ["vision_256", "vision_512", "prefill_64", "prefill_128", "decode", "extend_8"]
     native = manifest["generation"]["native"]
     assert native["vision_buckets"] == [256, 512] and native["window_rows"] and native["window"] == 4
     samples = manifest["generation_samples"]["prompts"]
@@ -33,9 +33,10 @@ def test_the_graphs_and_the_stored_questions_reproduce_the_framework(package):
     report = verify_package(path)
     assert report.ok and any(c.graph == "generate" for c in report.checks)
     # Lite 2.0: each graph at batch 1 on its samples, and the stored questions generated one at a time
-    assert list(manifest["lite2"]["graphs"]) == list(manifest["graphs"]) and not manifest["lite2"]["device"]
+    device = [name for name in manifest["graphs"] if name != "extend_8"]  # the device takes a token a step
+    assert list(manifest["lite2"]["graphs"]) == device and not manifest["lite2"]["device"]
     checked = {c.graph for c in report.checks}
-    assert {f"lite2/{name}" for name in manifest["graphs"]} | {"lite2/generate"} <= checked, checked
+    assert {f"lite2/{name}" for name in device} | {"lite2/generate", "extend_8"} <= checked, checked
     # the framework (a NativeGenerator, mindvl's fused decoder kernels) generates the stored tokens too
     generator = NativeGenerator.from_folder(folder, 256)
     prompts = stored_prompts(path, manifest)
@@ -56,6 +57,28 @@ def test_images_past_the_largest_vision_graph_are_refused_by_name(package):
     two = generator.prompt("q", images=[np.full((196, 196, 3), 80, np.uint8)] * 2)
     alone = generate(layout, graphs, [two], sampling_config(max_new_tokens=4))[0]
     assert alone.tokens == generator.generate(two, max_new_tokens=4).tokens
+
+
+def test_a_native_prompt_reuses_its_images_rows_at_their_m_rope_positions(package):
+    """Two images asked about twice (their M-RoPE positions and the delta after them in the cached rows) and
+    speculation: the plain loop's tokens."""
+    from mindvl.engine.decode_loop import DecodeBatch
+    from mindvl.engine.prefix_cache import PrefixCache
+
+    folder, path = package
+    manifest = json.loads((path / "manifest.json").read_text())
+    spec = GenerationSpec.from_manifest(manifest)
+    layout = package_layout(path, manifest)
+    graphs = PackageGraphs(spec, graph_caller({name: load_graph(path, manifest, name) for name in spec.graph_names()}))
+    generator = NativeGenerator.from_folder(folder, 256)
+    images = [np.full((196, 196, 3), 80, np.uint8), np.full((112, 140, 3), 200, np.uint8)]
+    asked = [generator.prompt(q, images=images) for q in ("what is here?", "what is here? and the colours?")]
+    greedy = sampling_config(max_new_tokens=12, ignore_eos=True)
+    plain = [generate(layout, graphs, [p], greedy)[0].tokens for p in asked]
+    cache = PrefixCache(32 << 20)
+    batch = DecodeBatch(layout, graphs, prefixes=cache, speculative_tokens=4)
+    assert [batch.generate([p], greedy)[0].tokens for p in asked] == plain
+    assert cache.hits == 1 and cache.reused_tokens > spec.vision_capacity // 4
 
 
 def test_options_a_vlm_package_does_not_take_are_refused(package, tmp_path, capsys):
