@@ -62,8 +62,9 @@ class PackageGenerator:
         spec = GenerationSpec.from_manifest(manifest)
         self.layout = package_layout(package, manifest)
         self.chat = self.layout.chat
-        self.graphs = PackageGraphs(spec, graph_caller({name: load_graph(package, manifest, name, key)
-                                                        for name in spec.graph_names()}))
+        self.graphs = PackageGraphs(spec, graph_caller({name: load_graph(package, manifest, name, key)  # a token a
+                                                        for name in spec.graph_names(extend=False)}),  # step
+                                    extend=False)
 
     def generate(self, prompts, max_new_tokens: int, **settings):
         return generate(self.layout, self.graphs, prompts, sampling_config(max_new_tokens=max_new_tokens, **settings),
