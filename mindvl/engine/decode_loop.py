@@ -27,6 +27,7 @@ before it, so the tokens are the ones the plain loop would choose.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -34,7 +35,7 @@ import numpy as np
 
 from mindvl.engine.grammar import Constraint, Grammars
 from mindvl.engine.prefix_cache import PrefixCache, PromptKey
-from mindvl.engine.prompt_lookup import drafts
+from mindvl.engine.prompt_lookup import FIRST_EXPECTED, drafts, expected_after, worth_verifying
 from mindvl.engine.sampling import (Delta, Generation, SamplingConfig, TextSequence, next_tokens, token_logprobs,
                                    top_logprobs)
 from mindvl.errors import ConfigError
@@ -61,6 +62,8 @@ class Running:
     context: Optional[np.ndarray] = None  # the prompt's text ids (prompt lookup's drafts come from them)
     drafted: List[int] = field(default_factory=list)  # tokens a several-token step verified, not yet sampled
     pending: List[np.ndarray] = field(default_factory=list)  # the logits after each of them
+    expected: float = FIRST_EXPECTED  # draft tokens a verification of its drafts is expected to add (prompt_lookup)
+    unverified: int = -1  # the first of its drafts this step did not verify (-1: none): was it the next token?
 
     @property
     def done(self) -> bool:
@@ -89,6 +92,8 @@ class DecodeBatch:
         self.prefixes = prefixes
         self.speculative_tokens = int(speculative_tokens)
         self.drafted = self.accepted = 0  # draft tokens verified, and of those the ones sampled anyway
+        self.call_ms: dict = {}  # (padded rows, steps) -> running mean of a decoder call's milliseconds (None:
+        # called once, untimed)
         self.layout = layout
         self.graphs = graphs
         self.sizes = tuple(sorted(sizes))
@@ -213,7 +218,13 @@ class DecodeBatch:
         """The decoder's step over `count` rows (token, position, slot, slot_valid: padded to the batch size
         here) -> (logits (count, steps, vocab), the caches)."""
         token, position, slot, slot_valid = self._pad_rows(inputs, count)
+        start = time.perf_counter()
         logits, caches = self.graphs.decode(token, position, slot, slot_valid, caches)
+        shape, spent = token.shape, (time.perf_counter() - start) * 1000
+        if shape not in self.call_ms:  # a shape's first call may compile its graph: not timed
+            self.call_ms[shape] = None
+        else:
+            self.call_ms[shape] = spent if self.call_ms[shape] is None else 0.8 * self.call_ms[shape] + 0.2 * spent
         return logits.reshape(len(token), token.shape[1], -1)[:count], caches
 
     def _append(self, rows: List[Running], caches: List[np.ndarray]) -> None:
@@ -253,6 +264,7 @@ class DecodeBatch:
         """The row's next token from its logits; then, while it is the next verified draft, the token after it
         from that draft's logits (its cache row is already written)."""
         deltas = [self._sample_one(row)]
+        verified = bool(row.drafted)
         while row.drafted and not row.done and deltas[-1].token == row.drafted[0]:
             row.drafted.pop(0)
             row.slot_valid[row.slot] = True
@@ -261,7 +273,11 @@ class DecodeBatch:
             row.logits = row.pending.pop(0)
             self.accepted += 1
             deltas.append(self._sample_one(row))
-        row.drafted, row.pending = [], []
+        if verified:
+            row.expected = expected_after(row.expected, len(deltas) - 1)
+        elif row.unverified >= 0:
+            row.expected = expected_after(row.expected, float(deltas[0].token == row.unverified))
+        row.drafted, row.pending, row.unverified = [], [], -1
         return deltas
 
     @staticmethod
@@ -300,10 +316,11 @@ class DecodeBatch:
         if not self.rows:
             return
         guesses = [self._drafts(row) for row in self.rows] if self.speculative_tokens else []
-        steps = self.graphs.extend_steps if any(len(g) for g in guesses) else 1
+        steps = self.graphs.extend_steps if self._verify(guesses) else 1
         token, position, slot = (np.zeros((len(self.rows), steps), np.int32) for _ in range(3))
         for index, row in enumerate(self.rows):
             guess = guesses[index] if steps > 1 else []
+            row.unverified = int(guesses[index][0]) if guesses and steps == 1 and len(guesses[index]) else -1
             token[index] = np.concatenate([[row.sequence.tokens[-1]], guess,
                                            np.repeat(row.sequence.tokens[-1], steps - 1 - len(guess))])
             position[index] = row.position + np.arange(steps)
@@ -320,6 +337,18 @@ class DecodeBatch:
             row.pending = list(logits[index, 1:1 + len(row.drafted)])
             row.slot += 1
             row.position += 1
+
+    def _verify(self, guesses: Sequence[np.ndarray]) -> bool:
+        """Whether this step verifies the rows' drafts: some row has drafts and what they are expected to add
+        pays for the several-token call at this batch size (its cost against a one-token call as timed so far;
+        untimed, it is tried)."""
+        if not any(len(g) for g in guesses):
+            return False
+        rows = self.padded(len(self.rows))
+        one, several = self.call_ms.get((rows, 1)), self.call_ms.get((rows, self.graphs.extend_steps))
+        ratio = several / one if one and several else 1.0
+        return worth_verifying(sum(row.expected for row, g in zip(self.rows, guesses) if len(g)), len(self.rows),
+                               ratio)
 
     def _drafts(self, row: Running) -> np.ndarray:
         """A row's prompt-lookup drafts, as many as its cache and its token budget leave room for."""

@@ -15,3 +15,17 @@ def test_drafts_continue_the_latest_earlier_occurrence_of_the_last_ngram():
     assert drafts(np.array([1, 2, 3, 4], np.int32), 4).size == 0  # nothing repeats
     assert drafts(np.array([1, 2, 1, 3], np.int32), 4).size == 0  # one token alone is not matched
     assert drafts(history, 0).size == 0
+
+
+def test_drafts_are_verified_only_while_what_they_add_pays_for_the_longer_call():
+    from mindvl.engine.prompt_lookup import FIRST_EXPECTED, expected_after, worth_verifying
+
+    assert worth_verifying(FIRST_EXPECTED, 1, 1.34)  # untried: verified
+    assert not worth_verifying(0.5, 2, 1.34) and worth_verifying(0.5, 1, 1.34)  # every row pays for the call
+    expected = FIRST_EXPECTED
+    for _ in range(4):  # drafts that keep failing
+        expected = expected_after(expected, 0)
+    assert not worth_verifying(expected, 1, 1.85)
+    for _ in range(3):  # its text starts repeating: unverified first drafts that were the next token
+        expected = expected_after(expected, 1)
+    assert worth_verifying(expected, 1, 1.34)
