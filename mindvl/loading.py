@@ -37,7 +37,7 @@ PACKAGE = "a model package"
 # the options each kind takes, with their defaults
 OPTIONS = {
     LLM: {"cache_len": 1024, "kernels": KERNELS.default, "weights": GENERATION_WEIGHTS.default},
-    VLM: {"cache_len": 1024, "kernels": KERNELS.default},
+    VLM: {"cache_len": 1024, "kernels": KERNELS.default, "weights": GENERATION_WEIGHTS.default},
     GENERATIVE_RUN: {"cache_len": 256, "kernels": KERNELS.default},
     CLASSIFIER_RUN: {},
     ENCODER: {"image_size": None},
@@ -115,8 +115,8 @@ def from_pretrained(path: PathLike, *, cache_len: Optional[int] = None, kernels:
     """Open whatever `path` holds (see the module docstring) and log what it found.
 
     cache_len: prompt + new tokens at most (an LLM or VLM: 1024, a generative run: 256); kernels: mindvl.choices.
-    KERNELS (a generator's; "auto"); weights: mindvl.choices.GENERATION_WEIGHTS (an LLM's: "stored", or int8 / int4
-    quantizing a float32 folder as it loads); image_size: a converted vision encoder built for another resolution;
+    KERNELS (a generator's; "auto"); weights: mindvl.choices.GENERATION_WEIGHTS (an LLM's or a VLM's: "stored", or
+    int8 / int4 quantizing a float32 folder's decoder as it loads); image_size: a converted vision encoder built for another resolution;
     backend and threads: a package's device runtime (LiteModel's backend, workers per modality)."""
     found = describe(path)
     options = _options(found, {"cache_len": cache_len, "kernels": kernels, "weights": weights, "image_size": image_size,
@@ -131,10 +131,10 @@ def _open_llm(path: Path, cache_len: int, kernels: str, weights: str):
     return LanguageModel(path, cache_len, kernels, weights)
 
 
-def _open_vlm(path: Path, cache_len: int, kernels: str):
+def _open_vlm(path: Path, cache_len: int, kernels: str, weights: str):
     from mindvl.generation.native_generator import NativeGenerator
 
-    return NativeGenerator.from_folder(path, cache_len, kernels)
+    return NativeGenerator.from_folder(path, cache_len, kernels, weights)
 
 
 def _open_generative_run(path: Path, cache_len: int, kernels: str):

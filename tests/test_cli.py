@@ -31,6 +31,14 @@ def test_a_negative_eval_limit_exits_2_naming_it(tmp_path):
     assert result.returncode == 2 and "-3: a count of questions" in result.stderr
 
 
+def test_weights_for_a_classifiers_eval_exit_2_naming_the_flag(trained_run, capsys):
+    from mindvl.cli import main
+
+    assert main(["eval", "--run", str(trained_run[1].output_dir), "--weights", "int8"]) == 2
+    error = capsys.readouterr().err
+    assert "--weights: " in error and "is for a generative run's generated answers" in error
+
+
 def test_training_without_built_data_tells_how_to_build_it(tmp_path):
     result = run_cli("train", "--set", f"data.root={tmp_path / 'missing'}")
     assert result.returncode == 2

@@ -12,12 +12,17 @@ def _eval(args) -> None:
     from mindvl.model_factory import load_model
     cfg, model, _ = load_model(args.run, data_root=args.data_root)
     if not cfg.model.generative:
-        if args.limit:
-            raise ConfigError(f"--limit: {args.run} is a classifier, whose evaluation reads the whole split (one "
-                              "batched pass); --limit bounds a generative run's generated answers. Leave it out")
+        for flag, given in (("--limit", args.limit), ("--weights", args.weights)):
+            if given:
+                raise ConfigError(f"{flag}: {args.run} is a classifier, whose evaluation reads the whole split (one "
+                                  f"batched pass); {flag} is for a generative run's generated answers. Leave it out")
         report = evaluate(cfg, model)
     else:
-        report = evaluate_generative(cfg, model, limit=args.limit)
+        quantized = {}
+        if args.weights:  # the decoder's products and token table, as `mindvl generate --weights` runs them
+            from mindvl.cells.quantize import quantize_model
+            quantized = {"weights": args.weights, "quantized": quantize_model(model.decoder, args.weights)}
+        report = {**quantized, **evaluate_generative(cfg, model, limit=args.limit)}
     print(json.dumps(report, indent=2))
 
 
@@ -35,4 +40,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--limit", type=_count, default=0, metavar="N",
                           help="a generative run: only the split's first N typed questions, N spoken questions and "
                                "N descriptions (over a pretrained decoder ~0.5 s each on 2 cores); 0: all (default)")
+    evaluate.add_argument("--weights", choices=("int8", "int4"), default=None,
+                          help="a generative run: its decoder quantized weight-only first (int8 per channel, int4 in "
+                               "groups of 32), generating through the quantized kernels")
     evaluate.set_defaults(func=_eval)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 import numpy as np
 
 from mindvl.chat import history_turns
-from mindvl.choices import KERNELS
+from mindvl.choices import GENERATION_WEIGHTS, KERNELS
 from mindvl.engine.native_prompts import NOT_HEARD, NativePrompt, NativePromptLayout, in_order
 from mindvl.engine.vision_layout import WindowedPacking, tower_packing
 from mindvl.errors import InputError
@@ -34,12 +34,15 @@ class NativeGenerator(LanguageModel):
 
     packing: how the tower takes packed images (engine.vision_layout's WindowedPacking or ViTPacking); cache_len:
     the key/value cache's length (prompt, vision tokens included, + new tokens); kernels: mindvl.choices.KERNELS for
-    the language model (LanguageModel's; the vision tower runs MindSpore's operators); stop_ids: besides the chat's
-    turn end; name, source, architecture: what a package exported from it records."""
+    the language model (LanguageModel's; the vision tower runs MindSpore's operators); weights: mindvl.choices.
+    GENERATION_WEIGHTS, the language model's products at int8 / int4 (the vision tower stays float32; "stored":
+    as loaded); stop_ids: besides the chat's turn end; name, source, architecture: what a package exported from it
+    records."""
 
     def __init__(self, model, chat, patches, video, tokens_per_second: float, packing, cache_len: int = 1024,
                  kernels: str = KERNELS.default, stop_ids: Sequence[int] = (), name: str = "vlm",
-                 source: Optional[dict] = None, architecture: str = "", pre=None):
+                 source: Optional[dict] = None, architecture: str = "", pre=None,
+                 weights: str = GENERATION_WEIGHTS.default):
         import mindspore as ms
 
         from mindvl.cells.decoder import Decode
@@ -47,7 +50,10 @@ class NativeGenerator(LanguageModel):
         from mindvl.engine.prompts import GenerationLimits
         from mindvl.generation.cell_graphs import CellGraphs
 
+        from mindvl.cells.quantize import quantize_model
+
         KERNELS.check("kernels", kernels)
+        GENERATION_WEIGHTS.check("weights", weights)
         self.cfg = model.decoder.cfg
         limits = GenerationLimits.for_cache(min(cache_len, self.cfg.max_positions))
         self.cache_len = limits.cache_len
@@ -57,6 +63,9 @@ class NativeGenerator(LanguageModel):
         self.patches, self.video, self.tokens_per_second = patches, video, tokens_per_second
         ms.set_context(mode=ms.GRAPH_MODE)
         model.set_train(False)
+        if weights != "stored":  # before any graph compiles: a compiled graph keeps the float products
+            quantize_model(model.decoder, weights)
+        self.weights = "float32" if weights == "stored" else weights
         decoder_kernels(model.decoder, kernels)
         self.model, self.lm = model, model.decoder
         self.pre = pre  # a model that hears: its clips' front end (mindvl.preprocess.speech_features)
@@ -69,8 +78,8 @@ class NativeGenerator(LanguageModel):
         self.graphs = CellGraphs(self.prefill_graph, self.decode_graph)
 
     @classmethod
-    def from_folder(cls, folder: Union[str, Path], cache_len: int = 1024,
-                    kernels: str = KERNELS.default) -> "NativeGenerator":
+    def from_folder(cls, folder: Union[str, Path], cache_len: int = 1024, kernels: str = KERNELS.default,
+                    weights: str = GENERATION_WEIGHTS.default) -> "NativeGenerator":
         """A converted VLM folder (mindvl convert vlm): its weights, tokenizer, processor settings and chat template."""
         from mindspore.nn.utils import no_init_parameters
         from tokenizers import Tokenizer
@@ -86,6 +95,7 @@ class NativeGenerator(LanguageModel):
         folder = Path(folder)
         config, cfg = read_vlm_config(folder)
         KERNELS.check("kernels", kernels)  # before the weights load
+        GENERATION_WEIGHTS.check("weights", weights)
         vision = dict(config["vision"])
         window, tokens_per_second = vision.pop("window"), vision.pop("tokens_per_second")
         with no_init_parameters():  # no random weights drawn only to be replaced
@@ -99,7 +109,8 @@ class NativeGenerator(LanguageModel):
         packing = WindowedPacking(patches.merge_size, window, window > 0, patches.patch_values)
         return cls(model, chat, patches, VideoSampling(**config["video"]), tokens_per_second, packing, cache_len,
                    kernels, config["tokens"]["stop"], folder.name,
-                   {"checkpoint": str(folder), "converted_from": config["source"]}, config["architecture"])
+                   {"checkpoint": str(folder), "converted_from": config["source"]}, config["architecture"],
+                   weights=weights)
 
     @classmethod
     def from_run(cls, cfg, model, cache_len: int = 1024, kernels: str = KERNELS.default,

@@ -12,7 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 import mindvl
 from mindvl.cli import main
-from mindvl.errors import ConversionError
+from mindvl.errors import ConfigError, ConversionError
 from mindvl.generation.native_generator import NativeGenerator
 from mindvl.loading import VLM, describe
 from mindvl.pretrained.vlm import convert_vlm
@@ -170,3 +170,27 @@ def test_written_back_the_folder_is_the_checkpoint_transformers_saved(tmp_path, 
     config = json.loads((back / "config.json").read_text())
     assert config == {**json.loads((source / "config.json").read_text()), "torch_dtype": "float32", "dtype": "float32"}
     assert (back / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_a_vlm_folder_opens_with_its_language_model_quantized(generators, weights, tmp_path):
+    """from_pretrained(weights=...) of a converted VLM: the decoder's products and token table quantized (the vision
+    tower float32), generating exactly what the float model generates holding the widened weights."""
+    from mindspore import Tensor
+
+    from mindvl.cells.quant import QuantizedLinear
+
+    folder = generators["qwen2_5_vl"].source["checkpoint"]
+    quantized = mindvl.from_pretrained(folder, cache_len=256, kernels="standard", weights=weights)
+    widened = mindvl.from_pretrained(folder, cache_len=256, kernels="standard")
+    layers = {name: cell for name, cell in quantized.lm.cells_and_names() if isinstance(cell, QuantizedLinear)}
+    assert quantized.weights == weights and widened.weights == "float32" and "embed" in layers
+    assert not any(isinstance(cell, QuantizedLinear) for _, cell in quantized.model.tower.cells_and_names())
+    float_params = dict(widened.lm.parameters_and_names())
+    for path, layer in layers.items():
+        float_params[f"{path}.weight"].set_data(Tensor(layer.dequantized_weight()))
+    prompt = quantized.prompt("what is in it?", images=photo(0, tmp_path))
+    answers = [g.generate(prompt, max_new_tokens=16, ignore_eos=True).tokens for g in (quantized, widened)]
+    assert answers[0] == answers[1]
+    with pytest.raises(ConfigError, match="weights: expected one of"):
+        mindvl.from_pretrained(folder, weights="int2")

@@ -119,6 +119,10 @@ def test_fine_tuned_whole_it_answers_the_questions_it_was_trained_on(small_cfg, 
     assert main(["eval", "--run", result.output_dir, "--limit", "6"]) == 0  # the test split's typed questions
     report = json.loads(capsys.readouterr().out)
     assert report["vqa_text"]["count"] == 6 and "vqa_audio" not in report and report["caption"]["count"] > 0
+    assert main(["eval", "--run", result.output_dir, "--limit", "6", "--weights", "int8"]) == 0  # its decoder int8
+    quantized = json.loads(capsys.readouterr().out)
+    assert quantized["weights"] == "int8" and quantized["quantized"]["layers"] > 0
+    assert abs(quantized["vqa_text"]["accuracy"] - report["vqa_text"]["accuracy"]) <= 2 / 6  # the same questions
     generator = mindvl.from_pretrained(result.output_dir, cache_len=256)
     questions, answers, image_ids = easy_vqa.get_train_questions()
     paths = easy_vqa.get_train_image_paths()
