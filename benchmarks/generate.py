@@ -20,8 +20,10 @@ peer in a process of its own (its own peak memory, its own threads), one after t
                 (GGML_NATIVE, with AMX) crashed in its first decode (SIGSEGV), so build it without AMX:
                 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
                 -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install llama-cpp-python==0.3.36
-                (for an AVX2 row on an AVX-512 machine, a second build with -DGGML_AVX512=OFF, and the other
-                peers under MINDVL_KERNEL_ARCH=x86-64-v3 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2)
+                (for an AVX2 row on an AVX-512 machine, a second build in its own venv with -DGGML_AVX512=OFF
+                -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF besides
+                the AMX options (pip also needs diskcache there), and the other peers under
+                MINDVL_KERNEL_ARCH=x86-64-v3 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2)
 Figures: prefill tokens/s (prompt tokens / time to the first new token), decode tokens/s (new tokens after the
 first / their time), the first call's time (graph compilation for mindvl), peak resident memory (VmHWM).
 The decode floor: a decode step reads every weight once (the tied LM head reads the whole embedding), so
