@@ -85,6 +85,7 @@ class CausalLM(nn.Cell):
         self.select = ops.Select()
         self.concat = ops.Concat(axis=1)
         self.expand = ops.ExpandDims()
+        self.concat_last = ops.Concat(axis=-1)
 
     def use_quantized_tables(self, embed, lm_head=None) -> None:
         """Replace the token table (and an untied head) by quantized layers of (vocab, width) rows
@@ -219,6 +220,8 @@ class CausalLM(nn.Cell):
         x = self.embed_tokens(token)
         slots = ops.arange(self.cache_len).reshape(1, self.cache_len, 1)
         at_slot = slots == self.expand(slot, 1)  # (batch, cache_len, steps): where each step's key goes
+        rows = self.cumsum(slot * 0 + 1, 0) - 1  # (batch, steps): each step's row (a dynamic batch too)
+        writes = (at_slot, self.concat_last((self.expand(rows, 2), self.expand(slot, 2))))  # and its (row, slot)
         query_slot = self.expand(self.expand(slot, 1), 3)  # (batch, 1, steps, 1)
         key_slots = self.reshape(slots, (1, 1, 1, self.cache_len))
         seen = self.logical_and(self.expand(self.expand(slot_valid, 1), 1), query_slot + 1 > key_slots)
@@ -231,7 +234,7 @@ class CausalLM(nn.Cell):
             local = self.local[index]
             x, k, v = block.construct_cached(x, local_mask if local else global_mask,
                                              local_rotary if local else global_rotary,
-                                             cache_k[index], cache_v[index], at_slot)
+                                             cache_k[index], cache_v[index], writes)
             keys, values = keys + (k,), values + (v,)
         hidden = self.reshape(self.norm(x), (-1, self.width))
         return self._logits(hidden), keys, values

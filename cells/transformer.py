@@ -118,9 +118,9 @@ class TransformerBlock(nn.Cell):
         attended, k, v = self.attn.construct_keys(self.norm1(x), mask, rotary)
         return self._mlp_residual(self._attention_residual(x, attended)), k, v
 
-    def construct_cached(self, x, mask, rotary, cache_k, cache_v, slot):
+    def construct_cached(self, x, mask, rotary, cache_k, cache_v, slots):
         """A pre-norm block's decode step against its caches (MultiHeadAttention.construct_cached)."""
-        attended, cache_k, cache_v = self.attn.construct_cached(self.norm1(x), mask, rotary, cache_k, cache_v, slot)
+        attended, cache_k, cache_v = self.attn.construct_cached(self.norm1(x), mask, rotary, cache_k, cache_v, slots)
         return self._mlp_residual(self._attention_residual(x, attended)), cache_k, cache_v
 
 

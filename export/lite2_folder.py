@@ -99,13 +99,27 @@ class BroadcastSelect(nn.Cell):
         return self.select(ops.broadcast_to(condition, shape), ops.broadcast_to(x, shape), ops.broadcast_to(y, shape))
 
 
+class SelectRows(nn.Cell):
+    """TensorScatterUpdate(cache, at, new) of one step a row (at (batch, 1, 2): each row's (row, slot)) as the
+    Select over the whole cache it replaced: Lite 2.0 cannot build TensorScatterUpdate."""
+
+    def __init__(self):
+        super().__init__()
+        self.select = BroadcastSelect()
+
+    def construct(self, cache, at, new):
+        slots = ops.arange(cache.shape[1]).reshape(1, cache.shape[1], 1)
+        return self.select(slots == at[:, :, 1:2].reshape(at.shape[0], 1, 1), new, cache)
+
+
 def _lite2_substitutions():
     return [(LayerNorm, "layer_norm", lambda cell: DecomposedLayerNorm(cell.eps)),
             (StandardRMSNorm, "rsqrt", lambda cell: PowRsqrt()),
             (Rotary, "cos", lambda cell: HalfAngleCos()),
             (AxialRotary, "cos", lambda cell: HalfAngleCos()),
             (GELUTanh, "gelu", lambda cell: ExpTanhGELU()),
-            (MultiHeadAttention, "select", lambda cell: BroadcastSelect())]
+            (MultiHeadAttention, "select", lambda cell: BroadcastSelect()),
+            (MultiHeadAttention, "write_rows", lambda cell: SelectRows())]
 
 
 def export_lite2_graph(spec, model, path: Path) -> List[str]:
