@@ -17,7 +17,7 @@ import numpy as np
 def main(argv=None) -> None:
     import mindspore as ms
 
-    from mindvl.cells.kernels.machine import cpu_model, isa_flags, machine_kind
+    from mindvl.cells.kernels.machine import machine_line
     from mindvl.engine.package_graphs import DECODE, GenerationSpec
     from mindvl.package_reader import load_graph, read_manifest
 
@@ -28,7 +28,7 @@ def main(argv=None) -> None:
     parser.add_argument("--valid", type=int, default=200, help="valid cache slots per row")
     args = parser.parse_args(argv)
     os.environ.setdefault("GLOG_v", "3")
-    print(f"machine: {cpu_model()}; {machine_kind()} ({' '.join(isa_flags())}); {os.cpu_count()} cores", flush=True)
+    print(f"machine: {machine_line()}", flush=True)
     package = Path(args.package)
     manifest = read_manifest(package)
     spec = GenerationSpec.from_manifest(manifest)

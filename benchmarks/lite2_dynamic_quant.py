@@ -118,7 +118,7 @@ def measure(path: Path, inputs, threads: int, repeats: int):
 
 
 def main(argv=None) -> None:
-    from mindvl.cells.kernels.machine import cpu_model, isa_flags, machine_kind
+    from mindvl.cells.kernels.machine import machine_line
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=6)
@@ -130,7 +130,7 @@ def main(argv=None) -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     os.environ.setdefault("GLOG_v", "3")
-    print(f"machine: {cpu_model()}; {machine_kind()} ({' '.join(isa_flags())}); {os.cpu_count()} cores", flush=True)
+    print(f"machine: {machine_line()}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)

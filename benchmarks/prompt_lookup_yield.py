@@ -75,7 +75,7 @@ def replay(ids, prompt: int, count: int, ratio: float, policy: bool):
 def main(argv=None) -> None:
     from tokenizers import Tokenizer
 
-    from mindvl.cells.kernels.machine import cpu_model, isa_flags, machine_kind
+    from mindvl.cells.kernels.machine import machine_line
     from mindvl.package_reader import read_manifest
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -85,7 +85,7 @@ def main(argv=None) -> None:
     parser.add_argument("--speculative-tokens", type=int, default=5)
     args = parser.parse_args(argv)
     os.environ.setdefault("GLOG_v", "3")
-    print(f"machine: {cpu_model()}; {machine_kind()} ({' '.join(isa_flags())}); {os.cpu_count()} cores", flush=True)
+    print(f"machine: {machine_line()}", flush=True)
     package = Path(args.package)
     one, several = step_costs(package)
     ratio = several / one

@@ -86,7 +86,7 @@ async def run_streams(url: str, bodies: List[bytes], streams: int, rounds: int) 
 
 
 def main(argv=None) -> None:
-    from mindvl.cells.kernels.machine import cpu_model, isa_flags, machine_kind
+    from mindvl.cells.kernels.machine import machine_line
     from mindvl.package_reader import read_manifest
     from mindvl.serving.servable import deploy
 
@@ -99,7 +99,7 @@ def main(argv=None) -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     add_plot_option(parser)
     args = parser.parse_args(argv)
-    machine = f"{cpu_model()}; {machine_kind()} ({' '.join(isa_flags())}); {os.cpu_count()} cores"
+    machine = machine_line()
     print(f"machine: {machine}", flush=True)
     package = Path(args.package)
     data_root = args.data or json.loads((package / "config.json").read_text())["data"]["root"]

@@ -91,7 +91,7 @@ def rate(results: List[Dict[str, float]]) -> float:
 def main(argv=None) -> None:
     from tokenizers import Tokenizer
 
-    from mindvl.cells.kernels.machine import cpu_model, isa_flags, machine_kind
+    from mindvl.cells.kernels.machine import machine_line
     from mindvl.package_reader import read_manifest
     from mindvl.serving.servable import deploy
 
@@ -105,7 +105,7 @@ def main(argv=None) -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     add_plot_option(parser)
     args = parser.parse_args(argv)
-    machine = f"{cpu_model()}; {machine_kind()} ({' '.join(isa_flags())}); {os.cpu_count()} cores"
+    machine = machine_line()
     print(f"machine: {machine}", flush=True)
     package = Path(args.package)
     manifest = read_manifest(package)

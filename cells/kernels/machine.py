@@ -51,6 +51,11 @@ def machine_kind() -> str:
     return "AVX-512" if "avx512f" in flags else "AVX2" if {"avx2", "fma"} <= set(flags) else "pre-AVX2"
 
 
+def machine_line() -> str:
+    """The CPU, its kind, its ISA flags and its cores: the line every benchmark prints first."""
+    return f"{cpu_model()}; {machine_kind()} ({' '.join(isa_flags())}); {os.cpu_count()} cores"
+
+
 @lru_cache(maxsize=None)
 def resolved_march(arch: str) -> str:
     """What g++ makes of -march=`arch` (e.g. native -> sapphirerapids), or `arch` where it cannot say."""
