@@ -143,14 +143,16 @@ class DecodeBatch:
             raise ConfigError("generate: no prompt given")
         prompts = [self.layout.fit(prompt, config.max_new_tokens) for prompt, config in zip(prompts, settings)]
         owners = list(owners) if owners is not None else list(range(len(prompts)))
+        single = None
         if self.prefixes is not None and len(prompts) == 1:
             single = self.layout.batch(prompts, settings[0].max_new_tokens)
             key = PromptKey.of(single)
             hit = self.prefixes.lookup(key)
             if hit is not None:
                 return self._extend_prefix(prompts[0], settings[0], owners[0], single, key, *hit)
-        batch = self.layout.batch(prompts + prompts[-1:] * (self.padded(len(prompts)) - len(prompts)),
-                                  max(s.max_new_tokens for s in settings))
+        extra = self.padded(len(prompts)) - len(prompts)
+        batch = single if single is not None and not extra else \
+            self.layout.batch(prompts + prompts[-1:] * extra, max(s.max_new_tokens for s in settings))
         logits, caches = self.graphs.prefill(batch)
         cache_len, bucket = self.layout.limits.cache_len, batch.ids.shape[1]
         rows = []
