@@ -37,7 +37,7 @@ from mindvl.export.lite2_folder import GENERATIVE_BATCH, wants_generation_lite2,
 from mindvl.export.package_writer import file_entries, manifest_head, write_graph
 from mindvl.export.shared_weights import share_weights
 from mindvl.files import swap_folder, work_folder
-from mindvl.package_reader import MANIFEST, TOLERANCE, as_array, graph_caller
+from mindvl.package_reader import MANIFEST, TOLERANCE, graph_caller
 from mindvl.preprocess import preprocess_dict
 from mindvl.progress import progress_bar
 
@@ -262,7 +262,7 @@ def _sample_inputs(name: str, batch: DecodeBatch, layout, prompts: Sequence, row
                 np.array([r.position + ahead for r in running], np.int32),
                 np.array([r.slot + ahead for r in running], np.int32),
                 np.stack([r.slot_valid for r in running]).astype(np.int32),
-                *(as_array(c)[:len(running)] for c in step.caches)]
+                *step.row_caches(running)]
     bucket = int(name.rsplit("_", 1)[1])
     only = layout.with_buckets([bucket])  # this bucket's layout
     return batch.graphs.prefill_inputs(only.batch(_fitting(prompts, layout, bucket)[:rows or None], 1))

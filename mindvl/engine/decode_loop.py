@@ -13,9 +13,13 @@ engine.package_graphs.PackageGraphs are a model package's graphs called by name 
 batching, `export verify` and evaluate, the device pipeline). Prompts are laid out by the layout
 (engine.prompts: TextLayout or PromptLayout), whose GenerationLimits refuse what the graphs cannot hold.
 
-Each sequence writes its next token at its own cache slot, so sequences join (a prefill, then their caches
-appended as rows) and leave (their rows dropped) between decode steps: the server's continuous batching is
-this batch fed with requests as they come; `generate` and `stream` feed it once. Each sequence samples with
+Each sequence writes its next token at its own cache slot, so sequences join (a prefill, then its cache
+rows written into a free row of the batch's caches) and leave (their row marked free) between decode steps: the
+server's continuous batching is this batch fed with requests as they come; `generate` and `stream` feed it once.
+Joining and leaving copy a row, not the batch (at 16 rows of a 768-slot cache, concatenating vlm-s's 36 cache
+arrays took 1.05 s a join): the caches grow to the next batch size when no row is free, and shrink to a smaller
+one (the running rows packed) only once the rows have fitted it for SHRINK_AFTER steps, since free rows still
+compute. Each sequence samples with
 its own settings and its own seeded generator, so what a request gets never depends on who it shares the
 batch with.
 
@@ -39,6 +43,9 @@ from mindvl.engine.prompt_lookup import FIRST_EXPECTED, drafts, expected_after, 
 from mindvl.engine.sampling import (Delta, Generation, SamplingConfig, TextSequence, next_tokens, token_logprobs,
                                    top_logprobs)
 from mindvl.errors import ConfigError
+
+SHRINK_AFTER = 4  # decode steps the rows fit a smaller batch size before the caches are packed into it (one copy
+# of the running rows for a smaller step each time after; a row that joins soon after a leave takes the free row)
 
 
 @dataclass
@@ -64,6 +71,7 @@ class Running:
     pending: List[np.ndarray] = field(default_factory=list)  # the logits after each of them
     expected: float = FIRST_EXPECTED  # draft tokens a verification of its drafts is expected to add (prompt_lookup)
     unverified: int = -1  # the first of its drafts this step did not verify (-1: none): was it the next token?
+    place: int = -1  # its row in the batch's caches (DecodeBatch._place)
 
     @property
     def done(self) -> bool:
@@ -98,7 +106,9 @@ class DecodeBatch:
         self.graphs = graphs
         self.sizes = tuple(sorted(sizes))
         self.rows: List[Running] = []
-        self.caches: Optional[List[Any]] = None  # 2 x layers, each (padded rows, cache_len, kv_width)
+        self.caches: Optional[List[Any]] = None  # 2 x layers, each (capacity, cache_len, kv_width): a row a place
+        self.capacity = 0  # the caches' rows (a batch size): the running rows' places and free ones
+        self._fitted = 0  # consecutive steps the running rows fitted a smaller batch size
         self._grammars: Optional[Grammars] = None
 
     def grammars(self) -> Grammars:
@@ -168,7 +178,7 @@ class DecodeBatch:
             for index, row in enumerate(rows):
                 self.prefixes.add(PromptKey.of(batch, index),
                                   [c[index, bucket - row.prompt_tokens:bucket] for c in caches])
-        self._append(rows, caches)
+        self._place(rows, caches)
         return rows
 
     def _running(self, index: int, config: SamplingConfig, encoded, valid: np.ndarray, slot: int, position: int,
@@ -213,7 +223,7 @@ class DecodeBatch:
                             logits[0, count - 1], owner, prompt)
         caches = [self.graphs.to_numpy(c)[:1] for c in caches]
         self.prefixes.add(key, [c[0, :length] for c in caches])
-        self._append([row], caches)
+        self._place([row], caches)
         return [row]
 
     def _decode_rows(self, inputs: List[np.ndarray], caches, count: int) -> Tuple[np.ndarray, List[Any]]:
@@ -229,12 +239,40 @@ class DecodeBatch:
             self.call_ms[shape] = spent if self.call_ms[shape] is None else 0.8 * self.call_ms[shape] + 0.2 * spent
         return logits.reshape(len(token), token.shape[1], -1)[:count], caches
 
-    def _append(self, rows: List[Running], caches: List[np.ndarray]) -> None:
-        if self.rows:
-            caches = [np.concatenate([self.graphs.to_numpy(old)[:len(self.rows)], new])
-                      for old, new in zip(self.caches, caches)]
+    def _place(self, rows: List[Running], caches: List[np.ndarray]) -> None:
+        """Add prefilled `rows` (their caches: each array's first rows, in order) at free places of the batch's
+        caches, written in place (through the arrays the runtime returned: no copy of the batch); the caches
+        grow to the batch size that holds everyone when too few places are free."""
+        if self.capacity - len(self.rows) < len(rows):
+            self._resize(self.padded(len(self.rows) + len(rows)), caches)
+        taken = {row.place for row in self.rows}
+        places = [place for place in range(self.capacity) if place not in taken][:len(rows)]
+        arrays = [self.graphs.to_numpy(c) for c in self.caches]
+        for array, new in zip(arrays, caches):
+            array[places] = new[:len(rows)]
+        for row, place in zip(rows, places):
+            row.place = place
+        self.caches = arrays
         self.rows += rows
-        self.caches = self._pad_rows(caches, len(self.rows))
+
+    def _resize(self, capacity: int, like: Sequence[np.ndarray]) -> None:
+        """The caches at `capacity` rows (arrays shaped like `like`'s rows): growing keeps every running row at
+        its place, shrinking packs them into the first places."""
+        arrays = [np.zeros((capacity, *a.shape[1:]), a.dtype) for a in like]
+        if self.caches is not None:
+            grows = capacity >= self.capacity
+            places = list(range(self.capacity)) if grows else [row.place for row in self.rows]
+            for array, kept in zip(arrays, self.caches):
+                array[:len(places)] = self.graphs.to_numpy(kept)[places]
+            if not grows:
+                for index, row in enumerate(self.rows):
+                    row.place = index
+        self.caches, self.capacity = arrays, capacity
+
+    def row_caches(self, rows: Sequence[Running]) -> List[np.ndarray]:
+        """`rows`' caches (each array's rows at their places, in order): a decode graph's stored sample."""
+        places = [row.place for row in rows]
+        return [self.graphs.to_numpy(c)[places] for c in self.caches]
 
     # ---- stepping -----------------------------------------------------------------------------------
 
@@ -305,38 +343,49 @@ class DecodeBatch:
         return row.sequence.add(token, last, logprob, top)
 
     def drop_done(self) -> None:
-        keep = [i for i, row in enumerate(self.rows) if not row.done]
-        if len(keep) == len(self.rows):
-            return
-        self.rows = [self.rows[i] for i in keep]
-        self.caches = None if not keep else self._pad_rows([self.graphs.to_numpy(c)[keep] for c in self.caches],
-                                                           len(keep))
+        """Rows that finished leave: their places are free (the caches untouched), all the caches when none runs."""
+        self.rows = [row for row in self.rows if not row.done]
+        if not self.rows:
+            self.caches, self.capacity, self._fitted = None, 0, 0
+
+    def _fit(self) -> None:
+        """Pack the running rows into the smaller batch size they have fitted for SHRINK_AFTER steps."""
+        smaller = self.padded(len(self.rows))
+        self._fitted = self._fitted + 1 if smaller < self.capacity else 0
+        if self._fitted >= SHRINK_AFTER:
+            self._resize(smaller, [self.graphs.to_numpy(c) for c in self.caches])
+            self._fitted = 0
 
     def decode(self) -> None:
         """One decode step of every row: its last token in, its next logits out; with speculative_tokens, where
-        a row's text offers drafts (prompt lookup), one several-token step verifies them too."""
+        a row's text offers drafts (prompt lookup), one several-token step verifies them too. Free places run
+        too (token 0 at slot 0 of their own row, unread)."""
         if not self.rows:
             return
+        self._fit()
         guesses = [self._drafts(row) for row in self.rows] if self.speculative_tokens else []
         steps = self.graphs.extend_steps if self._verify(guesses) else 1
-        token, position, slot = (np.zeros((len(self.rows), steps), np.int32) for _ in range(3))
+        ahead = np.arange(steps, dtype=np.int32)
+        token, position = (np.zeros((self.capacity, steps), np.int32) for _ in range(2))
+        slot = np.tile(ahead, (self.capacity, 1))
+        slot_valid = np.zeros((self.capacity, self.layout.limits.cache_len), bool)
+        slot_valid[:, 0] = True
         for index, row in enumerate(self.rows):
             guess = guesses[index] if steps > 1 else []
             row.unverified = int(guesses[index][0]) if guesses and steps == 1 and len(guesses[index]) else -1
-            token[index] = np.concatenate([[row.sequence.tokens[-1]], guess,
-                                           np.repeat(row.sequence.tokens[-1], steps - 1 - len(guess))])
-            position[index] = row.position + np.arange(steps)
-            slot[index] = row.slot + np.arange(steps)
+            token[row.place] = np.concatenate([[row.sequence.tokens[-1]], guess,
+                                               np.repeat(row.sequence.tokens[-1], steps - 1 - len(guess))])
+            position[row.place] = row.position + ahead
+            slot[row.place] = row.slot + ahead
             row.slot_valid[row.slot] = True
             row.drafted = [int(t) for t in guess]
             self.drafted += len(guess)
-        slot_valid = np.stack([row.slot_valid for row in self.rows])
-        for index, row in enumerate(self.rows):  # the drafts' own slots, for this step only
-            slot_valid[index, row.slot + 1:row.slot + 1 + len(row.drafted)] = True
-        logits, self.caches = self._decode_rows([token, position, slot, slot_valid], self.caches, len(self.rows))
-        for index, row in enumerate(self.rows):
-            row.logits = logits[index, 0]
-            row.pending = list(logits[index, 1:1 + len(row.drafted)])
+            slot_valid[row.place] = row.slot_valid
+            slot_valid[row.place, row.slot + 1:row.slot + 1 + len(row.drafted)] = True  # the drafts', this step only
+        logits, self.caches = self._decode_rows([token, position, slot, slot_valid], self.caches, self.capacity)
+        for row in self.rows:
+            row.logits = logits[row.place, 0]
+            row.pending = list(logits[row.place, 1:1 + len(row.drafted)])
             row.slot += 1
             row.position += 1
 
@@ -346,8 +395,7 @@ class DecodeBatch:
         untimed, it is tried)."""
         if not any(len(g) for g in guesses):
             return False
-        rows = self.padded(len(self.rows))
-        one, several = self.call_ms.get((rows, 1)), self.call_ms.get((rows, self.graphs.extend_steps))
+        one, several = (self.call_ms.get((self.capacity, steps)) for steps in (1, self.graphs.extend_steps))
         ratio = several / one if one and several else 1.0
         return worth_verifying(sum(row.expected for row, g in zip(self.rows, guesses) if len(g)), len(self.rows),
                                ratio)

@@ -7,23 +7,17 @@ from mindspore import Tensor
 
 from mindvl.engine.package_graphs import EXTEND_STEPS
 from mindvl.engine.prompts import PromptBatch
-
-
-def to_numpy(value: Any) -> np.ndarray:
-    return value.asnumpy() if isinstance(value, Tensor) else np.asarray(value)
-
-
-def _tensor(value: Any) -> Tensor:
-    return value if isinstance(value, Tensor) else Tensor(value)
+from mindvl.package_reader import as_array, as_tensor
 
 
 class CellGraphs:
     """prefill: cells.decoder.Prefill (ids, valid), cells.multimodal_lm.MultimodalPrefill (ids, valid,
     slot_index, image, mel, frame_mask) or cells.native_vlm.NativePrefill (ids, valid, positions, slot_index,
     mel and frame_mask where it hears, the vision inputs); decode: cells.decoder.Decode. The caches stay MindSpore tensors
-    between steps; rows the engine joined or dropped come back as arrays and go in as tensors."""
+    between steps; rows the engine joined come back as arrays (written through the tensors' memory) and go in
+    sharing it."""
 
-    to_numpy = staticmethod(to_numpy)
+    to_numpy = staticmethod(as_array)
     extend_steps = EXTEND_STEPS  # the decode cell compiles a second graph for several tokens a row (same weights)
 
     def __init__(self, prefill_cell, decode_cell):
@@ -43,5 +37,5 @@ class CellGraphs:
     def decode(self, token: np.ndarray, position: np.ndarray, slot: np.ndarray, slot_valid: np.ndarray,
                caches: Sequence[Any]) -> Tuple[np.ndarray, List[Any]]:
         logits, keys, values = self.decode_cell(Tensor(token), Tensor(position), Tensor(slot),
-                                                Tensor(slot_valid.astype(bool)), *(_tensor(c) for c in caches))
+                                                Tensor(slot_valid.astype(bool)), *(as_tensor(c) for c in caches))
         return logits.asnumpy(), [*keys, *values]

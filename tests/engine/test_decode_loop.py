@@ -3,14 +3,15 @@ gives exactly the unpadded tokens, sequences joining a running batch get what th
 fails its step fails alone, and prefix caching and speculative decoding change no token."""
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from mindvl.deploy.verify import stored_prompts
-from mindvl.engine.decode_loop import DecodeBatch, generate
+from mindvl.engine.decode_loop import SHRINK_AFTER, DecodeBatch, generate
 from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
 from mindvl.engine.sampling import sampling_config
 from mindvl.errors import ConfigError
-from mindvl.package_reader import graph_caller, load_graph, read_manifest
+from mindvl.package_reader import as_array, graph_caller, load_graph, read_manifest
 
 
 def _loaded(package):
@@ -64,6 +65,46 @@ def test_a_sequence_joining_a_running_batch_gets_its_tokens_alone(generative_pac
     while batch.rows:
         _step(batch, tokens)
     assert [tokens[0], tokens[1]] == alone
+
+
+def test_rows_join_into_free_places_and_the_caches_shrink_only_once_the_rows_fit(generative_package):
+    """Joining writes a newcomer's cache rows into a free place of the batch's caches and leaving only frees one:
+    the caches grow to the next batch size when no place is free, shrink after SHRINK_AFTER steps at a smaller
+    size, and every sequence gets the tokens it gets alone."""
+    spec, layout, graphs, prompts = _loaded(generative_package[1])
+    run = graph_caller(graphs)
+    sizes = []
+
+    def recording(name, inputs):
+        if name == "decode":
+            sizes.append((len(inputs[0]), len(batch.rows)))  # the caches' rows, the running rows
+        return run(name, inputs)
+
+    budgets = {"a": 14, "b": 3, "c": 14, "d": 5}
+    settings = {name: sampling_config(max_new_tokens=n, ignore_eos=True) for name, n in budgets.items()}
+    prompt = dict(zip(budgets, prompts * 4))
+    alone = {name: generate(layout, PackageGraphs(spec, run), [prompt[name]], settings[name])[0].tokens
+             for name in budgets}
+    batch = DecodeBatch(layout, PackageGraphs(spec, recording), sizes=(1, 2, 4))
+    tokens = {name: [] for name in budgets}
+    placed = {}
+    for name in "abc":
+        placed[name] = batch.prefill([prompt[name]], [settings[name]], owners=[name])[0].place
+    assert list(placed.values()) == [0, 1, 2] and batch.capacity == 4  # 1 -> 2 -> 4 rows
+    while any(row.owner == "b" for row in batch.rows):
+        _step(batch, tokens)
+    assert batch.capacity == 4
+    caches = batch.caches  # the last step's outputs
+    joined = batch.prefill([prompt["d"]], [settings["d"]], owners=["d"])[0]
+    assert joined.place == placed["b"] and batch.capacity == 4  # b's place, in the same arrays
+    assert all(np.shares_memory(as_array(new), as_array(old)) for new, old in zip(batch.caches, caches))
+    while batch.rows:
+        _step(batch, tokens)
+    assert tokens == alone
+    # a and c alone once d left: the caches shrank to 2 rows at their SHRINK_AFTER-th step
+    after_d = sizes[max(i for i, (_, rows) in enumerate(sizes) if rows == 3) + 1:]
+    assert after_d == [(4, 2)] * (SHRINK_AFTER - 1) + [(2, 2)] * (len(after_d) - SHRINK_AFTER + 1)
+    assert {size for size, _ in sizes} == {4, 2}
 
 
 def test_a_sequence_whose_step_fails_fails_alone_and_its_neighbours_get_their_tokens(generative_package):
