@@ -139,11 +139,14 @@ class MultiHeadAttention(nn.Cell):
             x = self.rotate(x, rotary[0], rotary[1])
         return self.reshape(x, (batch, seq, heads * self.head_dim))
 
-    def project(self, x, rotary=None):
-        """(q, k, v) of x, the per-head norms and the rotation applied to q and k."""
-        q = self._heads(self.q_proj(x), self.heads, self.q_norm if self.qk_norm else None, rotary)
-        k = self._heads(self.k_proj(x), self.kv_heads, self.k_norm if self.qk_norm else None, rotary)
-        return q, k, self.v_proj(x)
+    def project(self, x, rotary=None, wide: bool = False):
+        """(q, k, v) of x, the per-head norms and the rotation applied to q and k; wide: a wide decode step's
+        products (cells.linear's docstring)."""
+        q, k, v = (self.q_proj.wide(x), self.k_proj.wide(x), self.v_proj.wide(x)) if wide else \
+            (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q = self._heads(q, self.heads, self.q_norm if self.qk_norm else None, rotary)
+        k = self._heads(k, self.kv_heads, self.k_norm if self.qk_norm else None, rotary)
+        return q, k, v
 
     def construct(self, x, mask=None, rotary=None):
         q, k, v = self.project(x, rotary)
@@ -154,15 +157,17 @@ class MultiHeadAttention(nn.Cell):
         q, k, v = self.project(x, rotary)
         return self.out_proj(self.core(q, k, v, mask)), k, v
 
-    def construct_cached(self, x, mask, rotary, cache_k, cache_v, slots):
+    def construct_cached(self, x, mask, rotary, cache_k, cache_v, slots, wide: bool = False):
         """x (batch, steps, width): each step's key and value written into the caches (batch, cache_len, kv_heads *
         head_dim) at its slot, then attended against the whole cache under `mask` (batch, 1, steps, cache_len).
         slots: (where (batch, cache_len, steps) bool, one true per step; at (batch, steps, 2) int32, each step's
-        (row, slot)). Returns (output, cache_k, cache_v) with the steps' keys and values in place."""
-        q, k, v = self.project(x, rotary)
+        (row, slot)). Returns (output, cache_k, cache_v) with the steps' keys and values in place. wide: see
+        `project`."""
+        q, k, v = self.project(x, rotary, wide)
         cache_k = self._write(cache_k, k, slots)
         cache_v = self._write(cache_v, v, slots)
-        return self.out_proj(self.core(q, cache_k, cache_v, mask)), cache_k, cache_v
+        attended = self.core(q, cache_k, cache_v, mask)
+        return (self.out_proj.wide(attended) if wide else self.out_proj(attended)), cache_k, cache_v
 
     def _write(self, cache, new, slots):
         """cache with new (batch, steps, kv) at the slots: one step's row scattered; several by a one-hot product

@@ -211,12 +211,12 @@ class CausalLM(nn.Cell):
         cache_v = tuple(self.concat((v, empty)) for v in values)
         return self._logits(last), cache_k, cache_v
 
-    def decode(self, token, position, slot, slot_valid, cache_k, cache_v):
+    def decode(self, token, position, slot, slot_valid, cache_k, cache_v, wide: bool = False):
         """token (batch, steps) int32: each sequence's next tokens (one at a decode step; several to extend a
         reused prompt prefix or to verify drafted tokens), their positions and the consecutive cache slots they
         are written to (batch, steps) int32, slot_valid (batch, cache_len) bool (the prompt's valid slots, the
         generated ones and these: each of these sees those up to its own slot), caches -> (logits (batch *
-        steps, vocab), cache_k, cache_v)."""
+        steps, vocab), cache_k, cache_v). wide: the products of a step of many rows (cells.linear's docstring)."""
         x = self.embed_tokens(token)
         slots = ops.arange(self.cache_len).reshape(1, self.cache_len, 1)
         at_slot = slots == self.expand(slot, 1)  # (batch, cache_len, steps): where each step's key goes
@@ -234,7 +234,7 @@ class CausalLM(nn.Cell):
             local = self.local[index]
             x, k, v = block.construct_cached(x, local_mask if local else global_mask,
                                              local_rotary if local else global_rotary,
-                                             cache_k[index], cache_v[index], writes)
+                                             cache_k[index], cache_v[index], writes, wide)
             keys, values = keys + (k,), values + (v,)
         hidden = self.reshape(self.norm(x), (-1, self.width))
         return self._logits(hidden), keys, values
@@ -254,12 +254,15 @@ class Prefill(GraphEntry):
 class Decode(GraphEntry):
     """CausalLM.decode as a graph of its own (one for every step). The caches come as separate tensors,
     every layer's keys then every layer's values (a tuple argument would be a graph constant, recompiled
-    at every step, and separate tensors are what an exported graph's inputs are)."""
+    at every step, and separate tensors are what an exported graph's inputs are). wide: the step of many rows
+    (engine.package_graphs.WIDE_ROWS or more, cells.linear's docstring), the same weights."""
 
-    def __init__(self, lm: CausalLM):
+    def __init__(self, lm: CausalLM, wide: bool = False):
         super().__init__(auto_prefix=False)
         self.lm = lm
         self.layers = lm.layers
+        self.wide = wide
 
     def construct(self, token, position, slot, slot_valid, *caches):
-        return self.lm.decode(token, position, slot, slot_valid, caches[:self.layers], caches[self.layers:])
+        return self.lm.decode(token, position, slot, slot_valid, caches[:self.layers], caches[self.layers:],
+                              self.wide)

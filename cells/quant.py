@@ -195,6 +195,7 @@ class QuantizedLinear(nn.Cell):
     is a parameter when the source had one."""
 
     STORED: Tuple[str, ...] = ()  # the parameters holding W, in the product's argument order
+    WEIGHT_FIRST = False  # no `columns` (cells.linear): its products are the kernels'
     DTYPES: Tuple[object, ...] = ()
 
     def __init__(self, in_width: int, out_width: int, shapes, has_bias: bool = False):
@@ -232,6 +233,10 @@ class QuantizedLinear(nn.Cell):
     def construct(self, x):
         y = self.project(x)
         return self.add(y, self.bias) if self.has_bias else y
+
+    def wide(self, x):
+        """construct: Linear.wide's interface (a decode step), the kernels' products as they are."""
+        return self.construct(x)
 
     def project(self, x):
         """The product without the bias, as Linear.project (the MLP adds fc1's bias with its activation)."""

@@ -39,10 +39,25 @@ class MLP(nn.Cell):
         self.fc2 = dense(hidden, width, bias)
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
 
+        self.reshape = ops.Reshape()
+        self.transpose = ops.Transpose()
+
     def construct(self, x):
         if self.gated:
             return self.fc2(self.dropout(self.mul(self.act(self.gate(x)), self.fc1(x))))
         return self.fc2(self.dropout(self.act(self.fc1.project(x), self.fc1.bias)))
+
+    def wide(self, x):
+        """construct for the rows of a wide decode step (cells.linear's docstring): a gated MLP of float layers
+        keeps its hidden activations as columns from one product to the next, one transpose back; others as
+        construct."""
+        if not (self.gated and self.fc1.WEIGHT_FIRST):
+            return self.construct(x)
+        leading = x.shape[:-1]
+        rows = self.reshape(x, (-1, x.shape[-1]))
+        hidden = self.mul(self.act(self.gate.columns(rows)), self.fc1.columns(rows))  # (hidden, rows)
+        y = self.transpose(self.fc2.columns(hidden, transposed=True), (1, 0))
+        return self.reshape(y, leading + (y.shape[-1],))
 
 
 class LayerScale(nn.Cell):
@@ -101,8 +116,8 @@ class TransformerBlock(nn.Cell):
             attended = self.post_attn_norm(attended)
         return self.add(x, self.ls1(self.dropout(attended)))
 
-    def _mlp_residual(self, x):
-        out = self.mlp(self.norm2(x))
+    def _mlp_residual(self, x, wide: bool = False):
+        out = self.mlp.wide(self.norm2(x)) if wide else self.mlp(self.norm2(x))
         if self.sandwich_norm:
             out = self.post_mlp_norm(out)
         return self.add(x, self.ls2(self.dropout(out)))
@@ -118,10 +133,12 @@ class TransformerBlock(nn.Cell):
         attended, k, v = self.attn.construct_keys(self.norm1(x), mask, rotary)
         return self._mlp_residual(self._attention_residual(x, attended)), k, v
 
-    def construct_cached(self, x, mask, rotary, cache_k, cache_v, slots):
-        """A pre-norm block's decode step against its caches (MultiHeadAttention.construct_cached)."""
-        attended, cache_k, cache_v = self.attn.construct_cached(self.norm1(x), mask, rotary, cache_k, cache_v, slots)
-        return self._mlp_residual(self._attention_residual(x, attended)), cache_k, cache_v
+    def construct_cached(self, x, mask, rotary, cache_k, cache_v, slots, wide: bool = False):
+        """A pre-norm block's decode step against its caches (MultiHeadAttention.construct_cached); wide: its
+        products as a wide step's (cells.linear's docstring)."""
+        attended, cache_k, cache_v = self.attn.construct_cached(self.norm1(x), mask, rotary, cache_k, cache_v, slots,
+                                                                wide)
+        return self._mlp_residual(self._attention_residual(x, attended), wide), cache_k, cache_v
 
 
 class TransformerStack(nn.Cell):

@@ -24,7 +24,8 @@ from typing import List, Mapping, Optional, Sequence
 
 from mindvl.cells import NativePrefillNet, NativeSpeechNet, NativeVisionNet, ViTVisionNet
 from mindvl.engine.native_prompts import NativePrompt
-from mindvl.engine.package_graphs import EXTEND_STEPS, SPEECH, GenerationSpec, prefill_name, vision_name
+from mindvl.engine.package_graphs import (EXTEND_STEPS, SPEECH, WIDE_ROWS, GenerationSpec, prefill_name,
+                                         vision_name)
 from mindvl.engine.vision_layout import ViTPacking, package_packing
 from mindvl.errors import PackageError
 from mindvl.export.graphs import GraphSpec, TensorSpec
@@ -61,7 +62,7 @@ def native_spec(generator, cache_len: int, max_new_tokens: int, buckets: Sequenc
                           image_tokens=0, audio_tokens=layout.audio_tokens, pad_id=layout.pad_id,
                           stop_ids=sorted(layout.stop_ids),
                           chat_template=layout.chat.template.name, max_new_tokens=max_new_tokens, native=native,
-                          extend_steps=EXTEND_STEPS)
+                          extend_steps=EXTEND_STEPS, wide_rows=WIDE_ROWS)
 
 
 def native_graph_specs(spec: GenerationSpec) -> List[GraphSpec]:

@@ -18,6 +18,7 @@ buckets, the chat template, the stop tokens and the request limit; the tokenizer
 import json
 import shutil
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -27,8 +28,8 @@ from safetensors.numpy import save_file
 from mindvl.cells import AttachmentNet, DecodeNet, PrefillNet
 from mindvl.config import Config
 from mindvl.engine.decode_loop import DecodeBatch
-from mindvl.engine.package_graphs import (ATTACHMENTS, DECODE, EXTEND_STEPS, SECTION, SPEECH, GenerationSpec,
-                                         PackageGraphs, extend_name, prefill_name)
+from mindvl.engine.package_graphs import (ATTACHMENTS, DECODE, DECODE_WIDE, EXTEND_STEPS, SECTION, SPEECH, WIDE_ROWS,
+                                         GenerationSpec, PackageGraphs, extend_name, prefill_name)
 from mindvl.engine.prompts import MultimodalPrompt, PromptLayout, prompt_buckets
 from mindvl.engine.sampling import sampling_config
 from mindvl.errors import PackageError
@@ -71,19 +72,22 @@ def generation_spec(model, chat, cache_len: int, max_new_tokens: int,
                           width=lm.width, kv_width=lm.kv_width, image_tokens=model.image_tokens,
                           audio_tokens=model.audio_tokens, pad_id=chat.pad_id, stop_ids=[chat.stop_id],
                           chat_template=chat.template.name, max_new_tokens=max_new_tokens,
-                          extend_steps=EXTEND_STEPS)
+                          extend_steps=EXTEND_STEPS, wide_rows=WIDE_ROWS)
 
 
 def decode_graphs(spec: GenerationSpec) -> List[GraphSpec]:
-    """The decode graph of every generation package (the decoder's step) and its several-token step (a reused
-    prefix's rest, drafts verified: the server's prefix caching and speculative decoding)."""
-    def step(name: str, steps: int, doc: str) -> GraphSpec:
+    """The decode graph of every generation package (the decoder's step), the same step for many rows (its products
+    laid out for them: cells.linear's docstring) and the several-token step (a reused prefix's rest, drafts
+    verified: the server's prefix caching and speculative decoding)."""
+    def step(name: str, steps: int, doc: str, wide: bool = False) -> GraphSpec:
         inputs = [TensorSpec(what, "int32", (-1, steps)) for what in ("token", "position", "slot")]
-        return GraphSpec(name, doc, DecodeNet,
+        return GraphSpec(name, doc, partial(DecodeNet, wide=wide),
                          inputs + [TensorSpec("slot_valid", "int32", (-1, spec.cache_len))] + cache_specs(spec),
                          [TensorSpec("logits", "float32", (-1, spec.vocab_size)), *cache_specs(spec)])
 
     graphs = [step(DECODE, 1, "one token per sequence, each at its own cache slot -> logits and caches")]
+    if spec.wide_rows:
+        graphs.append(step(DECODE_WIDE, 1, f"decode for {spec.wide_rows} sequences or more (the same numbers)", True))
     if spec.extend_steps:
         graphs.append(step(extend_name(spec.extend_steps), spec.extend_steps,
                            f"{spec.extend_steps} tokens per sequence at consecutive cache slots -> each one's logits "
@@ -173,7 +177,7 @@ def write_generation_package(package: GenerationPackage, out: Path, source: Mapp
         layout.tokenizer.save(str(work / spec.tokenizer))
         lite2 = None if package.write_lite2 is None else package.write_lite2(  # the device takes a token a step
             work, [(g, _sample_inputs(g.name, batch, layout, prompts, GENERATIVE_BATCH)) for g in package.graphs
-                   if g.name != extend_name(spec.extend_steps)])
+                   if g.name not in (extend_name(spec.extend_steps), DECODE_WIDE)])
         for name, text in package.files.items():
             (work / name).write_text(text)
         manifest = {
@@ -247,8 +251,8 @@ def _sample_inputs(name: str, batch: DecodeBatch, layout, prompts: Sequence, row
         while len(fitting) > 1 and layout.vision_size(fitting) > size:
             fitting.pop()
         return list(layout.vision_inputs(fitting, size))
-    if name == DECODE or name == extend_name(batch.graphs.spec.extend_steps):
-        steps = 1 if name == DECODE else batch.graphs.spec.extend_steps
+    if name in (DECODE, DECODE_WIDE, extend_name(batch.graphs.spec.extend_steps)):
+        steps = batch.graphs.spec.extend_steps if name.startswith("extend") else 1
         step = DecodeBatch(layout, batch.graphs)
         step.prefill(prompts, [sampling_config(max_new_tokens=2)] * len(prompts))
         step.sample_or_raise()

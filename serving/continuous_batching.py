@@ -240,11 +240,12 @@ class ContinuousBatcher:
             raise ConfigError(f"prefix_cache_mb / speculative_tokens: package {manifest.get('name')} ({folder}) has no "
                               f"several-token decoder step (exported before it); export it again with this mindvl, "
                               f"or serve it with --prefix-cache-mb 0 --speculative-tokens 0")
-        self.graphs = {name: load_graph(folder, manifest, name, key)
-                       for name in self.spec.graph_names(extend=options.extend)}
         self.max_streams = max(1, int(max_streams))
+        wide = bool(self.spec.wide_rows) and self.max_streams >= self.spec.wide_rows  # else never run: not loaded
+        self.graphs = {name: load_graph(folder, manifest, name, key)
+                       for name in self.spec.graph_names(extend=options.extend, wide=wide)}
         self.run = graph_caller(self.graphs, lock)
-        self.batch = DecodeBatch(self.layout, PackageGraphs(self.spec, self.run, extend=options.extend),
+        self.batch = DecodeBatch(self.layout, PackageGraphs(self.spec, self.run, extend=options.extend, wide=wide),
                                  sizes=[size for size in BATCH_SIZES if size < self.max_streams] + [self.max_streams],
                                  prefixes=PrefixCache(int(options.prefix_cache_mb * MB)) if options.prefix_cache_mb
                                  else None, speculative_tokens=options.speculative_tokens)

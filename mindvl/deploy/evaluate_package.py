@@ -62,9 +62,10 @@ class PackageGenerator:
         spec = GenerationSpec.from_manifest(manifest)
         self.layout = package_layout(package, manifest)
         self.chat = self.layout.chat
+        wide = bool(spec.wide_rows) and max(self.sizes, default=0) >= spec.wide_rows  # else never run: not loaded
         self.graphs = PackageGraphs(spec, graph_caller({name: load_graph(package, manifest, name, key)  # a token a
-                                                        for name in spec.graph_names(extend=False)}),  # step
-                                    extend=False)
+                                                        for name in spec.graph_names(extend=False, wide=wide)}),
+                                    extend=False, wide=wide)  # step
 
     def generate(self, prompts, max_new_tokens: int, **settings):
         return generate(self.layout, self.graphs, prompts, sampling_config(max_new_tokens=max_new_tokens, **settings),

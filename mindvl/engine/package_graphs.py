@@ -1,6 +1,7 @@
 """A model package's generation graphs as the engine's graphs: `attachments` (image and audio -> projected
 tokens; a native-resolution VLM's package: `vision_<V>`, a batch's images packed in V patches -> their tokens), a
-prefill per prompt-length bucket (`prefill_<L>`) and ONE decode graph.
+prefill per prompt-length bucket (`prefill_<L>`) and the decode graphs: `decode`, `decode_wide` (the same step for
+WIDE_ROWS rows or more, its products laid out for many rows: cells.linear's docstring) and `extend_<steps>`.
 
 The manifest's "generation" section says how they fit (GenerationSpec). The graphs are called through a
 `run(name, inputs) -> outputs` function, so the same engine drives GraphCells (the server, `export verify`),
@@ -25,6 +26,10 @@ ATTACHMENTS = "attachments"
 SPEECH = "speech"  # a native package's clips -> their tokens (a model that hears)
 DECODE = "decode"
 EXTEND_STEPS = 8  # tokens per row of the decoder's several-token step: a reused prefix's rest, or a token + 7 drafts
+DECODE_WIDE = "decode_wide"
+# rows from which a step runs decode_wide: Gemma 3 270M's step (cache 768) at 1 / 2 / 4 / 8 / 16 rows took 66.0 /
+# 70.6 / 88.0 / 125.8 / 232.4 ms as decode and 74.1 / 79.7 / 90.0 / 129.5 / 159.6 ms as decode_wide
+WIDE_ROWS = 16
 
 Run = Callable[[str, Sequence[Any]], Sequence[Any]]
 
@@ -65,6 +70,7 @@ class GenerationSpec:
     # where it hears (audio_tokens > 0), speech_shape: a clip's log-mel (n_mels, frames)
     native: Optional[Dict[str, Any]] = None
     extend_steps: int = 0  # the decoder's several-token step (`extend_<steps>`); 0: a package exported before it
+    wide_rows: int = 0  # the rows from which a step runs `decode_wide`; 0: a package exported before it
 
 
     @classmethod
@@ -78,13 +84,15 @@ class GenerationSpec:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def graph_names(self, extend: bool = True) -> List[str]:
+    def graph_names(self, extend: bool = True, wide: bool = True) -> List[str]:
         """Every graph's name; extend False leaves the several-token step out (a server that neither reuses
-        prefixes nor speculates: each graph holds its own copy of the decoder's weights)."""
+        prefixes nor speculates), wide False the wide step (a server of fewer than wide_rows streams): each graph
+        holds its own copy of the decoder's weights."""
         first = ([vision_name(v) for v in self.native["vision_buckets"]] + ([SPEECH] if self.audio_tokens else [])
                  if self.native else [ATTACHMENTS])
         extended = [extend_name(self.extend_steps)] if extend and self.extend_steps else []
-        return [*first, *(prefill_name(b) for b in self.buckets), DECODE, *extended]
+        widened = [DECODE_WIDE] if wide and self.wide_rows else []
+        return [*first, *(prefill_name(b) for b in self.buckets), DECODE, *widened, *extended]
 
     @property
     def vision_capacity(self) -> int:
@@ -129,12 +137,14 @@ class PackageGraphs:
     graph first, only when a prompt has an image or a clip) and `decode(...)`."""
 
     def __init__(self, spec: GenerationSpec, run: Run, to_numpy: Callable[[Any], np.ndarray] = as_array,
-                 extend: bool = True):
-        """extend: the several-token step is loaded (else extend_steps is 0: the engine takes one token a step)."""
+                 extend: bool = True, wide: bool = True):
+        """extend: the several-token step is loaded (else extend_steps is 0: the engine takes one token a step);
+        wide: the wide step is (else every step runs `decode`)."""
         self.spec = spec
         self.run = run
         self.to_numpy = to_numpy
         self.extend_steps = spec.extend_steps if extend else 0
+        self.wide_rows = spec.wide_rows if wide else 0
 
     def prefill_inputs(self, batch: PromptBatch) -> List[np.ndarray]:
         """A PromptBatch as its prefill graph's inputs."""
@@ -175,6 +185,7 @@ class PackageGraphs:
                caches: Sequence[Any]) -> Tuple[np.ndarray, List[Any]]:
         """token, position, slot (rows, steps): one step (`decode`) or the several-token one (`extend_<steps>`)
         -> (logits (rows * steps, vocab), the caches)."""
-        name = DECODE if token.shape[1] == 1 else extend_name(token.shape[1])
+        name = extend_name(token.shape[1]) if token.shape[1] > 1 else \
+            DECODE_WIDE if self.wide_rows and len(token) >= self.wide_rows else DECODE
         outputs = self.run(name, [token, position, slot, slot_valid.astype(np.int32), *caches])
         return self.to_numpy(outputs[0]), list(outputs[1:])

@@ -5,7 +5,8 @@ from typing import Any, List, Sequence, Tuple
 import numpy as np
 from mindspore import Tensor
 
-from mindvl.engine.package_graphs import EXTEND_STEPS
+from mindvl.cells.decoder import Decode
+from mindvl.engine.package_graphs import EXTEND_STEPS, WIDE_ROWS
 from mindvl.engine.prompts import PromptBatch
 from mindvl.package_reader import as_array, as_tensor
 
@@ -20,9 +21,10 @@ class CellGraphs:
     to_numpy = staticmethod(as_array)
     extend_steps = EXTEND_STEPS  # the decode cell compiles a second graph for several tokens a row (same weights)
 
-    def __init__(self, prefill_cell, decode_cell):
+    def __init__(self, prefill_cell, decode_cell: Decode):
         self.prefill_cell = prefill_cell
         self.decode_cell = decode_cell
+        self.wide_cell = Decode(decode_cell.lm, wide=True)  # WIDE_ROWS rows or more (engine.package_graphs)
 
     def prefill(self, batch: PromptBatch) -> Tuple[np.ndarray, List[Any]]:
         inputs = [batch.ids, batch.valid]
@@ -36,6 +38,7 @@ class CellGraphs:
 
     def decode(self, token: np.ndarray, position: np.ndarray, slot: np.ndarray, slot_valid: np.ndarray,
                caches: Sequence[Any]) -> Tuple[np.ndarray, List[Any]]:
-        logits, keys, values = self.decode_cell(Tensor(token), Tensor(position), Tensor(slot),
+        cell = self.wide_cell if token.shape[1] == 1 and len(token) >= WIDE_ROWS else self.decode_cell
+        logits, keys, values = cell(Tensor(token), Tensor(position), Tensor(slot),
                                                 Tensor(slot_valid.astype(bool)), *(as_tensor(c) for c in caches))
         return logits.asnumpy(), [*keys, *values]

@@ -1,5 +1,7 @@
 """Decoder pieces against numpy references (grouped-query attention, rotary embeddings, RMSNorm), a decode
 step against the full forward pass, and LoRA training of a converted decoder leaving its base untouched."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -130,6 +132,28 @@ def test_several_steps_in_one_call_equal_the_full_forward_pass():
     slot_valid[:, prompt:prompt + 4] = True
     logits, _ = extend(prompt + 4, 3, caches)  # past the window of 3
     np.testing.assert_allclose(logits, full[:, prompt + 4:prompt + 7], atol=1e-4)
+
+
+@pytest.mark.parametrize("changes", [{}, {"attention_bias": True, "lora_rank": 2},
+                                     {"gated_mlp": False, "mlp_bias": True}],
+                         ids=["gemma-like", "qwen2-like-with-lora", "plain-mlp"])
+def test_the_wide_decode_step_gives_the_plain_steps_numbers(changes):
+    """Decode(wide=True), products with the weight as the left operand (cells.linear's docstring), a gated MLP's
+    activations kept as columns: the plain step's logits and caches, with biases, LoRA updates and a plain MLP."""
+    lm = CausalLM(replace(TINY, **changes), cache_len=16)
+    lm.set_train(False)
+    for name, param in lm.parameters_and_names():  # non-zero biases and LoRA updates, so both paths add them
+        if name.endswith(("bias", "lora_b")):
+            param.set_data(Tensor(RNG.standard_normal(param.shape).astype(np.float32) * 0.5))
+    ids = RNG.integers(0, 50, (3, 6)).astype(np.int32)
+    _, cache_k, cache_v = Prefill(lm)(Tensor(ids[:, :5]), Tensor(np.ones((3, 5), bool)))
+    slot_valid = np.zeros((3, 16), bool)
+    slot_valid[:, :6] = True
+    step = [Tensor(ids[:, 5:6]), Tensor(np.full((3, 1), 5, np.int32)), Tensor(np.full((3, 1), 5, np.int32)),
+            Tensor(slot_valid), *cache_k, *cache_v]
+    (plain, keys, values), (wide, wide_keys, wide_values) = Decode(lm)(*step), Decode(lm, wide=True)(*step)
+    for expected, got in zip((plain, *keys, *values), (wide, *wide_keys, *wide_values)):
+        np.testing.assert_allclose(got.asnumpy(), expected.asnumpy(), rtol=1e-5, atol=1e-5)
 
 
 class _NextTokenLoss(nn.Cell):

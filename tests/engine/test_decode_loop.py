@@ -8,7 +8,7 @@ import pytest
 
 from mindvl.deploy.verify import stored_prompts
 from mindvl.engine.decode_loop import SHRINK_AFTER, DecodeBatch, generate
-from mindvl.engine.package_graphs import GenerationSpec, PackageGraphs, package_layout
+from mindvl.engine.package_graphs import DECODE_WIDE, GenerationSpec, PackageGraphs, package_layout
 from mindvl.engine.sampling import sampling_config
 from mindvl.errors import ConfigError
 from mindvl.package_reader import as_array, graph_caller, load_graph, read_manifest
@@ -105,6 +105,26 @@ def test_rows_join_into_free_places_and_the_caches_shrink_only_once_the_rows_fit
     after_d = sizes[max(i for i, (_, rows) in enumerate(sizes) if rows == 3) + 1:]
     assert after_d == [(4, 2)] * (SHRINK_AFTER - 1) + [(2, 2)] * (len(after_d) - SHRINK_AFTER + 1)
     assert {size for size, _ in sizes} == {4, 2}
+
+
+def test_steps_of_wide_rows_run_the_wide_graph_and_give_the_same_tokens(generative_package):
+    """From spec.wide_rows rows a step runs decode_wide (its products laid out for many rows); the tokens are
+    decode's. A server of fewer streams does not load it (graph_names(wide=False))."""
+    spec, layout, graphs, prompts = _loaded(generative_package[1])
+    assert DECODE_WIDE in spec.graph_names() and DECODE_WIDE not in spec.graph_names(wide=False)
+    run = graph_caller(graphs)
+    called = []
+
+    def recording(name, inputs):
+        called.append((name, len(inputs[0])))
+        return run(name, inputs)
+
+    greedy = sampling_config(max_new_tokens=6, ignore_eos=True)
+    plain = [g.tokens for g in generate(layout, PackageGraphs(spec, run, wide=False), prompts[:3], greedy)]
+    wide = [g.tokens for g in generate(layout, PackageGraphs(replace(spec, wide_rows=2), recording), prompts[:3],
+                                       greedy)]
+    assert wide == plain
+    assert {name for name, rows in called if name.startswith("decode")} == {DECODE_WIDE}  # 3 rows >= 2
 
 
 def test_a_sequence_whose_step_fails_fails_alone_and_its_neighbours_get_their_tokens(generative_package):
