@@ -38,7 +38,6 @@ class MLP(nn.Cell):
             self.act = BiasActivation(activation)
         self.fc2 = dense(hidden, width, bias)
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
-
         self.reshape = ops.Reshape()
         self.transpose = ops.Transpose()
 

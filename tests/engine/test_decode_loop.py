@@ -21,15 +21,20 @@ def _loaded(package):
     return spec, package_layout(package, manifest), graphs, stored_prompts(package, manifest)
 
 
+def _recorded(run):
+    """`run`, and the (graph name, rows) of each call it makes."""
+    calls = []
+
+    def recording(name, inputs):
+        calls.append((name, len(inputs[0])))
+        return run(name, inputs)
+    return recording, calls
+
+
 def test_padded_batch_sizes_give_the_exact_tokens_and_bound_the_shapes(generative_package):
     spec, layout, graphs, prompts = _loaded(generative_package[1])
     run = graph_caller(graphs)
-    seen = []
-
-    def recording(name, inputs):
-        seen.append((name, len(inputs[0])))
-        return run(name, inputs)
-
+    recording, seen = _recorded(run)
     greedy = sampling_config(max_new_tokens=10, ignore_eos=True)
     exact = [g.tokens for g in generate(layout, PackageGraphs(spec, run), prompts[:3], greedy)]
     batch = DecodeBatch(layout, PackageGraphs(spec, recording), sizes=(1, 2, 4))
@@ -113,12 +118,7 @@ def test_steps_of_wide_rows_run_the_wide_graph_and_give_the_same_tokens(generati
     spec, layout, graphs, prompts = _loaded(generative_package[1])
     assert DECODE_WIDE in spec.graph_names() and DECODE_WIDE not in spec.graph_names(wide=False)
     run = graph_caller(graphs)
-    called = []
-
-    def recording(name, inputs):
-        called.append((name, len(inputs[0])))
-        return run(name, inputs)
-
+    recording, called = _recorded(run)
     greedy = sampling_config(max_new_tokens=6, ignore_eos=True)
     plain = [g.tokens for g in generate(layout, PackageGraphs(spec, run, wide=False), prompts[:3], greedy)]
     wide = [g.tokens for g in generate(layout, PackageGraphs(replace(spec, wide_rows=2), recording), prompts[:3],

@@ -25,7 +25,8 @@ def package(native_package):
 def test_the_graphs_and_the_stored_questions_reproduce_the_framework(package):
     folder, path = package
     manifest = json.loads((path / "manifest.json").read_text())
-    assert list(manifest["graphs"]) == ["vision_256", "vision_512", "prefill_64", "prefill_128", "decode", "extend_8"]
+    assert list(manifest["graphs"]) == ["vision_256", "vision_512", "prefill_64", "prefill_128", "decode",
+                                        "decode_wide", "extend_8"]
     native = manifest["generation"]["native"]
     assert native["vision_buckets"] == [256, 512] and native["window_rows"] and native["window"] == 4
     samples = manifest["generation_samples"]["prompts"]
@@ -33,10 +34,10 @@ def test_the_graphs_and_the_stored_questions_reproduce_the_framework(package):
     report = verify_package(path)
     assert report.ok and any(c.graph == "generate" for c in report.checks)
     # Lite 2.0: each graph at batch 1 on its samples, and the stored questions generated one at a time
-    device = [name for name in manifest["graphs"] if name != "extend_8"]  # the device takes a token a step
+    device = [name for name in manifest["graphs"] if name not in ("decode_wide", "extend_8")]  # a token, a row
     assert list(manifest["lite2"]["graphs"]) == device and not manifest["lite2"]["device"]
     checked = {c.graph for c in report.checks}
-    assert {f"lite2/{name}" for name in device} | {"lite2/generate", "extend_8"} <= checked, checked
+    assert {f"lite2/{name}" for name in device} | {"lite2/generate", "decode_wide", "extend_8"} <= checked, checked
     # the framework (a NativeGenerator, mindvl's fused decoder kernels) generates the stored tokens too
     generator = NativeGenerator.from_folder(folder, 256)
     prompts = stored_prompts(path, manifest)

@@ -12,7 +12,9 @@ def test_the_package_holds_the_generation_graphs_over_one_weights_file(generativ
     manifest = read_manifest(package)
     spec = manifest["generation"]
     assert list(manifest["graphs"]) == ["attachments", *(f"prefill_{b}" for b in spec["buckets"]), "decode",
+                                        "decode_wide",  # the step of 16 rows or more
                                         "extend_8"]  # the several-token step: prefix caching, speculation
+    assert spec["wide_rows"] == 16
     assert spec["buckets"] == [32, 48] and spec["cache_len"] == 112  # the fixture's --prompt-bucket / --cache-len
     assert spec["extend_steps"] == 8 and manifest["graphs"]["extend_8"]["inputs"][0]["shape"] == [-1, 8]
     weights = manifest["weights"]
@@ -37,7 +39,7 @@ def test_export_verify_regenerates_the_stored_questions_with_the_frameworks_toke
     assert len(tokens) == len(samples) == 4 and all(c.max_abs_diff == 0 for c in tokens)
     assert any(s["audio"] for s in samples) and any(s["question"] for s in samples)
     assert all(s["image"] for s in samples) and all(s["tokens"] for s in samples)
-    for graph in ("decode", "extend_8"):
+    for graph in ("decode", "decode_wide", "extend_8"):
         checks = [c for c in report.checks if c.graph == graph]
         assert checks and all(c.ok for c in checks)
 
