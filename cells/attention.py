@@ -152,10 +152,12 @@ class MultiHeadAttention(nn.Cell):
         q, k, v = self.project(x, rotary)
         return self.out_proj(self.core(q, k, v, mask))
 
-    def construct_keys(self, x, mask=None, rotary=None):
-        """`construct` that also returns its keys and values (batch, seq, kv_heads * head_dim): a prefill."""
-        q, k, v = self.project(x, rotary)
-        return self.out_proj(self.core(q, k, v, mask)), k, v
+    def construct_keys(self, x, mask=None, rotary=None, wide: bool = False):
+        """`construct` that also returns its keys and values (batch, seq, kv_heads * head_dim): a prefill; wide:
+        see `project`."""
+        q, k, v = self.project(x, rotary, wide)
+        attended = self.core(q, k, v, mask)
+        return (self.out_proj.wide(attended) if wide else self.out_proj(attended)), k, v
 
     def construct_cached(self, x, mask, rotary, cache_k, cache_v, slots, wide: bool = False):
         """x (batch, steps, width): each step's key and value written into the caches (batch, cache_len, kv_heads *

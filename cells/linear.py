@@ -10,7 +10,8 @@ A wide decode step (16 sequences or more, a row each) multiplies its rows by eac
 MatMul of x @ W.T repacks the whole weight at every call: 4.1 ms at 16 rows of a 2048 -> 640 product against
 0.65 ms with the weight as the left operand, W @ x.T, which reads it as it lies. At 1 to 8 rows x @ W.T is as
 fast or faster (one row: 97 against 110 us at 640 -> 640), so `wide` (Linear.wide, MLP.wide) is what a wide step
-takes (cells.decoder.Decode(wide=True)): standard operators still, the same weights.
+takes (cells.decoder.Decode(wide=True)), and a prefill of a short prompt bucket (cells.decoder.WIDE_PREFILL): standard
+operators still, the same weights.
 """
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops

@@ -127,10 +127,11 @@ class TransformerBlock(nn.Cell):
         x = self.norm1(self.add(x, self.ls1(self.dropout(self.attn(x, mask, rotary)))))
         return self.norm2(self.add(x, self.ls2(self.dropout(self.mlp(x)))))
 
-    def construct_keys(self, x, mask, rotary):
-        """A pre-norm block's `construct` that also returns the attention's keys and values (a prefill)."""
-        attended, k, v = self.attn.construct_keys(self.norm1(x), mask, rotary)
-        return self._mlp_residual(self._attention_residual(x, attended)), k, v
+    def construct_keys(self, x, mask, rotary, wide: bool = False):
+        """A pre-norm block's `construct` that also returns the attention's keys and values (a prefill); wide: as
+        construct_cached's."""
+        attended, k, v = self.attn.construct_keys(self.norm1(x), mask, rotary, wide)
+        return self._mlp_residual(self._attention_residual(x, attended), wide), k, v
 
     def construct_cached(self, x, mask, rotary, cache_k, cache_v, slots, wide: bool = False):
         """A pre-norm block's decode step against its caches (MultiHeadAttention.construct_cached); wide: its
