@@ -241,7 +241,7 @@ class ContinuousBatcher:
                               f"several-token decoder step (exported before it); export it again with this mindvl, "
                               f"or serve it with --prefix-cache-mb 0 --speculative-tokens 0")
         self.max_streams = max(1, int(max_streams))
-        wide = bool(self.spec.wide_rows) and self.max_streams >= self.spec.wide_rows  # else never run: not loaded
+        wide = self.spec.runs_wide(self.max_streams)  # else never run: not loaded
         self.graphs = {name: load_graph(folder, manifest, name, key)
                        for name in self.spec.graph_names(extend=options.extend, wide=wide)}
         self.run = graph_caller(self.graphs, lock)

@@ -62,7 +62,7 @@ class PackageGenerator:
         spec = GenerationSpec.from_manifest(manifest)
         self.layout = package_layout(package, manifest)
         self.chat = self.layout.chat
-        wide = bool(spec.wide_rows) and max(self.sizes, default=0) >= spec.wide_rows  # else never run: not loaded
+        wide = spec.runs_wide(max(self.sizes, default=0))  # else never run: not loaded
         self.graphs = PackageGraphs(spec, graph_caller({name: load_graph(package, manifest, name, key)  # a token a
                                                         for name in spec.graph_names(extend=False, wide=wide)}),
                                     extend=False, wide=wide)  # step

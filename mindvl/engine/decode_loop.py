@@ -107,7 +107,6 @@ class DecodeBatch:
         self.sizes = tuple(sorted(sizes))
         self.rows: List[Running] = []
         self.caches: Optional[List[Any]] = None  # 2 x layers, each (capacity, cache_len, kv_width): a row a place
-        self.capacity = 0  # the caches' rows (a batch size): the running rows' places and free ones
         self._fitted = 0  # consecutive steps the running rows fitted a smaller batch size
         self._grammars: Optional[Grammars] = None
 
@@ -129,6 +128,11 @@ class DecodeBatch:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    @property
+    def capacity(self) -> int:
+        """The caches' rows (a batch size): the running rows' places and free ones."""
+        return 0 if self.caches is None else int(self.caches[0].shape[0])
 
     # ---- joining ------------------------------------------------------------------------------------
 
@@ -255,19 +259,20 @@ class DecodeBatch:
         self.caches = arrays
         self.rows += rows
 
-    def _resize(self, capacity: int, like: Sequence[np.ndarray]) -> None:
-        """The caches at `capacity` rows (arrays shaped like `like`'s rows): growing keeps every running row at
-        its place, shrinking packs them into the first places."""
-        arrays = [np.zeros((capacity, *a.shape[1:]), a.dtype) for a in like]
-        if self.caches is not None:
-            grows = capacity >= self.capacity
-            places = list(range(self.capacity)) if grows else [row.place for row in self.rows]
-            for array, kept in zip(arrays, self.caches):
-                array[:len(places)] = self.graphs.to_numpy(kept)[places]
+    def _resize(self, capacity: int, like: Sequence[np.ndarray] = ()) -> None:
+        """The caches at `capacity` rows (shaped like the caches' rows, or `like`'s when there are none yet):
+        growing keeps every running row at its place, shrinking packs them into the first places."""
+        kept = [self.graphs.to_numpy(c) for c in self.caches] if self.caches is not None else []
+        arrays = [np.zeros((capacity, *a.shape[1:]), a.dtype) for a in kept or like]
+        if kept:
+            grows = capacity >= len(kept[0])
+            places = list(range(len(kept[0]))) if grows else [row.place for row in self.rows]
+            for array, old in zip(arrays, kept):
+                array[:len(places)] = old[places]
             if not grows:
                 for index, row in enumerate(self.rows):
                     row.place = index
-        self.caches, self.capacity = arrays, capacity
+        self.caches = arrays
 
     def row_caches(self, rows: Sequence[Running]) -> List[np.ndarray]:
         """`rows`' caches (each array's rows at their places, in order): a decode graph's stored sample."""
@@ -346,14 +351,14 @@ class DecodeBatch:
         """Rows that finished leave: their places are free (the caches untouched), all the caches when none runs."""
         self.rows = [row for row in self.rows if not row.done]
         if not self.rows:
-            self.caches, self.capacity, self._fitted = None, 0, 0
+            self.caches, self._fitted = None, 0
 
     def _fit(self) -> None:
         """Pack the running rows into the smaller batch size they have fitted for SHRINK_AFTER steps."""
         smaller = self.padded(len(self.rows))
         self._fitted = self._fitted + 1 if smaller < self.capacity else 0
         if self._fitted >= SHRINK_AFTER:
-            self._resize(smaller, [self.graphs.to_numpy(c) for c in self.caches])
+            self._resize(smaller)
             self._fitted = 0
 
     def decode(self) -> None:

@@ -94,6 +94,11 @@ class GenerationSpec:
         widened = [DECODE_WIDE] if wide and self.wide_rows else []
         return [*first, *(prefill_name(b) for b in self.buckets), DECODE, *widened, *extended]
 
+    def runs_wide(self, rows: int) -> bool:
+        """Whether a step of `rows` rows runs decode_wide (so a caller that never reaches wide_rows rows need not
+        load it)."""
+        return bool(self.wide_rows) and rows >= self.wide_rows
+
     @property
     def vision_capacity(self) -> int:
         """The vision tokens a native package's prefill graphs take (its largest vision bucket's)."""
@@ -144,7 +149,7 @@ class PackageGraphs:
         self.run = run
         self.to_numpy = to_numpy
         self.extend_steps = spec.extend_steps if extend else 0
-        self.wide_rows = spec.wide_rows if wide else 0
+        self.wide = wide
 
     def prefill_inputs(self, batch: PromptBatch) -> List[np.ndarray]:
         """A PromptBatch as its prefill graph's inputs."""
@@ -186,6 +191,6 @@ class PackageGraphs:
         """token, position, slot (rows, steps): one step (`decode`) or the several-token one (`extend_<steps>`)
         -> (logits (rows * steps, vocab), the caches)."""
         name = extend_name(token.shape[1]) if token.shape[1] > 1 else \
-            DECODE_WIDE if self.wide_rows and len(token) >= self.wide_rows else DECODE
+            DECODE_WIDE if self.wide and self.spec.runs_wide(len(token)) else DECODE
         outputs = self.run(name, [token, position, slot, slot_valid.astype(np.int32), *caches])
         return self.to_numpy(outputs[0]), list(outputs[1:])

@@ -39,6 +39,6 @@ class CellGraphs:
     def decode(self, token: np.ndarray, position: np.ndarray, slot: np.ndarray, slot_valid: np.ndarray,
                caches: Sequence[Any]) -> Tuple[np.ndarray, List[Any]]:
         cell = self.wide_cell if token.shape[1] == 1 and len(token) >= WIDE_ROWS else self.decode_cell
-        logits, keys, values = cell(Tensor(token), Tensor(position), Tensor(slot),
-                                                Tensor(slot_valid.astype(bool)), *(as_tensor(c) for c in caches))
+        logits, keys, values = cell(Tensor(token), Tensor(position), Tensor(slot), Tensor(slot_valid.astype(bool)),
+                                    *(as_tensor(c) for c in caches))
         return logits.asnumpy(), [*keys, *values]
