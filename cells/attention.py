@@ -40,6 +40,7 @@ class AttentionCore(nn.Cell):
         self.tile = ops.Tile()
         self.qk_matmul = ops.BatchMatMul(transpose_b=True)
         self.av_matmul = ops.BatchMatMul()
+        self.concat_keys = ops.Concat(axis=-1)  # beside: the cache's scores and the step's own
         self.softmax = ScaledMaskedSoftmax(scale or 1.0 / math.sqrt(head_dim))
         self.attn_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
 
@@ -49,22 +50,54 @@ class AttentionCore(nn.Cell):
         x = self.reshape(x, (batch, seq, heads, self.head_dim))  # (batch, seq, heads, head_dim)
         return self.transpose(x, (0, 2, 1, 3))  # (batch, heads, seq, head_dim)
 
-    def construct(self, q, k, v, mask=None):
-        batch, seq, kv_seq = q.shape[0], q.shape[1], k.shape[1]
-        k, v = self._split_heads(k, batch, kv_seq, self.kv_heads), self._split_heads(v, batch, kv_seq, self.kv_heads)
+    def _grouped(self, q, batch, seq, mask):
+        """q as (batch, kv_heads, group * seq, head_dim) (each kv head's query rows, group-major; (batch, heads,
+        seq, head_dim) without groups) and the mask tiled to those rows."""
         if self.group == 1:
-            q = self._split_heads(q, batch, seq, self.heads)
-        else:  # (batch, kv_heads, group * seq, head_dim): each kv head's query rows, group-major
-            q = self.transpose(self.reshape(q, (batch, seq, self.kv_heads, self.group, self.head_dim)), (0, 2, 3, 1, 4))
-            q = self.reshape(q, (batch, self.kv_heads, self.group * seq, self.head_dim))
-            if mask is not None and mask.shape[2] > 1:
-                mask = self.tile(mask, (1, 1, self.group, 1))
-        probs = self.attn_dropout(self.softmax(self.qk_matmul(q, k), mask))
-        out = self.av_matmul(probs, v)
+            return self._split_heads(q, batch, seq, self.heads), mask
+        q = self.transpose(self.reshape(q, (batch, seq, self.kv_heads, self.group, self.head_dim)), (0, 2, 3, 1, 4))
+        q = self.reshape(q, (batch, self.kv_heads, self.group * seq, self.head_dim))
+        if mask is not None and mask.shape[2] > 1:
+            mask = self.tile(mask, (1, 1, self.group, 1))
+        return q, mask
+
+    def _merged(self, out, batch, seq):
+        """The heads' outputs (as _grouped laid the queries out) back to (batch, seq, heads * head_dim)."""
         if self.group == 1:  # (batch, heads, seq, head_dim)
             return self.reshape(self.transpose(out, (0, 2, 1, 3)), (batch, seq, self.heads * self.head_dim))
         out = self.reshape(out, (batch, self.kv_heads, self.group, seq, self.head_dim))
         return self.reshape(self.transpose(out, (0, 3, 1, 2, 4)), (batch, seq, self.heads * self.head_dim))
+
+    def construct(self, q, k, v, mask=None):
+        batch, seq, kv_seq = q.shape[0], q.shape[1], k.shape[1]
+        k, v = self._split_heads(k, batch, kv_seq, self.kv_heads), self._split_heads(v, batch, kv_seq, self.kv_heads)
+        q, mask = self._grouped(q, batch, seq, mask)
+        probs = self.attn_dropout(self.softmax(self.qk_matmul(q, k), mask))
+        return self._merged(self.av_matmul(probs, v), batch, seq)
+
+    def beside(self, q, k, v, own_k, own_v, mask):
+        """`construct` of one step, q (batch, 1, heads * head_dim), whose own key and value (batch, 1, kv_heads *
+        head_dim) are not in k, v (its cache, only read): the scores against the cache and against itself
+        under one softmax, so the step writes no cache (writing one copied it whole: 36 copies of 12.6 MB for a
+        16-row step of Gemma 3 270M). mask: the cache's (batch, 1, 1, cache_len), the step's own slot blocked.
+        With one kv head the cache is read as it lies, (batch, cache_len, head_dim), every query head a row of
+        one product: reshaping a graph's input copies it."""
+        batch, kv_seq = q.shape[0], k.shape[1]
+        if self.kv_heads == 1:
+            q = self.reshape(q, (batch, self.heads, self.head_dim))
+            mask = self.reshape(mask, (batch, 1, kv_seq))
+        else:
+            k, v = (self._split_heads(k, batch, kv_seq, self.kv_heads),
+                    self._split_heads(v, batch, kv_seq, self.kv_heads))
+            own_k, own_v = self._split_heads(own_k, batch, 1, self.kv_heads), self._split_heads(own_v, batch, 1,
+                                                                                                self.kv_heads)
+            q, _ = self._grouped(q, batch, 1, None)
+        scores = self.concat_keys((self.qk_matmul(q, k), self.qk_matmul(q, own_k)))
+        probs = self.softmax(scores, self.concat_keys((mask, ops.zeros_like(mask[..., :1]))))
+        out = self.av_matmul(probs[..., :kv_seq], v) + self.av_matmul(probs[..., kv_seq:], own_v)
+        if self.kv_heads == 1:
+            return self.reshape(out, (batch, 1, self.heads * self.head_dim))
+        return self._merged(out, batch, 1)
 
     def extend_repr(self):
         return f"heads={self.heads}, head_dim={self.head_dim}, kv_heads={self.kv_heads}"
@@ -159,13 +192,18 @@ class MultiHeadAttention(nn.Cell):
         attended = self.core(q, k, v, mask)
         return (self.out_proj.wide(attended) if wide else self.out_proj(attended)), k, v
 
-    def construct_cached(self, x, mask, rotary, cache_k, cache_v, slots, wide: bool = False):
+    def construct_cached(self, x, mask, rotary, cache_k, cache_v, slots, wide: bool = False, beside: bool = False):
         """x (batch, steps, width): each step's key and value written into the caches (batch, cache_len, kv_heads *
         head_dim) at its slot, then attended against the whole cache under `mask` (batch, 1, steps, cache_len).
         slots: (where (batch, cache_len, steps) bool, one true per step; at (batch, steps, 2) int32, each step's
         (row, slot)). Returns (output, cache_k, cache_v) with the steps' keys and values in place. wide: see
-        `project`."""
+        `project`. beside (one step, an AttentionCore): the caches are only read, the step attends to them beside
+        its own key (AttentionCore.beside; `mask` then blocks the step's own slot) and returns its new key and
+        value rows (batch, 1, kv_heads * head_dim) for the caller to write (engine.decode_loop)."""
         q, k, v = self.project(x, rotary, wide)
+        if beside:
+            attended = self.core.beside(q, cache_k, cache_v, k, v, mask)
+            return (self.out_proj.wide(attended) if wide else self.out_proj(attended)), k, v
         cache_k = self._write(cache_k, k, slots)
         cache_v = self._write(cache_v, v, slots)
         attended = self.core(q, cache_k, cache_v, mask)

@@ -159,18 +159,19 @@ class PrefillNet(nn.Cell):
 class DecodeNet(nn.Cell):
     """(token, position, slot (B, 1) int32, slot_valid (B, cache_len) int32, caches) -> (logits (B, vocab),
     caches): one step of every running sequence, each at its own cache slot. wide: the step of many rows
-    (cells.decoder.Decode's)."""
+    (cells.decoder.Decode's), whose outputs are the new key and value rows (B, 1, kv_width) in place of the caches."""
 
     def __init__(self, model, wide: bool = False):
         super().__init__(auto_prefix=False)
         self.lm = model.decoder
         self.layers = self.lm.layers
         self.wide = wide
+        self.beside = wide and self.lm.attends_beside()
         self.cast = ops.Cast()
 
     def construct(self, token, position, slot, slot_valid, *caches):
         logits, keys, values = self.lm.decode(token, position, slot, self.cast(slot_valid, mstype.bool_),
-                                              caches[:self.layers], caches[self.layers:], self.wide)
+                                              caches[:self.layers], caches[self.layers:], self.wide, self.beside)
         return (logits,) + keys + values
 
 

@@ -133,11 +133,11 @@ class TransformerBlock(nn.Cell):
         attended, k, v = self.attn.construct_keys(self.norm1(x), mask, rotary, wide)
         return self._mlp_residual(self._attention_residual(x, attended), wide), k, v
 
-    def construct_cached(self, x, mask, rotary, cache_k, cache_v, slots, wide: bool = False):
+    def construct_cached(self, x, mask, rotary, cache_k, cache_v, slots, wide: bool = False, beside: bool = False):
         """A pre-norm block's decode step against its caches (MultiHeadAttention.construct_cached); wide: its
-        products as a wide step's (cells.linear's docstring)."""
+        products as a wide step's (cells.linear's docstring); beside: the caches read, the new rows returned."""
         attended, cache_k, cache_v = self.attn.construct_cached(self.norm1(x), mask, rotary, cache_k, cache_v, slots,
-                                                                wide)
+                                                                wide, beside)
         return self._mlp_residual(self._attention_residual(x, attended), wide), cache_k, cache_v
 
 

@@ -83,11 +83,13 @@ def decode_graphs(spec: GenerationSpec) -> List[GraphSpec]:
         inputs = [TensorSpec(what, "int32", (-1, steps)) for what in ("token", "position", "slot")]
         return GraphSpec(name, doc, partial(DecodeNet, wide=wide),
                          inputs + [TensorSpec("slot_valid", "int32", (-1, spec.cache_len))] + cache_specs(spec),
-                         [TensorSpec("logits", "float32", (-1, spec.vocab_size)), *cache_specs(spec)])
+                         [TensorSpec("logits", "float32", (-1, spec.vocab_size)), *cache_specs(spec, wide)])
 
     graphs = [step(DECODE, 1, "one token per sequence, each at its own cache slot -> logits and caches")]
     if spec.wide_rows:
-        graphs.append(step(DECODE_WIDE, 1, f"decode for {spec.wide_rows} sequences or more (the same numbers)", True))
+        graphs.append(step(DECODE_WIDE, 1, f"decode for {spec.wide_rows} sequences or more (the same numbers) -> "
+                                           f"logits and each sequence's new key and value rows, which the caller "
+                                           f"writes at its slot (the caches are only read)", True))
     if spec.extend_steps:
         graphs.append(step(extend_name(spec.extend_steps), spec.extend_steps,
                            f"{spec.extend_steps} tokens per sequence at consecutive cache slots -> each one's logits "
@@ -95,8 +97,10 @@ def decode_graphs(spec: GenerationSpec) -> List[GraphSpec]:
     return graphs
 
 
-def cache_specs(spec: GenerationSpec) -> List[TensorSpec]:
-    return [TensorSpec(f"cache_{kind}_{i}", "float32", (-1, spec.cache_len, spec.kv_width))
+def cache_specs(spec: GenerationSpec, rows: bool = False) -> List[TensorSpec]:
+    """Every layer's key cache, then its value cache; rows: a step's new rows (B, 1, kv_width) instead."""
+    return [TensorSpec(f"{'new' if rows else 'cache'}_{kind}_{i}", "float32",
+                       (-1, 1 if rows else spec.cache_len, spec.kv_width))
             for kind in ("k", "v") for i in range(spec.layers)]
 
 

@@ -486,6 +486,7 @@ def _continuous_batcher(folder: Path, manifest: Optional[dict], definition: Serv
     try:
         for graph in batcher.graphs:
             _check_samples(folder, manifest, graph, _SampleRunner(batcher.run, graph))
+        batcher.warm_up()
     except BaseException:
         batcher.close()
         raise

@@ -4,7 +4,9 @@ Prefill, join, step, sample, stop, leave: every generation of mindvl runs here, 
 graphs (the `graphs` object):
 
     graphs.prefill(batch: PromptBatch) -> (last logits (rows, vocab) array, caches)
-    graphs.decode(token, position, slot, slot_valid, caches) -> (logits (rows * steps, vocab) array, caches)
+    graphs.decode(token, position, slot, slot_valid, caches) -> (logits (rows * steps, vocab) array, caches,
+                                  or the step's new key and value rows (rows, steps, kv_width) that the engine
+                                  writes at their slots: a wide step's, cells.decoder.CausalLM.decode's `beside`)
                                   (token, position, slot (rows, steps): steps 1, or graphs.extend_steps)
     graphs.to_numpy(output) -> array
 
@@ -42,7 +44,7 @@ from mindvl.engine.prefix_cache import PrefixCache, PromptKey
 from mindvl.engine.prompt_lookup import FIRST_EXPECTED, drafts, expected_after, worth_verifying
 from mindvl.engine.sampling import (Delta, Generation, SamplingConfig, TextSequence, next_tokens, token_logprobs,
                                    top_logprobs)
-from mindvl.errors import ConfigError
+from mindvl.errors import ConfigError, MindvlError
 
 SHRINK_AFTER = 4  # decode steps the rows fit a smaller batch size before the caches are packed into it (one copy
 # of the running rows for a smaller step each time after; a row that joins soon after a leave takes the free row)
@@ -147,6 +149,27 @@ class DecodeBatch:
                 self.grammars().check(config.grammar)
         return [len(e) for e in encoded]
 
+    def together(self, prompts: Sequence, settings: Sequence[SamplingConfig], tokens: int) -> int:
+        """How many of `prompts` (fitted, in order; the first always) prefill in one call within `tokens` prompt
+        tokens (the bucket times the padded rows): those of the first's bucket whose attachments fit one call
+        (the layout's packs). With a PrefixCache, one: a prompt prefilled with others reuses no prefix."""
+        first, count = self._bucket(prompts[0], settings[0]), 1
+        while first and count < len(prompts) and self.prefixes is None:
+            group = prompts[:count + 1]
+            rows = self.padded(len(group))
+            if rows * first > tokens or self._bucket(group[-1], settings[count]) != first \
+                    or not self.layout.packs(group + group[-1:] * (rows - len(group))):
+                break
+            count += 1
+        return count
+
+    def _bucket(self, prompt, config: SamplingConfig) -> int:
+        """The prompt's bucket (0 when the layout refuses it: its prefill says why, alone)."""
+        try:
+            return self.layout.admit([prompt], config.max_new_tokens)[0]
+        except MindvlError:
+            return 0
+
     def prefill(self, prompts: Sequence, settings: Sequence[SamplingConfig],
                 owners: Optional[Sequence[Any]] = None) -> List[Running]:
         """Prefill `prompts` together (one bucket, the longest's) and add them to the batch; -> their rows. Each
@@ -235,7 +258,8 @@ class DecodeBatch:
         here) -> (logits (count, steps, vocab), the caches)."""
         token, position, slot, slot_valid = self._pad_rows(inputs, count)
         start = time.perf_counter()
-        logits, caches = self.graphs.decode(token, position, slot, slot_valid, caches)
+        logits, outputs = self.graphs.decode(token, position, slot, slot_valid, caches)
+        caches = self._written(caches, outputs, slot)
         shape, spent = token.shape, (time.perf_counter() - start) * 1000
         if shape not in self.call_ms:  # a shape's first call may compile its graph: not timed
             self.call_ms[shape] = None
@@ -243,17 +267,33 @@ class DecodeBatch:
             self.call_ms[shape] = spent if self.call_ms[shape] is None else 0.8 * self.call_ms[shape] + 0.2 * spent
         return logits.reshape(len(token), token.shape[1], -1)[:count], caches
 
+    def _written(self, caches: Sequence[Any], outputs: Sequence[Any], slot: np.ndarray) -> List[Any]:
+        """The caches after a step: the graph's outputs when they are caches, else (its new key and value rows,
+        (rows, steps, kv_width)) the caches given with those rows written at each row's slots, in place."""
+        new = [self.graphs.to_numpy(o) for o in outputs]
+        if new[0].shape[1] == self.layout.limits.cache_len:
+            return list(outputs)
+        arrays = [self.graphs.to_numpy(c) for c in caches]
+        rows = np.arange(len(slot))[:, None]
+        for array, written in zip(arrays, new):
+            array[rows, slot] = written
+        return arrays
+
     def _place(self, rows: List[Running], caches: List[np.ndarray]) -> None:
         """Add prefilled `rows` (their caches: each array's first rows, in order) at free places of the batch's
-        caches, written in place (through the arrays the runtime returned: no copy of the batch); the caches
-        grow to the batch size that holds everyone when too few places are free."""
+        caches, written in place (through the arrays the runtime returned: no copy of the batch), their written
+        slots only: a place's later slots hold what an earlier row left there, which no query sees (each row's
+        slot_valid masks them until its own step writes them; 4 rows of vlm-s-native's 48-token prompts copied
+        113 MB whole, 7 MB so); the caches grow to the batch size that holds everyone when too few places are
+        free."""
         if self.capacity - len(self.rows) < len(rows):
             self._resize(self.padded(len(self.rows) + len(rows)), caches)
         taken = {row.place for row in self.rows}
         places = [place for place in range(self.capacity) if place not in taken][:len(rows)]
         arrays = [self.graphs.to_numpy(c) for c in self.caches]
+        used = max(row.slot for row in rows)  # the slots written so far; a free row's later slots are never read
         for array, new in zip(arrays, caches):
-            array[places] = new[:len(rows)]
+            array[places, :used] = new[:len(rows), :used]
         for row, place in zip(rows, places):
             row.place = place
         self.caches = arrays

@@ -145,6 +145,14 @@ class NativePromptLayout(_Layout):
                              f"model's vision graphs hold; send fewer or smaller images (or a shorter video)")
         return fitting[0]
 
+    def packs(self, prompts: Sequence[NativePrompt]) -> bool:
+        """Whether `prompts`' images and videos fit one vision graph together."""
+        try:
+            self.vision_size(prompts)
+        except InputError:
+            return False
+        return True
+
     def render(self, prompt: NativePrompt, max_length: int = 0) -> Rendered:
         """The conversation's tokens (its history, then the question's turn: the attachments the history does not
         place, in order, then the clip, then the question: chat.user_turn, the template's separator between them,

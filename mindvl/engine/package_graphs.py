@@ -27,9 +27,10 @@ SPEECH = "speech"  # a native package's clips -> their tokens (a model that hear
 DECODE = "decode"
 EXTEND_STEPS = 8  # tokens per row of the decoder's several-token step: a reused prefix's rest, or a token + 7 drafts
 DECODE_WIDE = "decode_wide"
-# rows from which a step runs decode_wide: Gemma 3 270M's step (cache 768) at 1 / 2 / 4 / 8 / 16 rows took 66.0 /
-# 70.6 / 88.0 / 125.8 / 232.4 ms as decode and 74.1 / 79.7 / 90.0 / 129.5 / 159.6 ms as decode_wide
-WIDE_ROWS = 16
+# rows from which a step runs decode_wide (its caches only read, its new rows returned): vlm-s-native's step (Gemma 3
+# 270M, cache 768) at 2 / 4 / 8 / 16 rows took 66.7 / 85.1 / 116.4 / 233.1 ms as decode and 75.2 / 86.9 / 99.1 /
+# 132.3 ms as decode_wide
+WIDE_ROWS = 8
 
 Run = Callable[[str, Sequence[Any]], Sequence[Any]]
 
@@ -185,6 +186,19 @@ class PackageGraphs:
         """-> (the last logits (rows, vocab), the caches: every layer's keys, then values)."""
         outputs = self.run(prefill_name(batch.ids.shape[1]), self.prefill_inputs(batch))
         return self.to_numpy(outputs[0]), list(outputs[1:])
+
+    def warm_up(self, sizes: Sequence[int]) -> None:
+        """Run the decode steps once at each batch size of `sizes`, on zeros: a graph with a dynamic batch compiles
+        on the first call of each size (vlm-s-native's decode: 0.6-1.1 s), which would otherwise fall on the
+        requests that first make the batch that large (a burst of 16 requests met four sizes and decode_wide)."""
+        for rows in sizes:
+            for steps in [1] + [self.extend_steps] * bool(self.extend_steps):
+                index = np.zeros((rows, steps), np.int32)
+                slot = np.tile(np.arange(steps, dtype=np.int32), (rows, 1))
+                valid = np.zeros((rows, self.spec.cache_len), bool)
+                valid[:, :steps] = True
+                cache = np.zeros((rows, self.spec.cache_len, self.spec.kv_width), np.float32)
+                self.decode(index, index, slot, valid, [cache] * (2 * self.spec.layers))
 
     def decode(self, token: np.ndarray, position: np.ndarray, slot: np.ndarray, slot_valid: np.ndarray,
                caches: Sequence[Any]) -> Tuple[np.ndarray, List[Any]]:

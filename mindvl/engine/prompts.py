@@ -173,6 +173,11 @@ class _Layout:
     def prompt_length(self, prompt) -> int:
         return len(self.encode(prompt))
 
+    def packs(self, prompts: Sequence) -> bool:
+        """Whether `prompts`' attachments go through the attachment graphs in one call (each prompt's own
+        fixed-size image and clip here: always)."""
+        return True
+
     def admit(self, prompts: Sequence, max_new_tokens: int, field: str = "max_new_tokens") -> Tuple[int, list]:
         """(the bucket `prompts` prefill in together, their encodings), or ConfigError when they cannot be
         generated with `max_new_tokens` new tokens: the one check of every generation's limits."""

@@ -134,12 +134,14 @@ def test_several_steps_in_one_call_equal_the_full_forward_pass():
     np.testing.assert_allclose(logits, full[:, prompt + 4:prompt + 7], atol=1e-4)
 
 
-@pytest.mark.parametrize("changes", [{}, {"attention_bias": True, "lora_rank": 2},
+@pytest.mark.parametrize("changes", [{}, {"kv_heads": 1}, {"kv_heads": 4}, {"attention_bias": True, "lora_rank": 2},
                                      {"gated_mlp": False, "mlp_bias": True}],
-                         ids=["gemma-like", "qwen2-like-with-lora", "plain-mlp"])
+                         ids=["gemma-like", "one-kv-head", "no-groups", "qwen2-like-with-lora", "plain-mlp"])
 def test_the_wide_decode_step_gives_the_plain_steps_numbers(changes):
     """Decode(wide=True), products with the weight as the left operand (cells.linear's docstring), a gated MLP's
-    activations kept as columns: the plain step's logits and caches, with biases, LoRA updates and a plain MLP."""
+    activations kept as columns, the caches only read (whatever their step's slot holds) and the step's own key
+    and value beside them: the plain step's logits, and its new cache rows, with biases, LoRA updates and a
+    plain MLP."""
     lm = CausalLM(replace(TINY, **changes), cache_len=16)
     lm.set_train(False)
     for name, param in lm.parameters_and_names():  # non-zero biases and LoRA updates, so both paths add them
@@ -149,11 +151,17 @@ def test_the_wide_decode_step_gives_the_plain_steps_numbers(changes):
     _, cache_k, cache_v = Prefill(lm)(Tensor(ids[:, :5]), Tensor(np.ones((3, 5), bool)))
     slot_valid = np.zeros((3, 16), bool)
     slot_valid[:, :6] = True
-    step = [Tensor(ids[:, 5:6]), Tensor(np.full((3, 1), 5, np.int32)), Tensor(np.full((3, 1), 5, np.int32)),
-            Tensor(slot_valid), *cache_k, *cache_v]
-    (plain, keys, values), (wide, wide_keys, wide_values) = Decode(lm)(*step), Decode(lm, wide=True)(*step)
-    for expected, got in zip((plain, *keys, *values), (wide, *wide_keys, *wide_values)):
-        np.testing.assert_allclose(got.asnumpy(), expected.asnumpy(), rtol=1e-5, atol=1e-5)
+    head = [Tensor(ids[:, 5:6]), Tensor(np.full((3, 1), 5, np.int32)), Tensor(np.full((3, 1), 5, np.int32)),
+            Tensor(slot_valid)]
+    plain, keys, values = Decode(lm)(*head, *cache_k, *cache_v)
+    stale = [c.asnumpy().copy() for c in (*cache_k, *cache_v)]
+    for cache in stale:
+        cache[:, 5] = RNG.standard_normal(cache[:, 5].shape)  # what the step's own slot held: never read
+    wide, new_keys, new_values = Decode(lm, wide=True)(*head, *(Tensor(c) for c in stale))
+    np.testing.assert_allclose(wide.asnumpy(), plain.asnumpy(), rtol=1e-5, atol=1e-5)
+    for expected, got in zip((*keys, *values), (*new_keys, *new_values)):
+        assert got.shape == (3, 1, lm.kv_width)
+        np.testing.assert_allclose(got.asnumpy(), expected.asnumpy()[:, 5:6], rtol=1e-5, atol=1e-5)
 
 
 class _NextTokenLoss(nn.Cell):

@@ -9,6 +9,7 @@ import pytest
 from mindvl.deploy.verify import stored_prompts
 from mindvl.engine.decode_loop import SHRINK_AFTER, DecodeBatch, generate
 from mindvl.engine.package_graphs import DECODE_WIDE, GenerationSpec, PackageGraphs, package_layout
+from mindvl.engine.prefix_cache import PrefixCache
 from mindvl.engine.sampling import sampling_config
 from mindvl.errors import ConfigError
 from mindvl.package_reader import as_array, graph_caller, load_graph, read_manifest
@@ -125,6 +126,43 @@ def test_steps_of_wide_rows_run_the_wide_graph_and_give_the_same_tokens(generati
                                        greedy)]
     assert wide == plain
     assert {name for name, rows in called if name.startswith("decode")} == {DECODE_WIDE}  # 3 rows >= 2
+
+
+def test_warming_up_runs_each_decode_step_at_every_batch_size_and_changes_no_token(generative_package):
+    """A server compiles its decode steps for every batch size before requests come (PackageGraphs.warm_up):
+    each size runs the step it will run (decode, decode_wide from wide_rows, the several-token step), and a
+    generation afterwards gives the tokens of a cold one."""
+    spec, layout, graphs, prompts = _loaded(generative_package[1])
+    run = graph_caller(graphs)
+    greedy = sampling_config(max_new_tokens=6, ignore_eos=True)
+    cold = [g.tokens for g in generate(layout, PackageGraphs(spec, run), prompts[:3], greedy, sizes=(4,))]
+    recording, called = _recorded(run)
+    warmed = PackageGraphs(replace(spec, wide_rows=4), recording)
+    warmed.warm_up((1, 2, 4))
+    extend = f"extend_{spec.extend_steps}"
+    assert called == [("decode", 1), (extend, 1), ("decode", 2), (extend, 2), (DECODE_WIDE, 4), (extend, 4)]
+    assert [g.tokens for g in generate(layout, warmed, prompts[:3], greedy, sizes=(4,))] == cold
+
+
+def test_waiting_prompts_prefill_together_within_the_tokens_of_their_bucket(generative_package):
+    """DecodeBatch.together: the first prompt, then those after it of its bucket while the padded rows times the
+    bucket stay within the tokens; a prompt of another bucket ends the group; with a prefix cache each goes
+    alone (to reuse its prefix)."""
+    spec, layout, graphs, prompts = _loaded(generative_package[1])
+    greedy = [sampling_config(max_new_tokens=4)] * 5
+    buckets = [layout.admit([p], 4)[0] for p in prompts]
+    short = [p for p, b in zip(prompts, buckets) if b == min(buckets)][:2] * 3
+    long = next(p for p, b in zip(prompts, buckets) if b > min(buckets))
+    batch = DecodeBatch(layout, PackageGraphs(spec, graph_caller(graphs)), sizes=(1, 2, 4, 8))
+    bucket = min(buckets)
+    assert batch.together(short[:5], greedy, 2 * bucket) == 2
+    assert batch.together(short[:5], greedy, 4 * bucket) == 4
+    assert batch.together(short[:3], greedy, 4 * bucket) == 3  # padded to 4 rows: within the tokens
+    assert batch.together(short[:5], greedy, 8 * bucket) == 5
+    assert batch.together([short[0], long, short[1]], greedy, 8 * bucket) == 1
+    assert batch.together([long, short[0]], greedy, bucket) == 1  # the first always
+    cached = DecodeBatch(layout, PackageGraphs(spec, graph_caller(graphs)), prefixes=PrefixCache(2 ** 20))
+    assert cached.together(short[:4], greedy, 8 * bucket) == 1
 
 
 def test_a_sequence_whose_step_fails_fails_alone_and_its_neighbours_get_their_tokens(generative_package):

@@ -71,6 +71,7 @@ def test_vision_buckets_take_the_smallest_that_holds_a_batch_and_refuse_more():
     assert len(batch.vision[-1]) == 1024 // 4  # the tokens of the largest bucket: one shape for every prefill
     with pytest.raises(InputError, match=r"images: 1,536 patches laid out, more than the 1,024"):
         bucketed.render(NativePrompt("q", two.attachments * 2 + one.attachments))
+    assert bucketed.packs([one, two]) and not bucketed.packs([two, two, one])  # prefilled together or not
 
 
 GEMMA_TOKENIZER = Path(__file__).parents[1] / "references" / "tiny_gemma3_text" / "tokenizer.json"

@@ -14,6 +14,7 @@ import pytest
 from live import b64, call
 
 from mindvl.data.reading.examples import query_examples
+from mindvl.serving.continuous_batching import request_settings
 from mindvl.serving.runtime import GRAPH_LOCK
 
 GREEDY = {"max_tokens": 12}
@@ -79,6 +80,51 @@ def test_concurrent_requests_share_decode_steps_and_get_their_answers_alone(serv
     # requests joined the running batch: fewer decode calls than the tokens generated
     assert engine(server).steps - steps < sum(len(a["tokens"]) for a in alone)
     assert not engine(server).batch.rows  # every finished request freed its cache rows
+
+
+def _queued(server, count):
+    """Wait until `count` requests wait in the engine's queue."""
+    for _ in range(600):
+        if engine(server).waiting.qsize() == count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{engine(server).waiting.qsize()} requests queued, expected {count}")
+
+
+def test_waiting_requests_prefill_together_and_a_failing_one_fails_alone(server, examples, monkeypatch):
+    """Requests waiting together prefill in one call (PREFILL_TOKENS); when that call fails because of one of
+    them, the others are prefilled alone and get their answers, and only that one gets the error. The engine is
+    held (the graph lock) on a first request while the four queue."""
+    batcher = engine(server)
+    instances = [typed(e) for e in examples[:4]]
+    alone = [generate(server, instance) for instance in instances[:3]]
+    rendered = batcher.layout.encode(batcher.prepare(examples[3].question, examples[3].image, None,
+                                                     request_settings(GREEDY)))
+    poison = list(rendered.ids[rendered.kinds == 0])  # its text ids, as a PromptBatch's `encoded` holds them
+    real, calls = batcher.batch.graphs.prefill, []
+
+    def prefill(batch):
+        poisoned = any(list(ids) == poison for ids in batch.encoded)
+        calls.append((len(batch.ids), poisoned))
+        if poisoned:
+            raise RuntimeError("the prefill broke on this prompt")
+        return real(batch)
+
+    monkeypatch.setattr(batcher.batch.graphs, "prefill", prefill)
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        with GRAPH_LOCK:
+            first = pool.submit(generate, server, instances[0])
+            _queued(server, 0)  # the engine took it and waits for the lock
+            time.sleep(0.2)
+            answers = [pool.submit(call, f"{server.rest_url}/model/vlm:generate", {"instances": [i]})
+                       for i in instances]
+            _queued(server, 4)
+        answers = [a.result() for a in answers]
+        first.result()
+    assert (4, True) in calls and (1, True) in calls  # together first, then each alone
+    assert [status for status, _ in answers[:3]] == [200] * 3, answers
+    assert [answer["instances"][0]["tokens"] for _, answer in answers[:3]] == [a["tokens"] for a in alone]
+    assert "the prefill broke on this prompt" in json.dumps(answers[3][1])
 
 
 def test_streamed_events_concatenate_to_the_answer(server, examples):
