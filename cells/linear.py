@@ -6,10 +6,10 @@ profiled tiny train step spent 40% of its time there. Both cells keep the PyTorc
 ((out, in) and (out, in, kernel)), so pretrained weights load without conversion, and their
 primitives are attributes (shardable).
 
-A wide decode step (16 sequences or more, a row each) multiplies its rows by each weight where MindSpore's CPU
-MatMul of x @ W.T repacks the whole weight at every call: 4.1 ms at 16 rows of a 2048 -> 640 product against
-0.65 ms with the weight as the left operand, W @ x.T, which reads it as it lies. At 1 to 8 rows x @ W.T is as
-fast or faster (one row: 97 against 110 us at 640 -> 640), so `wide` (Linear.wide, MLP.wide) is what a wide step
+A wide decode step (8 sequences or more, a row each: engine.package_graphs.WIDE_ROWS) multiplies its rows by each
+weight where MindSpore's CPU MatMul of x @ W.T repacks the whole weight at every call: 4.1 ms at 16 rows of a
+2048 -> 640 product against 0.65 ms with the weight as the left operand, W @ x.T, which reads it as it lies. At a
+few rows x @ W.T is as fast or faster (one row: 97 against 110 us at 640 -> 640), so `wide` (Linear.wide, MLP.wide) is what a wide step
 takes (cells.decoder.Decode(wide=True)), and a prefill of a short prompt bucket (cells.decoder.WIDE_PREFILL): standard
 operators still, the same weights.
 """

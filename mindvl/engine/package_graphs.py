@@ -1,7 +1,8 @@
 """A model package's generation graphs as the engine's graphs: `attachments` (image and audio -> projected
 tokens; a native-resolution VLM's package: `vision_<V>`, a batch's images packed in V patches -> their tokens), a
 prefill per prompt-length bucket (`prefill_<L>`) and the decode graphs: `decode`, `decode_wide` (the same step for
-WIDE_ROWS rows or more, its products laid out for many rows: cells.linear's docstring) and `extend_<steps>`.
+WIDE_ROWS rows or more, its products laid out for many rows: cells.linear's docstring, its caches only read and
+each row's new key and value returned for the engine to write) and `extend_<steps>`.
 
 The manifest's "generation" section says how they fit (GenerationSpec). The graphs are called through a
 `run(name, inputs) -> outputs` function, so the same engine drives GraphCells (the server, `export verify`),

@@ -15,8 +15,8 @@ class CellGraphs:
     """prefill: cells.decoder.Prefill (ids, valid), cells.multimodal_lm.MultimodalPrefill (ids, valid,
     slot_index, image, mel, frame_mask) or cells.native_vlm.NativePrefill (ids, valid, positions, slot_index,
     mel and frame_mask where it hears, the vision inputs); decode: cells.decoder.Decode. The caches stay MindSpore tensors
-    between steps; rows the engine joined come back as arrays (written through the tensors' memory) and go in
-    sharing it."""
+    between steps; rows the engine joined, and a wide step's new rows (its cell returns those: cells.decoder
+    CausalLM.decode's `beside`), are written through the tensors' memory as arrays, which go in sharing it."""
 
     to_numpy = staticmethod(as_array)
     extend_steps = EXTEND_STEPS  # the decode cell compiles a second graph for several tokens a row (same weights)
