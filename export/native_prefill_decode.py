@@ -110,11 +110,12 @@ def write_native_package(generator, out: Path, cache_len: int = 0, max_new_token
                          buckets: Sequence[int] = (), vision_buckets: Sequence[int] = (), version: int = 1,
                          force: bool = False, progress: bool = True,
                          source: Optional[Mapping[str, object]] = None, lite2: bool = False,
-                         prompts: Sequence[NativePrompt] = ()) -> Path:
+                         prompts: Sequence[NativePrompt] = (), files: Mapping[str, str] = {}) -> Path:
     """Export a NativeGenerator's model into the package `out`. cache_len 0: the decoder's max_positions, at most
     1024 (the model's cache is rebuilt at it); buckets: the prompt lengths (prefill_buckets'); vision_buckets: the
     packed patches a vision graph takes (default VISION_BUCKETS); lite2: also the graphs for MindSpore Lite 2.0;
-    prompts: more questions to store after sample_prompts' (a model that hears: a spoken test question)."""
+    prompts: more questions to store after sample_prompts' (a model that hears: a spoken test question); files:
+    text files written beside the graphs (a trained run's config.json, which its evaluation reads)."""
     lm = generator.lm
     if lite2 and isinstance(generator.layout.packing, ViTPacking):
         raise PackageError("--target lite2: a native recipe with a ViT tower (model.native.family dinov2) has no Lite 2.0 "
@@ -141,6 +142,6 @@ def write_native_package(generator, out: Path, cache_len: int = 0, max_new_token
     package = GenerationPackage(
         generator.name, generator.model, spec, native_graph_specs(spec), layout, prompts, arrays,
         entry, {"architecture": generator.architecture,
-                **({"preprocess": preprocess_dict(generator.pre)} if layout.audio_tokens else {})}, {},
+                **({"preprocess": preprocess_dict(generator.pre)} if layout.audio_tokens else {})}, dict(files),
         (lambda work, samples: write_native_lite2(work, generator.model, samples)) if lite2 else None)
     return write_generation_package(package, out, source, version, force, progress)

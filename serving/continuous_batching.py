@@ -55,13 +55,15 @@ MB = 2 ** 20
 
 @dataclass(frozen=True)
 class GenerationOptions:
-    """The server's generation savings (ServeConfig's flags of the same names), both off by default:
-    prefix_cache_mb, the cache rows of earlier prompts kept for the next prompts that start the same way (a system
-    prompt, an earlier turn, an image); speculative_tokens, the prompt-lookup drafts verified per step. Either
-    loads the package's several-token step graph (one more copy of the decoder's weights)."""
+    """The server's generation settings (ServeConfig's flags of the same names): prefix_cache_mb, the cache rows
+    of earlier prompts kept for the next prompts that start the same way (a system prompt, an earlier turn, an
+    image); speculative_tokens, the prompt-lookup drafts verified per step (both off by default; either loads the
+    package's several-token step graph: one more copy of the decoder's weights); max_wait_ms, how long a request
+    reaching an idle engine waits for others to prefill with it (a burst's first request otherwise went alone)."""
 
     prefix_cache_mb: float = 0.0
     speculative_tokens: int = 0
+    max_wait_ms: float = 0.0
 
     @property
     def extend(self) -> bool:
@@ -245,6 +247,7 @@ class ContinuousBatcher:
                               f"several-token decoder step (exported before it); export it again with this mindvl, "
                               f"or serve it with --prefix-cache-mb 0 --speculative-tokens 0")
         self.max_streams = max(1, int(max_streams))
+        self.options = options
         wide = self.spec.runs_wide(self.max_streams)  # else never run: not loaded
         self.graphs = {name: load_graph(folder, manifest, name, key)
                        for name in self.spec.graph_names(extend=options.extend, wide=wide)}
@@ -370,9 +373,13 @@ class ContinuousBatcher:
         (DecodeBatch.together, PREFILL_TOKENS); None: closing. Waits for one when nothing runs."""
         room = self.max_streams - len(self.batch.rows)
         line = [request for request in self.taken if not self._dropped(request)]
+        until = None  # idle: once one request is in line, the others arriving within max_wait_ms join it
         while len(line) < room:
             try:
-                request = self.waiting.get(block=block and not line)
+                if until is None:
+                    request = self.waiting.get(block=block and not line)
+                else:
+                    request = self.waiting.get(timeout=max(until - time.monotonic(), 0.0))
             except queue.Empty:
                 break
             if request is None:
@@ -380,6 +387,8 @@ class ContinuousBatcher:
                 return None
             if not self._dropped(request):
                 line.append(request)
+            if block and until is None and self.options.max_wait_ms > 0:
+                until = time.monotonic() + self.options.max_wait_ms / 1000
         joinable = line[:max(room, 0)]
         count = self.batch.together([r.prompt for r in joinable], [r.settings for r in joinable], PREFILL_TOKENS) \
             if joinable else 0

@@ -67,7 +67,8 @@ class Server:
         self.key = read_key(config.key_file or None, config.key_env or None)
         self.admin_token = read_admin_token(config.admin_token_file, config.admin_token_env)
         self.catalog = Catalog(Path(config.servable_dir), self.key, config.max_batch_size if config.batching else 1,
-                               GenerationOptions(config.prefix_cache_mb, config.speculative_tokens))
+                               GenerationOptions(config.prefix_cache_mb, config.speculative_tokens,
+                                                 config.max_wait_ms))
         self.metrics = Metrics()
         self.metrics.watch_generation(lambda: self.catalog.loaded)
         self.catalog.routed = lambda name, version: self.metrics.routed.labels(name, str(version)).inc()

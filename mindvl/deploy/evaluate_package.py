@@ -19,12 +19,14 @@ import numpy as np
 
 from mindvl.config import config_from_dict
 from mindvl.engine.decode_loop import generate
+from mindvl.engine.native_prompts import NativeRequests
 from mindvl.engine.package_graphs import SECTION, GenerationSpec, PackageGraphs, package_layout
 from mindvl.engine.sampling import sampling_config
 from mindvl.errors import PackageError
 from mindvl.eval.retrieval import audio_to_text, image_to_caption
 from mindvl.eval.vqa import score_vqa
 from mindvl.package_reader import as_tuple, graph_caller, load_graph, load_samples, read_manifest
+from mindvl.preprocess import preprocess_config
 
 EVALUATION = "evaluation.json"
 LATENCY_BATCHES = (1, 32)
@@ -61,11 +63,18 @@ class PackageGenerator:
         self.sizes = tuple(sizes)
         spec = GenerationSpec.from_manifest(manifest)
         self.layout = package_layout(package, manifest)
+        self.requests = NativeRequests(spec.native, preprocess_config(manifest["preprocess"])
+                                       if "preprocess" in manifest else None) if spec.native else None
         self.chat = self.layout.chat
         wide = spec.runs_wide(max(self.sizes, default=0))  # else never run: not loaded
         self.graphs = PackageGraphs(spec, graph_caller({name: load_graph(package, manifest, name, key)  # a token a
                                                         for name in spec.graph_names(extend=False, wide=wide)}),
                                     extend=False, wide=wide)  # step
+
+    def prompt(self, question: str, images=(), audio=None):
+        """A native package's prompt (GenerativeEvaluator asks it of a native recipe's generator): decoded images
+        cut at their own resolution as the server cuts a request's, a heard clip's (log-mel, frame mask)."""
+        return self.requests.decoded(question, images, audio)
 
     def generate(self, prompts, max_new_tokens: int, **settings):
         return generate(self.layout, self.graphs, prompts, sampling_config(max_new_tokens=max_new_tokens, **settings),
@@ -90,10 +99,13 @@ class PackageGenerator:
 def evaluate_generative_package(package: Path, manifest: dict, cfg, key: Optional[bytes] = None,
                                 progress: bool = True, limit: int = 0) -> dict:
     """A generative package's row: its generated answers to the test split's typed and spoken questions (the first
-    `limit` of each; 0: all) through its MindIR graphs, its size on disk and its decode speed at batch 1."""
+    `limit` of each; 0: all) through its MindIR graphs, its size on disk and its decode speed at batch 1. A native
+    package answers a question at a time (its images at their own sizes need not fit one vision graph together)."""
     from mindvl.eval.generated_answers import BATCH, LARGE_DECODER, LARGE_DECODER_BATCH, GenerativeEvaluator
 
     batch = LARGE_DECODER_BATCH if manifest["parameters"] > LARGE_DECODER else BATCH  # as the framework's evaluation
+    if manifest[SECTION].get("native"):  # its vision graphs hold a bounded number of patches: a question at a time
+        batch = 1
     generator = PackageGenerator(package, manifest, key, sizes=(batch,))
     evaluator = GenerativeEvaluator(cfg, batch_size=batch, generator=generator)
     report = evaluator.evaluate("test", captions=False, progress=progress, limit=limit)
@@ -113,6 +125,9 @@ def evaluate_package(package: Path, data_root: Optional[str] = None, key: Option
     questions of each kind (0: all)."""
     package = Path(package)
     manifest = read_manifest(package)
+    if not (package / "config.json").is_file():
+        raise PackageError(f"{package}: no config.json, so no data set to evaluate on (a converted VLM's package); "
+                           f"evaluate the package of a run trained from it")
     cfg = config_from_dict(json.loads((package / "config.json").read_text()))
     if data_root:
         cfg.data.root = data_root

@@ -1,6 +1,7 @@
 """Every export command ends the same way: write the package, verify it, and (for the comparison
 table) evaluate it. One function, so a quantized, pruned or distilled package is checked exactly like a
 plain one."""
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
@@ -66,7 +67,7 @@ def package_and_check(cfg, model, source: Mapping[str, object], out: Path, optio
 
             asked = GenerativeEvaluator(cfg, generator=generator).questions("test", 2)
             spoken = [prompt for sample, prompt in asked if sample.question_id >= 0]
-        return _native_checked(generator, out, options, log, spoken)
+        return _native_checked(generator, out, options, log, spoken, cfg)
     if options.vision_buckets:
         raise PackageError("--vision-bucket: only a native-resolution VLM's package has vision graphs (a folder of "
                            "mindvl convert vlm, or a run trained from one); leave it out")
@@ -92,20 +93,25 @@ def package_native_and_check(folder: Path, out: Path, options: PackageOptions,
 
 
 def _native_checked(generator, out: Path, options: PackageOptions, log: Callable[[str], None],
-                    prompts: Sequence = ()) -> dict:
-    """A NativeGenerator's model written as a package (with `prompts` among its stored questions) and verified."""
+                    prompts: Sequence = (), cfg=None) -> dict:
+    """A NativeGenerator's model written as a package (with `prompts` among its stored questions) and verified;
+    `cfg`: a trained run's recipe, stored as config.json (its evaluation reads the data set there)."""
     from mindvl.export.lite2_folder import wants_generation_lite2
     from mindvl.export.native_prefill_decode import write_native_package
 
     given = [flag for flag, value in (("--static-batch", options.static_batches), ("--key-file/--key-env",
-             options.key), ("--graph", options.graphs), ("--evaluate", options.evaluate)) if value]
+             options.key), ("--graph", options.graphs)) if value]
     if given:
         raise PackageError(f"{', '.join(given)}: not available for a converted VLM's package (its graphs are vision "
-                           f"per bucket, prefill per bucket and decode; evaluation: not yet); leave {given[0]} out")
+                           f"per bucket, prefill per bucket and decode); leave {given[0]} out")
+    if options.evaluate and cfg is None:
+        raise PackageError("--evaluate: a converted VLM folder names no data set to answer; evaluate a run trained "
+                           "from it (mindvl export --checkpoint RUN --evaluate), or leave --evaluate out")
     path = write_native_package(generator, out, options.cache_len, buckets=options.prompt_buckets,
                                 vision_buckets=options.vision_buckets, version=options.version, force=options.force,
                                 progress=options.progress, lite2=wants_generation_lite2(options.lite2_batch, "VLM"),
-                                prompts=prompts)
+                                prompts=prompts,
+                                files={} if cfg is None else {"config.json": json.dumps(cfg.to_dict(), indent=2)})
     return _checked(path, options, log)
 
 

@@ -97,6 +97,16 @@ class NativeRequests:
                             max_patches=self.max_patches)
         return NativePrompt(text, in_order(found, history), audio=heard, history=tuple(history))
 
+    def decoded(self, text: str, images: Sequence = (), audio: Optional[Tuple[np.ndarray, np.ndarray]] = None
+                ) -> NativePrompt:
+        """A question about images already decoded (Pillow) and a clip already heard (its log-mel and frame mask):
+        an evaluation's prompts (eval.generated_answers), read as a request's would be."""
+        if audio is not None and self.pre is None:
+            raise InputError(NOT_HEARD)
+        found = attachments(list(images), None, self.patches, self.video, self.tokens_per_second,
+                            max_patches=self.max_patches)
+        return NativePrompt(text, found, audio=audio)
+
 
 class NativePromptLayout(_Layout):
     """Renders NativePrompts with a chat encoder (its template has image and video slot tokens) and lays a batch

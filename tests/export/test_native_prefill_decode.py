@@ -90,6 +90,10 @@ def test_options_a_vlm_package_does_not_take_are_refused(package, tmp_path, caps
     assert main(["export", "--checkpoint", str(folder), "--out", out, "--vision-bucket", "100"]) == 2
     assert "--vision-bucket 100: expected a positive multiple of 64 patches" in capsys.readouterr().err
     assert main(["export", "--checkpoint", str(folder), "--out", out, "--config", "tiny"]) == 2
+    assert main(["export", "--checkpoint", str(folder), "--out", out, "--evaluate"]) == 2
+    assert "--evaluate: a converted VLM folder names no data set to answer" in capsys.readouterr().err
+    assert main(["export", "evaluate", str(package[1])]) == 2
+    assert "no config.json, so no data set to evaluate on" in capsys.readouterr().err
 
 
 def test_the_device_pipeline_generates_the_stored_questions_on_lite2(package):

@@ -12,9 +12,11 @@ def test_the_package_holds_the_generation_graphs_over_one_weights_file(generativ
     manifest = read_manifest(package)
     spec = manifest["generation"]
     assert list(manifest["graphs"]) == ["attachments", *(f"prefill_{b}" for b in spec["buckets"]), "decode",
-                                        "decode_wide",  # the step of 16 rows or more
+                                        "decode_wide",  # the step of 8 rows or more: its new rows out
                                         "extend_8"]  # the several-token step: prefix caching, speculation
-    assert spec["wide_rows"] == 16
+    assert spec["wide_rows"] == 8
+    outputs = manifest["graphs"]["decode_wide"]["outputs"]
+    assert [o["shape"] for o in outputs[1:]] == [[-1, 1, spec["kv_width"]]] * (2 * spec["layers"])
     assert spec["buckets"] == [32, 48] and spec["cache_len"] == 112  # the fixture's --prompt-bucket / --cache-len
     assert spec["extend_steps"] == 8 and manifest["graphs"]["extend_8"]["inputs"][0]["shape"] == [-1, 8]
     weights = manifest["weights"]

@@ -14,7 +14,7 @@ import pytest
 from live import b64, call
 
 from mindvl.data.reading.examples import query_examples
-from mindvl.serving.continuous_batching import request_settings
+from mindvl.serving.continuous_batching import GenerationOptions, request_settings
 from mindvl.serving.runtime import GRAPH_LOCK
 
 GREEDY = {"max_tokens": 12}
@@ -125,6 +125,26 @@ def test_waiting_requests_prefill_together_and_a_failing_one_fails_alone(server,
     assert [status for status, _ in answers[:3]] == [200] * 3, answers
     assert [answer["instances"][0]["tokens"] for _, answer in answers[:3]] == [a["tokens"] for a in alone]
     assert "the prefill broke on this prompt" in json.dumps(answers[3][1])
+
+
+def test_requests_reaching_an_idle_engine_within_max_wait_ms_prefill_together(server, examples, monkeypatch):
+    """An idle engine that takes a request waits up to max_wait_ms (mindvl serve --max-wait-ms) for others to prefill
+    with it: three requests sent 100 ms apart under a 1 s window prefill in one call (3 rows padded to 4), and
+    their answers are theirs alone."""
+    batcher = engine(server)
+    instances = [typed(e) for e in examples[:3]]
+    alone = [generate(server, instance) for instance in instances]
+    monkeypatch.setattr(batcher, "options", GenerationOptions(max_wait_ms=1000))
+    real, calls = batcher.batch.graphs.prefill, []
+    monkeypatch.setattr(batcher.batch.graphs, "prefill", lambda batch: calls.append(len(batch.ids)) or real(batch))
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        sent = []
+        for instance in instances:
+            sent.append(pool.submit(generate, server, instance))
+            time.sleep(0.1)
+        together = [future.result() for future in sent]
+    assert calls == [4]
+    assert [t["tokens"] for t in together] == [a["tokens"] for a in alone]
 
 
 def test_streamed_events_concatenate_to_the_answer(server, examples):

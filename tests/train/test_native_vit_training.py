@@ -5,8 +5,9 @@ typed, spoken and two-image conversations. A checkpoint stores the projectors an
 frozen folders (the encoder at its path in the tower, where loading the run puts it back), and the run generates
 through mindvl.from_pretrained, a batch of prompts (one spoken) as each alone; its package (a vision graph over the
 packed rows, a speech graph, 1-D prefill graphs, one decode graph) regenerates the stored questions' tokens (export
-verify, a spoken one among them), answers a spoken question over the OpenAI API as the framework does, and Lite 2.0
-graphs for it are refused by name."""
+verify, a spoken one among them), answers a spoken question over the OpenAI API as the framework does, is evaluated
+on the test split's questions with the framework's tokens (`mindvl export evaluate`), and Lite 2.0 graphs for it are
+refused by name."""
 import json
 from pathlib import Path
 
@@ -75,9 +76,27 @@ def test_dinov2_at_its_own_resolution_trains_into_a_decoder_generates_and_export
     assert "speech" in manifest["graphs"] and native["speech_shape"] == [80, 256]
     assert [p.get("audio", False) for p in manifest["generation_samples"]["prompts"]].count(True) == 1
     served_spoken_question(tmp_path / "pkg", tmp_path / "servables", generator, cfg.data.root)
+    evaluated_like_the_framework(cfg, model, tmp_path / "pkg", manifest)
     with pytest.raises(PackageError, match="--target lite2: a native recipe with a ViT tower"):
         package_and_check(cfg, model, record, tmp_path / "lite", PackageOptions(progress=False, lite2_batch=1),
                           log=lambda *_: None)
+
+
+def evaluated_like_the_framework(cfg, model, package, manifest):
+    """`mindvl export evaluate` of the native package: its graphs answer the test split's first typed and spoken
+    questions (the evaluation's own prompts: images cut at their own resolution, the clip heard) with the
+    framework's tokens, and its row counts them."""
+    from mindvl.deploy.evaluate_package import PackageGenerator, evaluate_package
+    from mindvl.eval.generated_answers import GenerativeEvaluator
+
+    packaged = GenerativeEvaluator(cfg, generator=PackageGenerator(package, manifest, sizes=(2,)))
+    local = GenerativeEvaluator(cfg, model)
+    asked = [[prompt for _, prompt in evaluator.questions("test", 2)] for evaluator in (packaged, local)]
+    assert [p.audio is not None for p in asked[0]] == [False, True]
+    assert [a.tokens for a in packaged.generator.generate(asked[0], max_new_tokens=4)] == \
+        [a.tokens for a in local.generator.generate(asked[1], max_new_tokens=4)]
+    row = evaluate_package(package, progress=False, limit=1)
+    assert row["questions"] == 2 and 0 <= row["vqa_text"] <= 1 and 0 <= row["vqa_audio"] <= 1
 
 
 def served_spoken_question(package, servables, generator, root):
