@@ -270,13 +270,12 @@ class DecodeBatch:
     def _written(self, caches: Sequence[Any], outputs: Sequence[Any], slot: np.ndarray) -> List[Any]:
         """The caches after a step: the graph's outputs when they are caches, else (its new key and value rows,
         (rows, steps, kv_width)) the caches given with those rows written at each row's slots, in place."""
-        new = [self.graphs.to_numpy(o) for o in outputs]
-        if new[0].shape[1] == self.layout.limits.cache_len:
+        if self.graphs.to_numpy(outputs[0]).shape[1] == self.layout.limits.cache_len:
             return list(outputs)
         arrays = [self.graphs.to_numpy(c) for c in caches]
         rows = np.arange(len(slot))[:, None]
-        for array, written in zip(arrays, new):
-            array[rows, slot] = written
+        for array, written in zip(arrays, outputs):
+            array[rows, slot] = self.graphs.to_numpy(written)
         return arrays
 
     def _place(self, rows: List[Running], caches: List[np.ndarray]) -> None:
