@@ -37,6 +37,7 @@ setup(
         "pyyaml>=6,<7",
         "librosa>=0.10,<0.12",
         "tokenizers>=0.19,<0.24",
+        "sentencepiece>=0.2,<0.3",  # a GGUF vocabulary as a small model (mindvl.preprocess.sentencepiece_vocab)
         "safetensors>=0.4,<0.9",
         "tqdm>=4.66,<5",
         "tensorboardX>=2.6,<3",

@@ -22,7 +22,7 @@ from mindvl.engine.decode_loop import DecodeBatch
 from mindvl.engine.prompts import GenerationLimits, TextLayout
 from mindvl.engine.sampling import Delta, Generation, sampling_config
 from mindvl.generation.cell_graphs import CellGraphs
-from mindvl.pretrained.llm import FORMAT, TOKENIZER_FILE, load_llm_weights, read_llm_config, stored_shapes
+from mindvl.pretrained.llm import FORMAT, load_llm_tokenizer, load_llm_weights, read_llm_config, stored_shapes
 
 Prompt = Union[str, Sequence[int]]  # text, or its token ids
 
@@ -80,7 +80,6 @@ class LanguageModel:
     def __init__(self, folder: Union[str, Path], cache_len: int = 1024, kernels: str = KERNELS.default,
                  weights: str = GENERATION_WEIGHTS.default):
         import mindspore as ms
-        from tokenizers import Tokenizer
 
         from mindvl.cells.decoder import Decode, Prefill
 
@@ -93,7 +92,7 @@ class LanguageModel:
         self.tokens = self.config["tokens"]
         self.stop_ids = {int(t) for t in self.tokens.get("stop") or [] if t is not None}
         self.pad_id = int(self.tokens.get("pad") if self.tokens.get("pad") is not None else 0)
-        self.tokenizer = Tokenizer.from_file(str(self.folder / TOKENIZER_FILE))
+        self.tokenizer = load_llm_tokenizer(self.folder, self.config)
         ms.set_context(mode=ms.GRAPH_MODE)
         lm, self.weights = load_decoder(self.folder, self.config, self.cfg, self.cache_len, weights)
         self.lm = lm

