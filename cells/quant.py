@@ -165,6 +165,8 @@ class Int8Product(nn.Cell):
     """x (rows, in) float32 @ the int8 weight's float32 rows ^T with standard operators: what exports hold; the
     CPU kernels replace it by FusedInt8MatMul."""
 
+    any_rank = False  # x must be rows (QuantizedLinear.project reshapes); the fused kernels take x (..., in)
+
     def __init__(self):
         super().__init__()
         self.dequantize = Int8Dequantize()
@@ -176,6 +178,8 @@ class Int8Product(nn.Cell):
 
 class Int4Product(nn.Cell):
     """Int8Product for the int4 layout (the CPU kernels' FusedInt4MatMul replaces it)."""
+
+    any_rank = False
 
     def __init__(self):
         super().__init__()
@@ -240,6 +244,8 @@ class QuantizedLinear(nn.Cell):
 
     def project(self, x):
         """The product without the bias, as Linear.project (the MLP adds fc1's bias with its activation)."""
+        if self.product.any_rank:
+            return self.multiply(x)
         leading = x.shape[:-1]
         y = self.multiply(self.reshape(x, (-1, self.in_width)))
         return self.reshape(y, leading + (self.out_width,))

@@ -158,7 +158,9 @@ class FusedMatMul(nn.Cell):
 
 
 def _quantized_product(path: Path, function: str, stored) -> ops.Custom:
-    """The AOT product of x (M, K) float32 with a quantized weight (N, ...) whose tensors have dtypes `stored`."""
+    """The AOT product of x (..., K) float32 with a quantized weight (N, ...) whose tensors have dtypes `stored`:
+    (..., N), x's leading axes taken as rows, so the layer needs no Reshape around it (each graph node costs
+    MindSpore's compiler ~0.25 MB: 252 of Gemma 3's prefill graph were these)."""
 
     def dtypes(x, *weight):
         found = [t.element_type() if isinstance(t, mstype.TensorType) else t for t in (x, *weight)]
@@ -167,7 +169,7 @@ def _quantized_product(path: Path, function: str, stored) -> ops.Custom:
                             f"got {found}; keep the cell in float32 or set the kernels to standard")
         return x
 
-    return ops.Custom(f"{path}:{function}", out_shape=lambda x, q, *scales: [x[0], q[0]], out_dtype=dtypes,
+    return ops.Custom(f"{path}:{function}", out_shape=lambda x, q, *scales: [*x[:-1], q[0]], out_dtype=dtypes,
                       func_type="aot")
 
 
@@ -179,6 +181,7 @@ class FusedInt8MatMul(nn.Cell):
     every weight on every call, always the slower)."""
 
     untimed = True  # auto.choose keeps it as swapped
+    any_rank = True  # x (..., K): QuantizedLinear.project passes x as it is
 
     def __init__(self, path: Path):
         super().__init__()
@@ -198,6 +201,7 @@ class FusedInt4MatMul(nn.Cell):
     float32 bytes per decode step."""
 
     untimed = True
+    any_rank = True
 
     def __init__(self, path: Path):
         super().__init__()

@@ -251,12 +251,13 @@ void product(const float *x, const Rows &rows, const Dot &dot_row, float *y, int
 
 }  // namespace
 
-// inputs x (M, K) float32, q (N, K) int8, scale (N, G) float32; output y (M, N) float32
+// inputs x (..., K) float32, q (N, K) int8, scale (N, G) float32; output y (..., N) float32
 MINDVL_KERNEL(MindvlInt8MatMul) {
   const float *x = static_cast<const float *>(params[0]);
   const int8_t *q = static_cast<const int8_t *>(params[1]);
   const float *scale = static_cast<const float *>(params[2]);
-  const int64_t m = shapes[0][0], k = shapes[0][1], n = shapes[1][0], groups = shapes[2][1];
+  const mindvl::Rows x_rows = mindvl::rows_of(ndims[0], shapes[0]);  // x (..., K): its leading axes are rows
+  const int64_t m = x_rows.rows, k = x_rows.cols, n = shapes[1][0], groups = shapes[2][1];
   const Int8Rows rows{q, scale, k, groups};
   float *y = static_cast<float *>(params[3]);
   const int64_t size = k / groups;
@@ -274,11 +275,12 @@ MINDVL_KERNEL(MindvlInt8MatMul) {
   return 0;
 }
 
-// inputs x (M, K) float32, q (N, K / 2) uint8, scale (N, K / 32) float32, minimum (N, K / 32) float32;
-// output y (M, N) float32
+// inputs x (..., K) float32, q (N, K / 2) uint8, scale (N, K / 32) float32, minimum (N, K / 32) float32;
+// output y (..., N) float32
 MINDVL_KERNEL(MindvlInt4MatMul) {
   const float *x = static_cast<const float *>(params[0]);
-  const int64_t m = shapes[0][0], k = shapes[0][1], n = shapes[1][0], groups = k / kInt4Group;
+  const mindvl::Rows x_rows = mindvl::rows_of(ndims[0], shapes[0]);
+  const int64_t m = x_rows.rows, k = x_rows.cols, n = shapes[1][0], groups = k / kInt4Group;
   const Int4Rows rows{static_cast<const uint8_t *>(params[1]), static_cast<const float *>(params[2]),
                       static_cast<const float *>(params[3]), k, groups};
   const Activations a(x, m < kRowsPerDot ? m : 0, k, true);

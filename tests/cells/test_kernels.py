@@ -385,6 +385,10 @@ def test_quantized_products_equal_the_widened_weights_product(path, layout, rows
     tensors = [ms.Tensor(x), *(ms.Tensor(t) for t in stored)]
     want = standard(*tensors).asnumpy()
     got = fused(path)(*tensors).asnumpy()
+    # x (..., K): the leading axes are rows (QuantizedLinear.project passes a layer's input without a Reshape)
+    leading = fused(path)(ms.Tensor(x[None]), *tensors[1:]).asnumpy()
+    assert leading.shape == (1, rows, out)
+    np.testing.assert_array_equal(leading[0], got)
     widened = standard.dequantize(*tensors[1:]).asnumpy()
     np.testing.assert_allclose(want, x @ widened.T, rtol=1e-4, atol=1e-4)
     if rows < 32 and width % 32 == 0:
