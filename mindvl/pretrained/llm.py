@@ -39,7 +39,7 @@ import numpy as np
 
 from mindvl.choices import CONVERTED_WEIGHTS
 from mindvl.config import DecoderConfig, build_dataclass
-from mindvl.errors import ConfigError, ConversionError
+from mindvl.errors import ConfigError, ConversionError, InputError
 from mindvl.files import sha256_file, swap_folder, temporary_name, work_folder
 from mindvl.version import __version__
 
@@ -247,20 +247,18 @@ def _gguf_tokenizer(reader, architecture: str):
     return tokenizer, metadata
 
 
-def _gguf_sentencepiece(reader, log) -> Tuple[Dict[str, bytes], Dict[str, object]]:
+def _gguf_sentencepiece(reader, metadata: Dict[str, object], log) -> Tuple[Dict[str, bytes], Dict[str, object]]:
     """({file name: bytes}, the config's "sentencepiece" entry) of a GGUF whose vocabulary is SentencePiece's
-    (tokenizer.ggml.model "llama"); nothing for another kind (byte-level BPE) or a vocabulary sentencepiece cannot
-    hold (logged): tokenizer.json alone."""
-    from mindvl.errors import InputError
+    (tokenizer.ggml.model "llama"), from the vocabulary `_gguf_tokenizer` read; nothing for another kind
+    (byte-level BPE) or a vocabulary sentencepiece cannot hold (logged): tokenizer.json alone."""
     from mindvl.preprocess.sentencepiece_vocab import sentencepiece_model
 
-    if _field(reader, "tokenizer.ggml.model", None) != "llama":
+    if metadata.get("tokenizer_type") != "llama":
         return {}, {}
     try:
-        model, special = sentencepiece_model(
-            list(_field(reader, "tokenizer.ggml.tokens")), list(_field(reader, "tokenizer.ggml.scores")),
-            [int(t) for t in _field(reader, "tokenizer.ggml.token_type")],
-            int(_field(reader, "tokenizer.ggml.unknown_token_id", 0)))
+        model, special = sentencepiece_model(metadata["tokens"], metadata["scores"],
+                                             [int(t) for t in metadata["token_type"]],
+                                             int(metadata.get("unk_token_id", 0)))
     except InputError as exc:
         log(f"{exc}; generation reads tokenizer.json")
         return {}, {}
@@ -317,7 +315,7 @@ def convert_gguf(path: Union[str, Path, None], out: Union[str, Path], log=print,
               "pad": metadata.get("pad_token_id"), "stop": [metadata.get("eos_token_id")]}
     source_info = {"name": _field(reader, "general.name"), "license": _field(reader, "general.license"),
                    "format": "gguf", "files": {str(path): sha256_file(path)}}
-    files, entry = _gguf_sentencepiece(reader, log)
+    files, entry = _gguf_sentencepiece(reader, metadata, log)
     return write_folder(out, {**_fields(architecture, cfg, tokens, source_info, weights), **entry}, tensors,
                         tokenizer, files)
 
