@@ -97,6 +97,7 @@ def run_mindvl(args, ids: list, mindir: bool) -> dict:
 
     from mindvl import from_pretrained
     from mindvl.cells.kernels import standard_kernels
+    from mindvl.package_reader import as_array
 
     ms.device_context.cpu.op_tuning.threads_num(args.threads)
     start = time.perf_counter()
@@ -132,10 +133,21 @@ def run_mindvl(args, ids: list, mindir: bool) -> dict:
         slot_valid[:, bucket:] = False
         return int(logits.asnumpy().argmax())
 
+    def written(caches, outputs, slot):
+        """The caches after a step: its outputs, or, from a step that returns only its new rows (cells.decoder
+        Decode's `beside`, as the fused decode steps do), the caches with those rows written at `slot` in place."""
+        if outputs[0].shape[1] == model.cache_len:
+            return outputs
+        for cache, row in zip(caches, outputs):
+            as_array(cache)[:, slot] = as_array(row)[:, 0]
+        return caches
+
     def run_step(token, index):
-        slot_valid[:, bucket + index] = True
-        logits, state["k"], state["v"] = split_outputs(
-            decode(*step_inputs(token, len(ids) + index, bucket + index, (state["k"], state["v"]))), layers)
+        slot = bucket + index
+        slot_valid[:, slot] = True
+        logits, keys, values = split_outputs(
+            decode(*step_inputs(token, len(ids) + index, slot, (state["k"], state["v"]))), layers)
+        state["k"], state["v"] = written(state["k"], keys, slot), written(state["v"], values, slot)
         return int(logits.asnumpy().argmax())
 
     return {**timed_generation(len(ids), args.new_tokens, run_prefill, run_step), "load_s": load_s,

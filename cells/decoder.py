@@ -225,6 +225,11 @@ class CausalLM(nn.Cell):
         attention kernel cannot), so a wide step can leave the caches unwritten."""
         return all(isinstance(block.attn.core, AttentionCore) for block in self.blocks)
 
+    def fused_steps(self) -> bool:
+        """Whether a block's decode step runs as one kernel (cells.kernels' FusedDecodeStep), which attends beside
+        its cache."""
+        return any(block.fused_step is not None for block in self.blocks)
+
     def decode(self, token, position, slot, slot_valid, cache_k, cache_v, wide: bool = False, beside: bool = False):
         """token (batch, steps) int32: each sequence's next tokens (one at a decode step; several to extend a
         reused prompt prefix or to verify drafted tokens), their positions and the consecutive cache slots they
@@ -280,8 +285,9 @@ class Decode(GraphEntry):
         self.lm = lm
         self.layers = lm.layers
         self.wide = wide
-        self.beside = wide and lm.attends_beside()  # its caches read, its new rows returned
+        # one step a row: its caches read, its new rows returned (a wide step's, or one the fused steps run)
+        self.beside = (wide or lm.fused_steps()) and lm.attends_beside()
 
     def construct(self, token, position, slot, slot_valid, *caches):
         return self.lm.decode(token, position, slot, slot_valid, caches[:self.layers], caches[self.layers:],
-                              self.wide, self.beside)
+                              self.wide, self.beside and token.shape[1] == 1)

@@ -95,6 +95,11 @@ class Linear(nn.Cell):
         y = self.transpose(self.columns(self.reshape(x, (-1, self.in_width))), (1, 0))
         return self.reshape(y, leading + (self.out_width,))
 
+    def step_tensors(self):
+        """The tensors a fused decode step reads for this layer (cells/kernels/decoder_step.cc): the weight, then the
+        bias when it has one."""
+        return (self.weight, self.bias) if self.has_bias else (self.weight,)
+
     def merged_state(self) -> dict:
         """{"weight", "bias"?} numpy with the LoRA update folded in: the same layer without LoRA."""
         weight = self.weight.asnumpy()

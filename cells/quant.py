@@ -242,6 +242,11 @@ class QuantizedLinear(nn.Cell):
         """construct: Linear.wide's interface (a decode step), the kernels' products as they are."""
         return self.construct(x)
 
+    def step_tensors(self):
+        """The tensors a fused decode step reads for this layer (cells/kernels/decoder_step.cc): the stored weight's,
+        then the bias when it has one."""
+        return self.stored_tensors() + (self.bias,) if self.has_bias else self.stored_tensors()
+
     def project(self, x):
         """The product without the bias, as Linear.project (the MLP adds fc1's bias with its activation)."""
         if self.product.any_rank:
@@ -271,8 +276,11 @@ class Int8Linear(QuantizedLinear):
         self.dequantize = Int8Dequantize()
         self.product = Int8Product()  # the CPU kernels swap in FusedInt8MatMul
 
+    def stored_tensors(self):
+        return self.weight_int8, self.weight_scale
+
     def multiply(self, rows):
-        return self.product(rows, self.weight_int8, self.weight_scale)
+        return self.product(rows, *self.stored_tensors())
 
     def widen_at(self, ids):
         return self.dequantize(self.gather(self.weight_int8, ids, 0), self.gather(self.weight_scale, ids, 0))
@@ -294,8 +302,11 @@ class Int4Linear(QuantizedLinear):
         self.dequantize = Int4Dequantize()
         self.product = Int4Product()  # the CPU kernels swap in FusedInt4MatMul
 
+    def stored_tensors(self):
+        return self.weight_int4, self.weight_scale, self.weight_min
+
     def multiply(self, rows):
-        return self.product(rows, self.weight_int4, self.weight_scale, self.weight_min)
+        return self.product(rows, *self.stored_tensors())
 
     def widen_at(self, ids):
         return self.dequantize(self.gather(self.weight_int4, ids, 0), self.gather(self.weight_scale, ids, 0),

@@ -109,6 +109,8 @@ class TransformerBlock(nn.Cell):
             self.ls2 = nn.Identity()
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
         self.add = ops.Add()
+        # generation's steps and prefills as one CPU kernel: cells.kernels swaps in FusedDecodeStep where it can
+        self.insert_child_to_cell("fused_step", None)
 
     def _attention_residual(self, x, attended):
         if self.sandwich_norm:
@@ -129,16 +131,37 @@ class TransformerBlock(nn.Cell):
 
     def construct_keys(self, x, mask, rotary, wide: bool = False):
         """A pre-norm block's `construct` that also returns the attention's keys and values (a prefill); wide: as
-        construct_cached's."""
+        construct_cached's. Not training, a fused step (cells.kernels) runs it as one kernel."""
+        if self.fused_step is not None and not self.training:
+            return self.fused_step.prefill(x, mask, rotary, self.step_tensors())
         attended, k, v = self.attn.construct_keys(self.norm1(x), mask, rotary, wide)
         return self._mlp_residual(self._attention_residual(x, attended), wide), k, v
 
     def construct_cached(self, x, mask, rotary, cache_k, cache_v, slots, wide: bool = False, beside: bool = False):
         """A pre-norm block's decode step against its caches (MultiHeadAttention.construct_cached); wide: its
-        products as a wide step's (cells.linear's docstring); beside: the caches read, the new rows returned."""
+        products as a wide step's (cells.linear's docstring); beside: the caches read, the new rows returned (by the
+        fused step's one kernel where cells.kernels swapped it in)."""
+        if beside and self.fused_step is not None:
+            return self.fused_step(x, mask, rotary, cache_k, cache_v, self.step_tensors())
         attended, cache_k, cache_v = self.attn.construct_cached(self.norm1(x), mask, rotary, cache_k, cache_v, slots,
                                                                 wide, beside)
         return self._mlp_residual(self._attention_residual(x, attended), wide), cache_k, cache_v
+
+    def step_tensors(self):
+        """Every weight of a decoder block's decode step, in the order the fused step reads them
+        (cells/kernels/decoder_step.cc)."""
+        attn, mlp = self.attn, self.mlp
+        tensors = (self.norm1.weight,)
+        if attn.qk_norm:
+            tensors = tensors + (attn.q_norm.weight, attn.k_norm.weight)
+        tensors = (tensors + attn.q_proj.step_tensors() + attn.k_proj.step_tensors() + attn.v_proj.step_tensors()
+                   + attn.out_proj.step_tensors())
+        if self.sandwich_norm:
+            tensors = tensors + (self.post_attn_norm.weight,)
+        tensors = tensors + (self.norm2.weight,) + mlp.gate.step_tensors() + mlp.fc1.step_tensors() + mlp.fc2.step_tensors()
+        if self.sandwich_norm:
+            tensors = tensors + (self.post_mlp_norm.weight,)
+        return tensors
 
 
 class TransformerStack(nn.Cell):

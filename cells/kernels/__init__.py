@@ -7,7 +7,9 @@ per backend:
           custom operators with their backward kernels as bprop): LayerNorm, RMSNorm, the rotary
           embedding's rotation, a Linear's and the LM head's product (sgemm per worker) and bias (add and
           gradient), GELU, bias + GELU, the attention core (scores, scale, mask, softmax, weighted sum)
-          and, where a core has attention dropout, the scaled masked softmax;
+          and, where a core has attention dropout, the scaled masked softmax; for generation, a quantized
+          Linear's product and a decoder block's whole decode step (decoder_step.cc: one kernel instead of
+          ~28, whose runtime between them was ~40% of a step);
   Ascend  MindSpore's fused operators: flash attention (ops.FlashAttentionScore) for the attention core
           (LayerNorm and GELU are single fused kernels there already);
 and keeps the standard operators elsewhere. A machine without a working C++ compiler keeps the standard
@@ -85,12 +87,16 @@ def _cpu_replacements(model: nn.Cell, path: Path) -> List[Tuple[nn.Cell, str, nn
     from mindvl.cells.norm import LayerNorm, RMSNorm
     from mindvl.cells.quant import Int4Linear, Int8Linear
     from mindvl.cells.rotary import RotateHalf
+    from mindvl.cells.transformer import TransformerBlock
 
-    from .cpu import (FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedGELU, FusedHeadMatMul, FusedInt4MatMul,
-                      FusedInt8MatMul, FusedLayerNorm, FusedMatMul, FusedRMSNorm, FusedRotateHalf, FusedSoftmax)
+    from .cpu import (FusedAttentionCore, FusedBiasAdd, FusedBiasGELU, FusedDecodeStep, FusedGELU, FusedHeadMatMul,
+                      FusedInt4MatMul, FusedInt8MatMul, FusedLayerNorm, FusedMatMul, FusedRMSNorm, FusedRotateHalf,
+                      FusedSoftmax, decode_step_problems)
 
     swaps = []
     for _, cell in model.cells_and_names():
+        if isinstance(cell, TransformerBlock) and not decode_step_problems(cell):
+            swaps.append((cell, "fused_step", FusedDecodeStep(cell, path)))
         if isinstance(cell, CausalLM):
             swaps.append((cell, "head_matmul", FusedHeadMatMul(path)))
         if isinstance(cell, LayerNorm):

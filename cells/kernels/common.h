@@ -67,4 +67,24 @@ inline float erf_with(float x, float e) {
 
 inline float fast_erf(float x) { return erf_with(x, fast_exp(-x * x)); }
 
+// 1 / sqrt(mean(x^2) + eps) of one row (RMSNorm's statistic)
+inline float inverse_rms(const float *x, int64_t cols, float eps) {
+  float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+  for (int64_t c = 0; c < cols; ++c) squares += x[c] * x[c];
+  return 1.0f / std::sqrt(squares / cols + eps);
+}
+
+// One head of `dim` rotated by the rotary embedding ("rotate half": dimension i pairs with i + dim / 2):
+// y1 = x1 cos1 - x2 sin1, y2 = x2 cos2 + x1 sin2. In place is fine (each pair is read before it is written).
+inline void rotate_half(const float *x, const float *cos, const float *sin, float *y, int64_t dim) {
+  const int64_t half = dim / 2;
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    const float first = x[i], second = x[i + half];
+    y[i] = first * cos[i] - second * sin[i];
+    y[i + half] = second * cos[i + half] + first * sin[i + half];
+  }
+}
+
 }  // namespace mindvl

@@ -6,6 +6,7 @@ The kernels compute in float32 only; a precision policy keeps these cells float3
 (mindvl.train.precision) and a float16 input is refused when the graph compiles.
 """
 from pathlib import Path
+from typing import List
 
 import numpy as np
 from mindspore import Tensor, nn, ops
@@ -328,5 +329,99 @@ class FusedAttentionCore(nn.Cell):
         return AttentionCore(self.heads, self.head_dim)
 
 
+def decode_step_problems(block) -> List[str]:
+    """Why FusedDecodeStep cannot run `block` (a TransformerBlock) as its one kernel: [] when it can."""
+    from mindvl.cells.activation import GELUTanh, SiLU
+    from mindvl.cells.linear import Linear
+    from mindvl.cells.norm import RMSNorm
+    from mindvl.cells.quant import Int4Linear, Int8Linear
+
+    attn, mlp = block.attn, block.mlp
+    norms = [block.norm1, block.norm2]
+    norms += [attn.q_norm, attn.k_norm] if attn.qk_norm else []
+    norms += [block.post_attn_norm, block.post_mlp_norm] if block.sandwich_norm else []
+    products = [attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj]
+    products += [mlp.gate, mlp.fc1, mlp.fc2] if mlp.gated else []
+    problems = []
+    if not block.pre_norm:
+        problems.append("a post-norm block")
+    if not all(isinstance(norm, RMSNorm) for norm in norms) or len({norm.eps for norm in norms}) > 1:
+        problems.append("norms other than RMSNorm of one eps")
+    if not isinstance(block.ls1, nn.Identity):
+        problems.append("LayerScale")
+    if not attn.rotary:
+        problems.append("attention without the rotary embedding")
+    if not mlp.gated or not isinstance(mlp.act, (GELUTanh, SiLU)):
+        problems.append("an MLP other than gated GELU-tanh or SiLU")
+    if not all(type(layer) in (Linear, Int8Linear, Int4Linear) and getattr(layer, "lora_rank", 0) == 0
+               for layer in products):
+        problems.append("products other than float32, int8 or int4 weights without LoRA")
+    return problems
+
+
+class FusedDecodeStep(nn.Cell):
+    """A decoder block over new tokens as one kernel (decoder_step.cc) instead of the ~28 MindSpore kernels of the
+    block's cells: its decode step against the caches (`construct`: TransformerBlock.construct_cached with `beside`,
+    the caches read, the step's key and value rows returned) and its prefill (`prefill`: construct_keys). MindSpore's
+    runtime spends ~10-13 us between two kernels of a graph, and its compiler ~0.3 MB per graph node. The block
+    passes its weights at call time (TransformerBlock.step_tensors); this cell holds only the settings that tell
+    the kernel how to read them. Inference only, untimed by "auto" (its standard form is the block's own cells,
+    which then run: `standard()` is None)."""
+
+    untimed = True
+    KINDS = {"Linear": 0, "Int8Linear": 1, "Int4Linear": 2}  # decoder_step.cc's mindvl::Weight::Kind
+
+    def __init__(self, block, path: Path):
+        super().__init__()
+        from mindvl.cells.activation import SiLU
+
+        problems = decode_step_problems(block)
+        if problems:
+            raise ValueError(f"mindvl fused decode step: the block has {'; '.join(problems)}; keep its cells")
+        attn, mlp = block.attn, block.mlp
+        products = [attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj, mlp.gate, mlp.fc1, mlp.fc2]
+        settings = [block.norm1.eps, attn.core.softmax.scale, attn.heads, attn.kv_heads, attn.head_dim,
+                    attn.qk_norm, block.sandwich_norm, isinstance(mlp.act, SiLU)]
+        for layer in products:
+            settings += [self.KINDS[type(layer).__name__], layer.has_bias]
+        self.settings = Tensor(np.array(settings, np.float32))
+        self.kv_width = attn.kv_heads * attn.head_dim
+        self.zeros = ops.Zeros()
+
+        def dtypes(x, *others):
+            found = x.element_type() if isinstance(x, mstype.TensorType) else x
+            if found != mstype.float32:
+                raise TypeError(f"mindvl fused decode step: x must be float32, got {found}; keep the block in float32")
+            return x, x, x
+
+        def shapes(x, mask, own, cos, sin, keys, *others):
+            batch, steps = x[0], x[1]
+            if (len(x) != 3 or list(mask[:3]) != [batch, 1, steps] or list(own) != [batch, 1, steps, steps]
+                    or list(cos) != [batch, steps, 1, attn.head_dim] or list(keys) != [batch, mask[3], self.kv_width]):
+                raise ValueError(f"mindvl fused decode step: expected x (batch, steps, width), masks (batch, 1, steps, "
+                                 f"cache_len | steps), cos (batch, steps, 1, head_dim), caches (batch, cache_len, "
+                                 f"kv_width); got {list(x)}, {list(mask)}, {list(own)}, {list(cos)}, {list(keys)}")
+            return x, [batch, steps, self.kv_width], [batch, steps, self.kv_width]
+
+        self.forward = ops.Custom(f"{path}:MindvlDecoderStep", out_shape=shapes, out_dtype=dtypes, func_type="aot")
+
+    def construct(self, x, mask, rotary, cache_k, cache_v, tensors):
+        """One step a row, x (batch, 1, width), against the caches under `mask` (batch, 1, 1, cache_len) -> (y, the
+        step's key and value rows (batch, 1, kv_width))."""
+        own = self.zeros((x.shape[0], 1, 1, 1), mstype.float32)
+        return self.forward(x, mask, own, rotary[0], rotary[1], cache_k, cache_v, self.settings, *tensors)
+
+    def prefill(self, x, mask, rotary, tensors):
+        """The prompt x (batch, seq, width) under its causal mask (batch, 1, seq, seq) -> (y, its keys and values
+        (batch, seq, kv_width)); no cache (one slot at -inf stands for it)."""
+        batch, seq = x.shape[0], x.shape[1]
+        empty = self.zeros((batch, 1, self.kv_width), mstype.float32)
+        blocked = self.zeros((batch, 1, seq, 1), mstype.float32) - np.inf  # weight 0 even for a query that sees none
+        return self.forward(x, blocked, mask, rotary[0], rotary[1], empty, empty, self.settings, *tensors)
+
+    def standard(self):
+        return None
+
+
 CPU_CELLS = (FusedLayerNorm, FusedRMSNorm, FusedRotateHalf, FusedBiasAdd, FusedMatMul, FusedHeadMatMul, FusedGELU,
-             FusedBiasGELU, FusedSoftmax, FusedAttentionCore, FusedInt8MatMul, FusedInt4MatMul)
+             FusedBiasGELU, FusedSoftmax, FusedAttentionCore, FusedInt8MatMul, FusedInt4MatMul, FusedDecodeStep)

@@ -9,18 +9,6 @@
 #include "common.h"
 #include "pool.h"
 
-namespace {
-
-// 1 / sqrt(mean(x^2) + eps) of one row
-inline float inverse_rms(const float *x, int64_t cols, float eps) {
-  float squares = 0.0f;
-#pragma omp simd reduction(+ : squares)
-  for (int64_t c = 0; c < cols; ++c) squares += x[c] * x[c];
-  return 1.0f / std::sqrt(squares / cols + eps);
-}
-
-}  // namespace
-
 // inputs x (..., C), weight (C), eps (); output y (..., C)
 MINDVL_KERNEL(MindvlRmsNormForward) {
   const float *x = static_cast<const float *>(params[0]);
@@ -31,7 +19,7 @@ MINDVL_KERNEL(MindvlRmsNormForward) {
   mindvl::parallel_rows(r.rows, [&](int64_t row) {
     const float *xr = x + row * r.cols;
     float *yr = y + row * r.cols;
-    const float inv = inverse_rms(xr, r.cols, eps);
+    const float inv = mindvl::inverse_rms(xr, r.cols, eps);
 #pragma omp simd
     for (int64_t c = 0; c < r.cols; ++c) yr[c] = xr[c] * inv * weight[c];
   });
@@ -55,7 +43,7 @@ MINDVL_KERNEL(MindvlRmsNormBackward) {
     for (int64_t row = begin; row < end; ++row) {
       const float *xr = x + row * r.cols, *dyr = dy + row * r.cols;
       float *dxr = dx + row * r.cols;
-      const float inv = inverse_rms(xr, r.cols, eps);
+      const float inv = mindvl::inverse_rms(xr, r.cols, eps);
       float sum_g_xhat = 0.0f;
 #pragma omp simd reduction(+ : sum_g_xhat)
       for (int64_t c = 0; c < r.cols; ++c) {

@@ -29,16 +29,15 @@ void rotate(const float *x, const float *cos, const float *sin, float *y, const 
     for (int64_t h = 0; h < l.heads; ++h) {
       const float *xr = x + (p * l.heads + h) * l.dim;
       float *yr = y + (p * l.heads + h) * l.dim;
+      if (!Backward) {
+        mindvl::rotate_half(xr, c, s, yr, l.dim);
+        continue;
+      }
 #pragma omp simd
       for (int64_t i = 0; i < half; ++i) {
         const float first = xr[i], second = xr[i + half];
-        if (Backward) {
-          yr[i] = first * c[i] + second * s[i + half];
-          yr[i + half] = second * c[i + half] - first * s[i];
-        } else {
-          yr[i] = first * c[i] - second * s[i];
-          yr[i + half] = second * c[i + half] + first * s[i + half];
-        }
+        yr[i] = first * c[i] + second * s[i + half];
+        yr[i + half] = second * c[i + half] - first * s[i];
       }
     }
   });
