@@ -176,7 +176,8 @@ def use_kernels(model: nn.Cell, kind: str, device: Optional[str] = None, compute
     `probe()` (one forward pass of `model` on a real batch) calls them with (cells/kernels/auto.py), and
     says so in one line to `log`; `agree` makes data-parallel ranks decide alike (auto.choose). On Ascend
     it is "fused" (flash attention, validated statically here). `only`: the fused cell classes to swap in
-    (the others keep the standard operators)."""
+    (the others keep the standard operators); generation's FusedDecodeStep, which has no backward, is swapped in
+    only where `only` names it."""
     import mindspore as ms
 
     KERNELS.check("train.kernels", kind)
@@ -190,8 +191,9 @@ def use_kernels(model: nn.Cell, kind: str, device: Optional[str] = None, compute
         if path is None:
             return 0
         swaps = _cpu_replacements(model, path)
-        if only is not None:
-            swaps = [swap for swap in swaps if isinstance(swap[2], only)]
+        # generation's own kernels (no backward) only where `only` names them: never into a model that trains
+        swaps = [swap for swap in swaps if (isinstance(swap[2], only) if only is not None
+                                            else not getattr(swap[2], "generation_only", False))]
         if kind == "auto":
             if probe is None:
                 raise ValueError("train.kernels: 'auto' times each operation at the shapes it runs at and needs a "

@@ -369,6 +369,7 @@ class FusedDecodeStep(nn.Cell):
     which then run: `standard()` is None)."""
 
     untimed = True
+    generation_only = True  # use_kernels swaps it in only by name (decoder_kernels): no backward
     KINDS = {"Linear": 0, "Int8Linear": 1, "Int4Linear": 2}  # decoder_step.cc's mindvl::Weight::Kind
 
     def __init__(self, block, path: Path):

@@ -110,6 +110,13 @@ def test_blocks_it_cannot_run_keep_their_cells():
         assert not lm.fused_steps() and not Decode(lm).beside
 
 
+def test_training_kernels_leave_the_steps_out():
+    """"fused" and "auto" without `only` (a training model's kernels) never swap in the step: it has no backward."""
+    lm = CausalLM(GEMMA_LIKE, cache_len=CACHE)
+    _built("native")
+    assert use_kernels(lm, "fused") > 0 and not lm.fused_steps()
+
+
 def test_exports_put_the_block_cells_back():
     lm = CausalLM(GEMMA_LIKE, cache_len=CACHE)
     _built("native")
