@@ -1,9 +1,13 @@
 // The kernels' own worker threads. Not OpenMP: MindSpore loads libgomp at import with its default wait
 // policy, under which idle OpenMP threads spin after every parallel region and starve MindSpore's own
 // kernel threads on the same cores (a train step ran 2x slower with OpenMP kernels than with none). These
-// workers sleep on a condition variable between calls.
+// workers sleep on a condition variable between calls, except while a Pool::Hot is alive (and kHotGrace after):
+// then workers and caller spin, as a decoder block's fused step calls the pool a dozen times within a few hundred
+// microseconds and a sleeping thread took ~20-40 us to wake on a shared 2-vCPU host.
 #pragma once
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -31,15 +35,31 @@ class Pool {
       total_ = n;
       chunks_ = chunks;
       pending_ = chunks - 1;
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     body(0, chunk_end(0), 0);
+    while (spinning() && pending_.load(std::memory_order_acquire) != 0) pause();
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [this] { return pending_ == 0; });
   }
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // While one lives (and kHotGrace after the last ends), the pool's threads spin between calls instead of sleeping.
+  class Hot {
+   public:
+    Hot() : pool_(instance()) { pool_.hot_.fetch_add(1, std::memory_order_acq_rel); }
+    ~Hot() {
+      pool_.cool_at_.store(now_ns() + kHotGrace, std::memory_order_release);
+      pool_.hot_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+    Hot(const Hot &) = delete;
+    Hot &operator=(const Hot &) = delete;
+
+   private:
+    Pool &pool_;
+  };
 
   static Pool &instance() {
     static Pool pool;
@@ -62,11 +82,33 @@ class Pool {
     for (auto &worker : workers_) worker.join();
   }
 
+  // the gap a Hot leaves for the next one: the MindSpore kernels between two fused steps of a decode graph
+  static constexpr int64_t kHotGrace = 300000;  // ns
+
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  static void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+
+  bool spinning() const {
+    return hot_.load(std::memory_order_acquire) > 0 || now_ns() < cool_at_.load(std::memory_order_acquire);
+  }
+
   int64_t chunk_end(int chunk) const { return total_ * (chunk + 1) / chunks_; }
 
   void work(int index) {
     uint64_t seen = 0;
     for (;;) {
+      while (!stopping_.load(std::memory_order_acquire) && generation_.load(std::memory_order_acquire) == seen &&
+             spinning()) {
+        pause();
+      }
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
       if (stopping_) return;
@@ -86,9 +128,11 @@ class Pool {
   std::condition_variable wake_, done_;
   const std::function<void(int64_t, int64_t, int)> *body_ = nullptr;
   int64_t total_ = 0;
-  int chunks_ = 0, pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stopping_ = false;
+  int chunks_ = 0;
+  std::atomic<int> pending_{0}, hot_{0};
+  std::atomic<int64_t> cool_at_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> stopping_{false};
 };
 
 // Each worker's partial sums of `width` floats (parameter and bias gradients), added up in worker order at

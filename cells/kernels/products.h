@@ -226,7 +226,8 @@ struct Int4Rows {
 // y (m, n) = x (m, k) W^T: `dot(i, j)` x's row i against W's row j at decode, W's rows widened by `rows` into sgemm
 // otherwise.
 template <class Rows, class Dot>
-void product(const float *x, const Rows &rows, const Dot &dot_row, float *y, int64_t m, int64_t n, int64_t k) {
+void product(const float *x, const Rows &rows, const Dot &dot_row, float *y, int64_t m, int64_t n, int64_t k,
+             int64_t inline_weights = kInlineWeights) {
   Pool &pool = Pool::instance();
   if (m < kRowsPerDot) {
     const auto rows_of_w = [&](int64_t begin, int64_t end, int) {
@@ -234,7 +235,7 @@ void product(const float *x, const Rows &rows, const Dot &dot_row, float *y, int
         for (int64_t i = 0; i < m; ++i) y[i * n + j] = dot_row(i, j);
       }
     };
-    if (n * k < kInlineWeights) {
+    if (n * k < inline_weights) {
       rows_of_w(0, n, 0);
     } else {
       pool.parallel_for(n, rows_of_w);
@@ -274,13 +275,13 @@ struct Weight {
   int64_t n = 0, k = 0, groups = 1;
 };
 
-// y (m, n) = x (m, k) W^T
-inline void multiply(const Weight &w, const float *x, int64_t m, float *y) {
+// y (m, n) = x (m, k) W^T; a decode product of fewer than `inline_weights` weights runs on the calling thread alone
+inline void multiply(const Weight &w, const float *x, int64_t m, float *y, int64_t inline_weights = kInlineWeights) {
   const int64_t n = w.n, k = w.k, groups = w.groups;
   if (w.kind == Weight::kFloat) {
     const float *weights = static_cast<const float *>(w.data);
     product(x, FloatRows{weights, k}, [&](int64_t i, int64_t j) { return float_dot(x + i * k, weights + j * k, k); },
-            y, m, n, k);
+            y, m, n, k, inline_weights);
     return;
   }
   if (w.kind == Weight::kInt4) {
@@ -288,7 +289,7 @@ inline void multiply(const Weight &w, const float *x, int64_t m, float *y) {
     const Activations a(x, m < kRowsPerDot ? m : 0, k, true);
     product(x, rows, [&](int64_t i, int64_t j) {
       return int4_dot(a, i, rows.q + j * (k / 2), rows.scale + j * groups, rows.minimum + j * groups);
-    }, y, m, n, k);
+    }, y, m, n, k, inline_weights);
     return;
   }
   const int8_t *q = static_cast<const int8_t *>(w.data);
@@ -300,11 +301,11 @@ inline void multiply(const Weight &w, const float *x, int64_t m, float *y) {
       float sum = 0.0f;
       for (int64_t g = 0; g < groups; ++g) sum += dot(x + i * k + g * size, q + j * k + g * size, size) * w.scale[j * groups + g];
       return sum;
-    }, y, m, n, k);
+    }, y, m, n, k, inline_weights);
     return;
   }
   const Activations a(x, m, k);
-  product(x, rows, [&](int64_t i, int64_t j) { return int8_dot(a, i, q + j * k, w.scale + j * groups, groups); }, y, m, n, k);
+  product(x, rows, [&](int64_t i, int64_t j) { return int8_dot(a, i, q + j * k, w.scale + j * groups, groups); }, y, m, n, k, inline_weights);
 }
 
 }  // namespace mindvl

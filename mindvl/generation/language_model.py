@@ -33,7 +33,7 @@ def decoder_kernels(lm, kernels: str) -> None:
     alone at every prefill and decode shape timed) and the LM head as one sgemm per worker over its share of
     the vocabulary: decode ~25% faster on Gemma 3 270M, the same tokens (docs/llm.md), and a quantized model's
     products as kernels that read the int8 / int4 weights as they are, and each decoder block's decode step as
-    one kernel (cells/kernels/decoder_step.cc; Gemma 3 270M int4: 38 -> 47 tokens/s, the same tokens) where the
+    one kernel (cells/kernels/decoder_step.cc; Gemma 3 270M int4: ~37 -> ~55-79 tokens/s, docs/llm.md) where the
     block allows (no LoRA, a gated GELU-tanh or SiLU MLP). "standard" keeps MindSpore's operators. A float model's
     prefill products stay MindSpore's: at few rows they are no faster as the kernels' sgemm."""
     from mindvl.cells.kernels import use_kernels

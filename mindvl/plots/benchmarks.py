@@ -53,7 +53,8 @@ def comparison_figure(rows: Sequence[Dict[str, Any]], *, x: Key, series: Key, va
                 and (panel is None or isinstance(value, dict) or _get(panel, row) == name)]
         xs = _ordered(_get(x, row) for row in mine)
         names = _ordered(_get(series, row) for row in mine)
-        width = 0.8 / max(len(names), 1)
+        alone = x == series  # one bar per x (each peer its own x): full width, centred
+        width = 0.8 if alone else 0.8 / max(len(names), 1)
         for index, label_series in enumerate(names):
             points = {_get(x, row): row[key] for row in mine if _get(series, row) == label_series}
             positions = [i for i, v in enumerate(xs) if v in points]
@@ -62,13 +63,15 @@ def comparison_figure(rows: Sequence[Dict[str, Any]], *, x: Key, series: Key, va
                 ax.plot(positions, heights, marker="o", label=str(label_series),
                         gid=bar_gid(name, "*", label_series))
                 continue
-            offset = (index - (len(names) - 1) / 2) * width
+            offset = 0.0 if alone else (index - (len(names) - 1) / 2) * width
             for position, height in zip(positions, heights):
                 ax.bar(position + offset, height, width=width * 0.95, color=f"C{index % 10}",
                        label=str(label_series) if position == positions[0] else None,
                        gid=bar_gid(name, xs[position], label_series))
         ax.set_xticks(range(len(xs)))
-        ax.set_xticklabels([str(v) for v in xs], fontsize=8)
+        crowded = len(xs) > 4  # long labels side by side overlap: slanted
+        ax.set_xticklabels([str(v) for v in xs], fontsize=8, rotation=30 if crowded else 0,
+                           ha="right" if crowded else "center")
         ax.set_xlabel(x if isinstance(x, str) else "")
         ax.set_ylabel(label)
         if not isinstance(value, dict) and panel is not None:
@@ -76,7 +79,8 @@ def comparison_figure(rows: Sequence[Dict[str, Any]], *, x: Key, series: Key, va
         if log:
             ax.set_yscale("log")
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
+        if not alone:  # one bar per x: the ticks name them
+            ax.legend(fontsize=7)
     heading = title + ("\n" + "\n".join(textwrap.wrap(machine, 120)) if machine else "")
     figure.suptitle(heading, fontsize=10)
     return figure
