@@ -75,6 +75,13 @@ inline float inverse_rms(const float *x, int64_t cols, float eps) {
   return 1.0f / std::sqrt(squares / cols + eps);
 }
 
+// y = x / rms(x) * weight over one row of `cols` (in place is fine)
+inline void rms_row(const float *x, const float *weight, float *y, int64_t cols, float eps) {
+  const float inv = inverse_rms(x, cols, eps);
+#pragma omp simd
+  for (int64_t c = 0; c < cols; ++c) y[c] = x[c] * inv * weight[c];
+}
+
 // One head of `dim` rotated by the rotary embedding ("rotate half": dimension i pairs with i + dim / 2):
 // y1 = x1 cos1 - x2 sin1, y2 = x2 cos2 + x1 sin2. In place is fine (each pair is read before it is written).
 inline void rotate_half(const float *x, const float *cos, const float *sin, float *y, int64_t dim) {

@@ -329,6 +329,12 @@ class FusedAttentionCore(nn.Cell):
         return AttentionCore(self.heads, self.head_dim)
 
 
+def _step_products(block) -> list:
+    """A block's products in the order decoder_step.cc reads them: q, k, v, out, then gate, up, down when gated."""
+    attn, mlp = block.attn, block.mlp
+    return [attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj] + ([mlp.gate, mlp.fc1, mlp.fc2] if mlp.gated else [])
+
+
 def decode_step_problems(block) -> List[str]:
     """Why FusedDecodeStep cannot run `block` (a TransformerBlock) as its one kernel: [] when it can."""
     from mindvl.cells.activation import GELUTanh, SiLU
@@ -340,8 +346,6 @@ def decode_step_problems(block) -> List[str]:
     norms = [block.norm1, block.norm2]
     norms += [attn.q_norm, attn.k_norm] if attn.qk_norm else []
     norms += [block.post_attn_norm, block.post_mlp_norm] if block.sandwich_norm else []
-    products = [attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj]
-    products += [mlp.gate, mlp.fc1, mlp.fc2] if mlp.gated else []
     problems = []
     if not block.pre_norm:
         problems.append("a post-norm block")
@@ -354,7 +358,7 @@ def decode_step_problems(block) -> List[str]:
     if not mlp.gated or not isinstance(mlp.act, (GELUTanh, SiLU)):
         problems.append("an MLP other than gated GELU-tanh or SiLU")
     if not all(type(layer) in (Linear, Int8Linear, Int4Linear) and getattr(layer, "lora_rank", 0) == 0
-               for layer in products):
+               for layer in _step_products(block)):
         problems.append("products other than float32, int8 or int4 weights without LoRA")
     return problems
 
@@ -380,10 +384,9 @@ class FusedDecodeStep(nn.Cell):
         if problems:
             raise ValueError(f"mindvl fused decode step: the block has {'; '.join(problems)}; keep its cells")
         attn, mlp = block.attn, block.mlp
-        products = [attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj, mlp.gate, mlp.fc1, mlp.fc2]
         settings = [block.norm1.eps, attn.core.softmax.scale, attn.heads, attn.kv_heads, attn.head_dim,
                     attn.qk_norm, block.sandwich_norm, isinstance(mlp.act, SiLU)]
-        for layer in products:
+        for layer in _step_products(block):
             settings += [self.KINDS[type(layer).__name__], layer.has_bias]
         self.settings = Tensor(np.array(settings, np.float32))
         self.kv_width = attn.kv_heads * attn.head_dim

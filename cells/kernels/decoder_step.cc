@@ -1,9 +1,9 @@
 // A pre-norm decoder block over new tokens as one kernel, for generation: a decode step (TransformerBlock.
 // construct_cached with `beside`, cells/transformer.py: the caches only read, the step's own key and value rows
 // returned for the caller to write) and a prefill (construct_keys: the prompt's tokens attend to each other under
-// the causal mask, no cache) for the blocks of Llama, Qwen2 and Gemma: RMSNorms, q/k/v products, optional per-head q and k norms (Gemma 3),
-// the rotary rotation, grouped-query attention over the cache beside the step's own key, the output product,
-// optional sandwich norms (Gemma 2 / 3), the residuals and a gated MLP (GELU-tanh or SiLU); each product's weight
+// the causal mask, no cache) for the blocks of Llama, Qwen2 and Gemma: RMSNorms, q/k/v products, optional per-head
+// q and k norms (Gemma 3), the rotary rotation, grouped-query attention over the cache beside the step's own key,
+// the output product, optional sandwich norms (Gemma 2 / 3), the residuals and a gated MLP (GELU-tanh or SiLU); each product's weight
 // float32, int8 or int4 (products.h). Why one kernel: a decode step of Gemma 3 270M ran ~28 MindSpore kernels a
 // block and MindSpore's runtime spends ~10-13 us between two kernels of a graph, ~40% of the step; and each
 // graph node costs MindSpore's compiler ~0.3 MB (the prefill graph's compile set generation's peak memory).
@@ -28,10 +28,8 @@
 
 namespace {
 
-// settings: eps, scale, heads, kv_heads, head_dim, qk_norm, sandwich, activation (kActivations), then for each of
+// settings: eps, scale, heads, kv_heads, head_dim, qk_norm, sandwich, activation (Activation), then for each of
 // the seven products (q, k, v, out, gate, up, down) its kind (mindvl::Weight::Kind) and whether it has a bias
-constexpr int kProducts = 7;
-constexpr int kSettings = 8 + 2 * kProducts;
 enum Activation { kGeluTanh = 0, kSilu = 1 };
 // An additive mask entry at or below cells/masks.py's MASK_VALUE blocks its key: its weight is exactly 0, as
 // e^(MASK_VALUE + score - max) is in float32, so the key is not read at all. A query that sees no key (a prompt's
@@ -61,7 +59,8 @@ struct Product {
 // The kernel's inputs read in order.
 class Inputs {
  public:
-  Inputs(void **params, int64_t **shapes, const float *settings) : params_(params), shapes_(shapes), settings_(settings) {}
+  Inputs(void **params, int64_t **shapes, const float *settings)
+      : params_(params), shapes_(shapes), settings_(settings) {}
 
   const float *next() { return static_cast<const float *>(params_[at_++]); }
 
@@ -89,13 +88,9 @@ class Inputs {
   int at_ = 8;  // after x, mask, own, cos, sin, cache_k, cache_v, settings
 };
 
-// y = x / rms(x) * weight over rows of `cols` (in place is fine)
+// RMSNorm over rows of `cols` (in place is fine)
 void rms_rows(const float *x, const float *weight, float *y, int64_t rows, int64_t cols, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float inv = mindvl::inverse_rms(x + r * cols, cols, eps);
-#pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = x[r * cols + c] * inv * weight[c];
-  }
+  for (int64_t r = 0; r < rows; ++r) mindvl::rms_row(x + r * cols, weight, y + r * cols, cols, eps);
 }
 
 inline float gelu_tanh(float x) {  // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), tanh from e^(-2|z|)
@@ -217,7 +212,7 @@ MINDVL_KERNEL(MindvlDecoderStep) {
                      scores.data());
     }
   };
-  // a few heads over a short cache run on this thread alone (waking a worker costs ~10-20 us)
+  // a few heads over a short cache run on this thread alone, as a small product does
   if (m * attention.heads * (cache_len + steps) * dim < kInlineWeights) {
     heads_of_rows(0, m * attention.heads, 0);
   } else {

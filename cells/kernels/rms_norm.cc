@@ -16,13 +16,8 @@ MINDVL_KERNEL(MindvlRmsNormForward) {
   const float eps = *static_cast<const float *>(params[2]);
   float *y = static_cast<float *>(params[3]);
   const mindvl::Rows r = mindvl::rows_of(ndims[0], shapes[0]);
-  mindvl::parallel_rows(r.rows, [&](int64_t row) {
-    const float *xr = x + row * r.cols;
-    float *yr = y + row * r.cols;
-    const float inv = mindvl::inverse_rms(xr, r.cols, eps);
-#pragma omp simd
-    for (int64_t c = 0; c < r.cols; ++c) yr[c] = xr[c] * inv * weight[c];
-  });
+  mindvl::parallel_rows(r.rows,
+                        [&](int64_t row) { mindvl::rms_row(x + row * r.cols, weight, y + row * r.cols, r.cols, eps); });
   return 0;
 }
 
