@@ -1,13 +1,13 @@
 // A pre-norm decoder block over new tokens as one kernel, for generation: a decode step (TransformerBlock.
 // construct_cached with `beside`, cells/transformer.py: the caches only read, the step's own key and value rows
 // returned for the caller to write) and a prefill (construct_keys: the prompt's tokens attend to each other under
-// the causal mask, no cache) for the blocks of Llama, Qwen2 and Gemma: RMSNorms, q/k/v products, optional per-head
-// q and k norms (Gemma 3), the rotary rotation, grouped-query attention over the cache beside the step's own key,
-// the output product, optional sandwich norms (Gemma 2 / 3), the residuals and a gated MLP (GELU-tanh or SiLU);
-// each product's weight float32, int8 or int4 (products.h). Why one kernel: a decode step of Gemma 3 270M ran ~28 MindSpore kernels a
-// block and MindSpore's runtime spends ~10-13 us between two kernels of a graph, ~40% of the step; and each
-// graph node costs MindSpore's compiler ~0.3 MB (the prefill graph's compile set generation's peak memory).
-// Inference only: no backward; training and exports keep the standard block.
+// the causal mask, no cache) for the blocks of Llama, Qwen2 and Gemma: RMSNorms, q/k/v products, optional per-head q
+// and k norms (Gemma 3), the rotary rotation, grouped-query attention over the cache beside the step's own key, the
+// output product, optional sandwich norms (Gemma 2 / 3), the residuals and a gated MLP (GELU-tanh or SiLU); each
+// product's weight float32, int8 or int4 (products.h). Why one kernel: a decode step of Gemma 3 270M ran ~28
+// MindSpore kernels a block and MindSpore's runtime spends ~10-13 us between two kernels of a graph, ~40% of the
+// step; and each graph node costs MindSpore's compiler ~0.3 MB (the prefill graph's compile set generation's peak
+// memory). Inference only: no backward; training and exports keep the standard block.
 //
 // inputs, in this order (cells/kernels/cpu.py FusedDecodeStep and TransformerBlock.step_tensors build them):
 //   x (batch, steps, width); mask (batch, 1, steps, cache_len) over the cache, additive, the steps' own slots
