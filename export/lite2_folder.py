@@ -13,13 +13,18 @@ graphs' standard ops through unchanged: a small decoder's greedy tokens then com
 A generative package's lite2/ holds its attachments, prefill and decode graphs at batch 1 (the device
 generates one sequence at a time) and generation.txt, the generation spec and the chat template as token
 ids. Lite 2.0 reads MindIR external data, so those graphs keep no weights of their own: their parameters
-point into the package's weights.bin (`../weights.bin`), the one copy the standard graphs share.
+point into the package's weights.bin (`../weights.bin`), the one copy the standard graphs share. Its decoder's
+vocabulary reaches the C++ runner as vocab.txt (a word vocabulary: vlm-tiny's) or as the converted decoder's
+SentencePiece model, tokenizer.model (Gemma's), which libsentencepiece reads; the export first checks that the
+model reads the stored questions and PARITY_TEXTS as the package's tokenizer.json does. A byte-level BPE decoder
+(Qwen's) has no such form: its lite2/ serves the Python device pipeline alone, which reads tokenizer.json.
 """
 import json
 import math
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -156,23 +161,65 @@ def device_assets(folder: Path, tokenizer, labels: Sequence[str], pre, graph_fil
     (folder / "vocab.txt").write_text("\n".join(by_id) + "\n", encoding="utf-8")
     if labels:  # a generative package answers in words: no labels
         (folder / "labels.txt").write_text("\n".join(labels) + "\n", encoding="utf-8")
-    lines = {
-        "batch": [batch],
-        "image_size": [pre.image_size],
-        "image_mean": list(pre.image_mean),
-        "image_std": list(pre.image_std),
-        "max_text_length": [pre.max_text_length],
-        "n_mels": [pre.n_mels],
-        "max_audio_frames": [pre.max_audio_frames],
+    _write_preprocess(folder, pre, batch, graph_files, {
         "tokenizer": [kind.lower()],
         "lowercase": [1],
         "continuing_subword_prefix": [spec["model"].get("continuing_subword_prefix", "##")],
         "pad_id": [tokenizer.pad_id], "unk_id": [tokenizer.unk_id], "cls_id": [tokenizer.cls_id],
-        "sep_id": [tokenizer.sep_id],
-        **{f"graph_{name}": [file] for name, file in graph_files.items()},
-    }
-    _write_lines(folder / "preprocess.txt", lines)
+        "sep_id": [tokenizer.sep_id]})
     return {"vocab": "vocab.txt", **({"labels": "labels.txt"} if labels else {}), "preprocess": "preprocess.txt"}
+
+
+def _write_preprocess(folder: Path, pre, batch: int, graph_files: Mapping[str, str], tokenizer: Mapping) -> None:
+    """preprocess.txt: the preprocessing parameters, the `tokenizer` lines and each graph's file."""
+    _write_lines(folder / "preprocess.txt", {
+        "batch": [batch], "image_size": [pre.image_size], "image_mean": list(pre.image_mean),
+        "image_std": list(pre.image_std), "max_text_length": [pre.max_text_length], "n_mels": [pre.n_mels],
+        "max_audio_frames": [pre.max_audio_frames], **tokenizer,
+        **{f"graph_{name}": [file] for name, file in graph_files.items()}})
+
+
+TOKENIZER_MODEL = "tokenizer.model"  # lite2/: a SentencePiece package's vocabulary, as the runner reads it
+# Texts a SentencePiece package's model must read as its tokenizer.json does, besides the stored questions:
+# Unicode, runs of whitespace, turn markers and a special token typed as text (the chat reads it as characters).
+PARITY_TEXTS = ("What colour is the shape in the image?", "caf\u00e9 na\u00efve \u65e5\u672c\u8a9e \U0001f600 \u00bd",
+                "two  spaces,   three, \ttab and\nnew line\n\n", "<start_of_turn>user\nhi<end_of_turn>\n",
+                "typed <bos> and [EOS] and <|im_end|>", " leading and trailing ", "2026-12-07: 3.14!")
+
+
+def sentencepiece_assets(folder: Path, model_file: Path, chat, texts: Sequence[str], pre,
+                         graph_files: Mapping[str, str]) -> Dict[str, str]:
+    """The device assets of a decoder with a SentencePiece vocabulary: `model_file` (the converted decoder's
+    tokenizer.model) as lite2/tokenizer.model and preprocess.txt saying so -> {asset: file name}. Refused, naming
+    the text, unless the model reads every special token, each of `texts` and PARITY_TEXTS (cut as the chat cuts a
+    user's text) and their decoding as `chat.tokenizer` (the package's tokenizer.json) does."""
+    import sentencepiece
+
+    from mindvl.preprocess.sentencepiece_vocab import SPACE
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+    tokenizer, size = chat.tokenizer, processor.get_piece_size()
+    fix = ("convert the decoder again with `mindvl convert llm`, or leave --target lite2 out (the Python device "
+           "pipeline reads tokenizer.json)")
+    for index, token in tokenizer.get_added_tokens_decoder().items():
+        if token.special and (index >= size or processor.id_to_piece(index).replace(SPACE, " ") != token.content):
+            raise PackageError(f"{model_file}: special token {index} ({token.content!r}) is not the same piece in "
+                               f"the SentencePiece model; {fix}")
+    for text in (*PARITY_TEXTS, *texts):
+        ids = []
+        for piece in chat.literal_pieces(text):
+            ours, theirs = processor.encode(piece), tokenizer.encode(piece, add_special_tokens=False).ids
+            if ours != theirs:
+                raise PackageError(f"{model_file}: reads {piece!r} as {ours}, tokenizer.json as {theirs}; the device "
+                                   f"would prompt the model differently; {fix}")
+            ids += ours
+        if processor.decode(ids) != tokenizer.decode(ids, skip_special_tokens=True):
+            raise PackageError(f"{model_file}: decodes the ids of {text!r} as {processor.decode(ids)!r}, "
+                               f"tokenizer.json as {tokenizer.decode(ids, skip_special_tokens=True)!r}; {fix}")
+    shutil.copyfile(model_file, folder / TOKENIZER_MODEL)
+    _write_preprocess(folder, pre, GENERATIVE_BATCH, graph_files,
+                      {"tokenizer": ["sentencepiece"], "tokenizer_model": [TOKENIZER_MODEL]})
+    return {"tokenizer_model": TOKENIZER_MODEL, "preprocess": "preprocess.txt"}
 
 
 def _write_lines(path: Path, lines: Mapping[str, Sequence]) -> None:
@@ -279,24 +326,29 @@ def _write_samples(work: Path, spec, net, inputs: Sequence[np.ndarray]) -> str:
     return file
 
 
-def write_generative_lite2(work: Path, model, samples: Sequence[Tuple], spec, chat, pre) -> dict:
+def write_generative_lite2(work: Path, model, samples: Sequence[Tuple], spec, chat, pre,
+                           sentencepiece: Optional[Path] = None, texts: Sequence[str] = ()) -> dict:
     """Fill the generative package folder `work` (its graphs and weights.bin written) with lite2/: the
     generation graphs at batch 1, their parameters pointing into weights.bin, and the device assets
-    (vocab.txt, preprocess.txt, generation.txt) -> the manifest's "lite2" entry. `samples`: (GraphSpec, its
-    sample inputs at batch 1 from real questions) for each generation graph, stored with the framework's outputs: a
-    prefill graph's slot_index addresses the modality rows of its whole batch, so the package graphs'
-    multi-row samples cannot run one row at a time. `spec`: the package's GenerationSpec; `chat`: its
-    ChatEncoder. `verify_package` runs the graphs on those samples and generates the stored questions again
-    on Lite 2.0 when the runtime is available."""
+    (preprocess.txt, generation.txt, and vocab.txt or tokenizer.model) -> the manifest's "lite2" entry. `samples`:
+    (GraphSpec, its sample inputs at batch 1 from real questions) for each generation graph, stored with the
+    framework's outputs: a prefill graph's slot_index addresses the modality rows of its whole batch, so the package
+    graphs' multi-row samples cannot run one row at a time. `spec`: the package's GenerationSpec; `chat`: its
+    ChatEncoder; `sentencepiece`: the decoder's SentencePiece model where its tokenizer is not a word vocabulary
+    (None: none, so no runner assets: the Python device pipeline alone); `texts`: the stored questions, which the
+    model must read as tokenizer.json does. `verify_package` runs the graphs on those samples and generates the
+    stored questions again on Lite 2.0 (and in the C++ runner) when the runtime is available."""
     kind = json.loads(chat.tokenizer.to_str())["model"]["type"]
-    if kind not in ("WordLevel", "WordPiece"):  # before any export: the device could not read its prompts
-        raise PackageError(f"--target lite2: the decoder's tokenizer is a {kind} model; the device assets support "
-                           f"WordLevel and WordPiece (a decoder trained on the data's tokenizer, as vlm-tiny's); "
-                           f"leave --target lite2 out")
+    words = kind in ("WordLevel", "WordPiece")
+    if not words and sentencepiece is None:
+        return {**_generation_lite2(work, model, samples, lambda folder, graphs: {}),
+                "runner": f"the C++ runner reads a word vocabulary or a SentencePiece model; this decoder's tokenizer is "
+                          f"a {kind} model without one: generate with the Python device pipeline"}
 
     def assets(folder: Path, graphs: Mapping[str, dict]) -> Dict[str, str]:
-        found = device_assets(folder, TextTokenizer(chat.tokenizer), [], pre, {n: g["file"] for n, g in graphs.items()},
-                              GENERATIVE_BATCH)
+        files = {n: g["file"] for n, g in graphs.items()}
+        found = (device_assets(folder, TextTokenizer(chat.tokenizer), [], pre, files, GENERATIVE_BATCH) if words else
+                 sentencepiece_assets(folder, sentencepiece, chat, texts, pre, files))
         return {**found, "generation": generation_assets(folder, spec, chat)}
 
     return {**_generation_lite2(work, model, samples, assets),
@@ -307,9 +359,9 @@ def write_native_lite2(work: Path, model, samples: Sequence[Tuple]) -> dict:
     """lite2/ for a native-resolution VLM's package (export/native_prefill_decode.py): its vision, prefill and
     decode graphs at batch 1 as write_generative_lite2 writes a generative package's, for the Python device pipeline
     (mindvl.lite.DevicePipeline), which tokenises with the package's tokenizer.json. No plain-text device assets:
-    the C++ runner reads WordLevel and WordPiece vocabularies, and the family's tokenizer is byte-level BPE."""
+    the C++ runner reads a word vocabulary or a SentencePiece model, and the family's tokenizer is byte-level BPE."""
     return {**_generation_lite2(work, model, samples, lambda folder, graphs: {}),
-            "runner": "the C++ runner reads WordLevel and WordPiece vocabularies only; this package's tokenizer is "
+            "runner": "the C++ runner reads a word vocabulary or a SentencePiece model; this package's tokenizer is "
                       "byte-level BPE: generate with the Python device pipeline"}
 
 

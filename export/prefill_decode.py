@@ -233,8 +233,18 @@ def write_generative_package(cfg: Config, model, chat, prompts: Sequence[Multimo
         {"preprocess": {**preprocess_dict(cfg.preprocess), "tokenizer": spec.tokenizer}},
         {"config.json": json.dumps(cfg.to_dict(), indent=2)},
         None if not lite2 else
-        lambda work, samples: write_generative_lite2(work, model, samples, spec, chat, cfg.preprocess))
+        lambda work, samples: write_generative_lite2(work, model, samples, spec, chat, cfg.preprocess,
+                                                     _decoder_sentencepiece(cfg), [p.question for p in prompts]))
     return write_generation_package(package, out, source, version, force, progress, compression)
+
+
+def _decoder_sentencepiece(cfg: Config) -> Optional[Path]:
+    """The converted decoder's SentencePiece model (mindvl.pretrained.llm.sentencepiece_file), None for a decoder
+    without one or trained from scratch."""
+    from mindvl.pretrained.llm import sentencepiece_file
+
+    folder = cfg.model.pretrained.decoder
+    return sentencepiece_file(folder) if folder else None
 
 
 def _sample_inputs(name: str, batch: DecodeBatch, layout, prompts: Sequence, rows: int = 0) -> List[np.ndarray]:

@@ -2,7 +2,8 @@
 
 `mindvl_runner` is what a mobile app does with the MindSpore Lite C++ API: it reads a package's lite2/
 folder, decodes and resizes the image (libpng / libjpeg, Pillow's bicubic in fixed point), tokenises the
-question, builds lite2/vqa.mindir and prints one JSON line with the answer. Python never links it: it
+question (a word vocabulary by hand, a decoder's SentencePiece model with libsentencepiece), builds lite2/vqa.mindir
+(or generates over the generation graphs) and prints one JSON line with the answer. Python never links it: it
 runs as a process, so it can sit next to MindSpore 2.10 (whose libmindspore_core.so clashes with the
 wheel's). `build_runner` compiles it once per source into the runtime's cache, next to the bridge.
 """
@@ -11,8 +12,11 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
+
+import numpy as np
 
 from mindvl.errors import MindvlError
 from mindvl.files import swap_folder, work_folder
@@ -48,17 +52,20 @@ def _build(folder: Path, runtime: Path, compiler: str, cmake: str) -> None:
         if result.returncode == 0:
             continue
         output = result.stdout + result.stderr
-        for package, fix in (("PNG", "libpng-dev"), ("JPEG", "libjpeg-dev")):
-            if f"Could NOT find {package}" in output:
+        for missing, package, fix in (("Could NOT find PNG", "PNG", "libpng-dev"),
+                                      ("Could NOT find JPEG", "JPEG", "libjpeg-dev"),
+                                      ("Could NOT find PkgConfig", "pkg-config", "pkg-config"),
+                                      ("No package 'sentencepiece' found", "sentencepiece", "libsentencepiece-dev")):
+            if missing in output:
                 raise lite2_runtime.Lite2Unavailable(f"the C++ runner needs the {package} development files; install "
-                                                f"them (Debian: apt install {fix})")
+                                                     f"them (Debian: apt install {fix}; .ci/system-packages does)")
         raise lite2_runtime.Lite2Unavailable(f"{step} the C++ runner (lite/runner) failed: {output.strip()[-800:]}")
 
 
 def build_runner() -> Path:
     """The compiled mindvl_runner for these sources and this runtime, building it on first use (~5 s):
     `lite2_runtime.home()/runner-<hash>/mindvl_runner`. Raises Lite2Unavailable when the runtime, cmake, a
-    C++ compiler or libpng / libjpeg are missing, saying which."""
+    C++ compiler, libpng / libjpeg or libsentencepiece are missing, saying which."""
     if not (SOURCE_DIR / "CMakeLists.txt").is_file():
         raise lite2_runtime.Lite2Unavailable(f"{SOURCE_DIR}: the runner's C++ sources are not installed with this "
                                         f"mindvl; use a source checkout (pip install -e .)")
@@ -86,19 +93,10 @@ def build_runner() -> Path:
     return binary
 
 
-def run_runner(package: Union[str, Path], image_path: Union[str, Path], question: str, threads: int = 1,
-               timeout: float = 60, dump: Optional[Union[str, Path]] = None,
-               preprocess_only: bool = False) -> dict:
-    """Run mindvl_runner on one image and typed question -> its JSON line as a dict: answer, confidence,
-    logits, answer_ids, preprocess_ms, build_ms, predict_ms (only preprocess_ms with preprocess_only).
-    dump: a folder for the preprocessed tensors (image.f32, question_ids.i32, question_mask.f32).
-    Raises RunnerFailed (exit code and the runner's message) when it fails or runs past `timeout` s."""
-    command = [str(build_runner()), str(package), "--image", str(image_path), "--question", question,
-               "--threads", str(int(threads))]
-    if dump is not None:
-        command += ["--dump", str(dump)]
-    if preprocess_only:
-        command.append("--preprocess-only")
+def _run(arguments: Sequence[str], timeout: float) -> dict:
+    """mindvl_runner with `arguments` -> its last JSON line as a dict; RunnerFailed (exit code and the runner's
+    message) when it fails or runs past `timeout` s."""
+    command = [str(build_runner()), *map(str, arguments)]
     env = {**os.environ, "GLOG_v": os.environ.get("GLOG_v", "3")}  # Lite's INFO/WARNING lines off by default
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
@@ -113,3 +111,46 @@ def run_runner(package: Union[str, Path], image_path: Union[str, Path], question
     if not lines:
         raise RunnerFailed(f"mindvl_runner printed no JSON line: {result.stdout.strip()[-300:]!r}", 0, result.stderr)
     return json.loads(lines[-1])
+
+
+def run_runner(package: Union[str, Path], image_path: Union[str, Path], question: str, threads: int = 1,
+               timeout: float = 60, dump: Optional[Union[str, Path]] = None,
+               preprocess_only: bool = False) -> dict:
+    """Run mindvl_runner on one image and typed question -> its JSON line as a dict: answer, confidence,
+    logits, answer_ids, preprocess_ms, build_ms, predict_ms (only preprocess_ms with preprocess_only).
+    dump: a folder for the preprocessed tensors (image.f32, question_ids.i32, question_mask.f32).
+    Raises RunnerFailed (exit code and the runner's message) when it fails or runs past `timeout` s."""
+    arguments = [package, "--image", image_path, "--question", question, "--threads", int(threads)]
+    if dump is not None:
+        arguments += ["--dump", dump]
+    if preprocess_only:
+        arguments.append("--preprocess-only")
+    return _run(arguments, timeout)
+
+
+def run_generation(package: Union[str, Path], question: str, image: Optional[np.ndarray] = None,
+                   mel: Optional[np.ndarray] = None, frame_mask: Optional[np.ndarray] = None, max_new_tokens: int = 0,
+                   threads: int = 1, ignore_eos: bool = False, timeout: float = 300) -> dict:
+    """mindvl_runner --generate on a generative package for one prompt: the typed `question` ('' when spoken), the
+    preprocessed `image` (3, S, S) and the spoken question's `mel` (n_mels, T) and `frame_mask` (T,) as the package's
+    stored samples hold them (None: absent) -> its JSON line: text, tokens, logprobs, finish, prompt_tokens, bucket,
+    build_ms, first_token_ms, decode_ms, decode_tokens_per_s. max_new_tokens 0: the package's. RunnerFailed as
+    run_runner."""
+    with tempfile.TemporaryDirectory(prefix="mindvl-runner-") as scratch:
+        arguments = [package, "--generate", "--question", question, "--threads", int(threads)]
+        for flag, value in (("--image-f32", image), ("--mel", mel), ("--frame-mask", frame_mask)):
+            if value is not None:
+                path = Path(scratch) / flag.strip("-")
+                np.ascontiguousarray(value, np.float32).tofile(path)
+                arguments += [flag, path]
+        if max_new_tokens:
+            arguments += ["--max-new-tokens", int(max_new_tokens)]
+        if ignore_eos:
+            arguments.append("--ignore-eos")
+        return _run(arguments, timeout)
+
+
+def run_tokenize(package: Union[str, Path], text: str, timeout: float = 60) -> dict:
+    """mindvl_runner --tokenize: `text` as a user's turn on the device -> {"ids", "prompt" (the chat prompt of that
+    typed question), "text" (the ids decoded)}."""
+    return _run([package, "--tokenize", "--question", text], timeout)

@@ -358,16 +358,21 @@ class ChatEncoder:
             self._cache[text] = self.tokenizer.encode(text, add_special_tokens=False).ids if text else []
         return self._cache[text]
 
-    def _literal(self, text: str) -> List[int]:
-        """Text as characters: every special token's spelling in it split after its first character, so the
-        tokenizer reads it as text, never as the control token. One scan of the text (a pattern of every
-        spelling, longest first) and one batch of pieces to the tokenizer: linear in the text (a rescan per
-        spelling found made 16,000 "[EOS]" in a question take seconds)."""
+    def literal_pieces(self, text: str) -> List[str]:
+        """Text cut so that no piece spells a special token: every special token's spelling in it split after
+        its first character. One scan of the text (a pattern of every spelling, longest first): linear in the
+        text (a rescan per spelling found made 16,000 "[EOS]" in a question take seconds). The C++ runner cuts
+        a SentencePiece package's text the same way (lite/runner/tokenizer.cc)."""
         pieces, start = [], 0
         for match in (self._special_pattern.finditer(text) if self._special_pattern else ()):
             pieces += [text[start:match.start()], match.group()[:1], match.group()[1:]]
             start = match.end()
-        pieces = [piece for piece in pieces + [text[start:]] if piece]
+        return [piece for piece in pieces + [text[start:]] if piece]
+
+    def _literal(self, text: str) -> List[int]:
+        """Text as characters, so the tokenizer reads a special token's spelling as text, never as the control
+        token: its literal pieces in one batch to the tokenizer."""
+        pieces = self.literal_pieces(text)
         encoded = self.tokenizer.encode_batch(pieces, add_special_tokens=False) if pieces else []
         return [token for encoding in encoded for token in encoding.ids]
 

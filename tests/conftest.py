@@ -496,6 +496,77 @@ def tiny_llms(tmp_path_factory):
             for family in TINY_LLM_FAMILIES}
 
 
+# A Gemma-layout SentencePiece vocabulary of the tiny Gemma 3's 384 tokens: control tokens (Gemma's chat and image
+# markers among them), user-defined spellings (line breaks, space runs, an HTML tag), the 256 byte tokens, then
+# pieces: characters and the prefixes of common words (each reachable by merges), scored in that order.
+GEMMA_CONTROL = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>",
+                 "<end_of_image>"]
+GEMMA_USER = ["[multimodal]", "\n", "\n\n", "  ", "   ", "<b>"]
+GEMMA_WORDS = ("what", "the", "shape", "color", "colour", "is", "image", "in", "of", "circle", "square", "triangle",
+               "red", "blue", "green", "yellow", "user", "model", "there", "does", "this", "describe", "a", "it")
+
+
+def gemma_layout_vocabulary(size: int):
+    """(tokens, scores, GGUF token types) of a Gemma-layout SentencePiece vocabulary of `size` tokens."""
+    from mindvl.preprocess.sentencepiece_vocab import BYTE, CONTROL, NORMAL, USER_DEFINED
+
+    space = "\u2581"
+    pieces = [space, *"abcdefghijklmnopqrstuvwxyz0123456789.,?!':-"]
+    for word in GEMMA_WORDS:
+        for spelled in (space + word, word):
+            pieces += [spelled[:end] for end in range(2, len(spelled) + 1) if spelled[:end] not in pieces]
+    fixed = GEMMA_CONTROL + GEMMA_USER + [f"<0x{b:02X}>" for b in range(256)]
+    pieces = pieces[:size - len(fixed)]
+    assert len(fixed) + len(pieces) == size, "more words needed for this size"
+    types = [CONTROL] * len(GEMMA_CONTROL) + [USER_DEFINED] * len(GEMMA_USER) + [BYTE] * 256 + [NORMAL] * len(pieces)
+    scores = [0.0] * len(fixed) + [-float(i) for i in range(len(pieces))]
+    return fixed + pieces, scores, types
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma_sentencepiece(tiny_llms, tmp_path_factory):
+    """The tiny random-weight Gemma 3 (tiny_llms) with a Gemma-layout SentencePiece vocabulary, written as a GGUF
+    ("llama" tokenizer, Gemma 3's keys) and converted by `convert_gguf` as the published Gemma 3 270M is: a folder
+    with tokenizer.json and tokenizer.model."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    from mindvl.pretrained.llm import GGUF_BLOCK, convert_gguf, read_llm_config
+
+    source = tiny_llms["gemma3_text"]
+    _, cfg = read_llm_config(source)
+    tensors = load_file(str(source / "model.safetensors"))
+    tokens, scores, types = gemma_layout_vocabulary(cfg.vocab_size)
+    path = tmp_path_factory.mktemp("tiny_gemma_gguf") / "tiny-gemma3.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_string("general.name", "tiny-gemma3-sentencepiece")
+    for key, value in (("block_count", cfg.layers), ("embedding_length", cfg.width), ("context_length", 256),
+                       ("attention.head_count", cfg.heads), ("attention.head_count_kv", cfg.kv_heads),
+                       ("attention.key_length", cfg.head_dim), ("feed_forward_length", int(cfg.width * cfg.mlp_ratio)),
+                       ("attention.sliding_window", 512)):
+        writer.add_uint32(f"gemma3.{key}", int(value))
+    writer.add_float32("gemma3.attention.layer_norm_rms_epsilon", cfg.norm_eps)
+    writer.add_float32("gemma3.rope.freq_base", cfg.rope_theta)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    for add, index in ((writer.add_pad_token_id, 0), (writer.add_eos_token_id, 1), (writer.add_bos_token_id, 2),
+                       (writer.add_unk_token_id, 3)):
+        add(index)
+    writer.add_add_bos_token(True)
+    names = {"embed.weight": "token_embd.weight", "norm.weight": "output_norm.weight"}
+    for index in range(cfg.layers):
+        names.update({f"blocks.{index}.{ours}": f"blk.{index}.{theirs}" for ours, theirs in GGUF_BLOCK.items()})
+    for ours, theirs in names.items():
+        writer.add_tensor(theirs, tensors[ours])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return convert_gguf(path, path.parent / "converted", log=lambda *_: None)
+
+
 @pytest.fixture(scope="session")
 def gemma3_folder(tmp_path_factory):
     """The registry's Gemma 3 270M GGUF (weights.txt) converted once (~35 s, 1.1 GB on disk)."""

@@ -94,9 +94,10 @@ void parse_preprocess(const std::string &path, Preprocess &pre) {
       expect(3);
       auto &target = key == "image_mean" ? pre.image_mean : pre.image_std;
       for (int c = 0; c < 3; ++c) target[c] = static_cast<float>(number(where, values[c]));
-    } else if (key == "tokenizer" || key == "continuing_subword_prefix") {
+    } else if (key == "tokenizer" || key == "continuing_subword_prefix" || key == "tokenizer_model") {
       expect(1);
-      (key == "tokenizer" ? pre.tokenizer : pre.continuing_subword_prefix) = values[0];
+      (key == "tokenizer" ? pre.tokenizer : key == "tokenizer_model" ? pre.tokenizer_model
+                                                                     : pre.continuing_subword_prefix) = values[0];
     } else {
       static const std::map<std::string, int Preprocess::*> integers = {
           {"batch", &Preprocess::batch}, {"image_size", &Preprocess::image_size},
@@ -113,12 +114,19 @@ void parse_preprocess(const std::string &path, Preprocess &pre) {
       }  // other keys: written by a newer exporter, not needed here
     }
   }
-  for (const char *key : {"image_size", "image_mean", "image_std", "max_text_length", "n_mels", "max_audio_frames",
-                          "tokenizer", "pad_id", "unk_id", "cls_id", "sep_id"}) {
+  const bool pieces = pre.tokenizer == "sentencepiece";
+  std::vector<const char *> required = {"image_size", "image_mean", "image_std", "max_text_length", "n_mels",
+                                        "max_audio_frames", "tokenizer"};
+  for (const char *key : pieces ? std::vector<const char *>{"tokenizer_model"}
+                                : std::vector<const char *>{"pad_id", "unk_id", "cls_id", "sep_id"}) {
+    required.push_back(key);
+  }
+  for (const char *key : required) {
     if (!seen.count(key)) throw RunnerError(path + ": has no '" + key + "' line; " + kFix + " again");
   }
-  if (pre.tokenizer != "wordlevel" && pre.tokenizer != "wordpiece") {
-    throw RunnerError(path + ": tokenizer '" + pre.tokenizer + "' is not supported (wordlevel or wordpiece)");
+  if (pre.tokenizer != "wordlevel" && pre.tokenizer != "wordpiece" && !pieces) {
+    throw RunnerError(path + ": tokenizer '" + pre.tokenizer + "' is not supported (wordlevel, wordpiece or "
+                      "sentencepiece)");
   }
   if (pre.image_size <= 0 || pre.max_text_length < 2 || pre.batch < 1) {
     throw RunnerError(path + ": image_size, max_text_length (>= 2) and batch must be positive");
@@ -130,6 +138,7 @@ void parse_preprocess(const std::string &path, Preprocess &pre) {
 
 bool exists(const std::string &path) { return static_cast<bool>(std::ifstream(path)); }
 
+// vocab_size: vocab.txt's lines, 0 for a SentencePiece package (the model's vocab_size bounds the ids).
 void parse_generation(const std::string &path, Generation &generation, int vocab_size) {
   std::set<std::string> seen;
   const std::map<std::string, int Generation::*> integers = {
@@ -145,6 +154,7 @@ void parse_generation(const std::string &path, Generation &generation, int vocab
       {"end", &Generation::end}, {"image_open", &Generation::image_open},
       {"image_close", &Generation::image_close}, {"audio_open", &Generation::audio_open},
       {"audio_close", &Generation::audio_close}};
+  std::map<std::string, std::string> template_lines;  // key -> where it was read
   for (const Entry &entry : read_entries(path)) {
     const std::string &key = entry.key, &where = entry.where;
     const std::vector<std::string> &values = entry.values;
@@ -157,19 +167,25 @@ void parse_generation(const std::string &path, Generation &generation, int vocab
       generation.*(integers.at(key)) = integer(where, values[0]);
     } else if (lists.count(key) || template_ids.count(key)) {
       std::vector<int> ids;
-      for (const std::string &value : values) {
-        ids.push_back(integer(where, value));
-        if (template_ids.count(key) && (ids.back() < 0 || ids.back() >= vocab_size)) {
-          throw RunnerError(where + ": token id " + value + " is outside vocab.txt (" + std::to_string(vocab_size) +
-                            " tokens)");
-        }
-      }
+      for (const std::string &value : values) ids.push_back(integer(where, value));
       if (lists.count(key)) {
         generation.*(lists.at(key)) = ids;
       } else {
         generation.*(template_ids.at(key)) = std::vector<int32_t>(ids.begin(), ids.end());
+        template_lines[key] = where;
       }
     }  // other keys: written by a newer exporter, not needed here
+  }
+  // the template's ids must be the vocabulary's: vocab.txt's lines, or the model's vocab_size (SentencePiece)
+  const int tokens = vocab_size ? vocab_size : generation.vocab_size;
+  const std::string vocabulary = vocab_size ? "vocab.txt" : "the model's vocabulary";
+  for (const auto &[key, where] : template_lines) {
+    for (int32_t id : generation.*(template_ids.at(key))) {
+      if (id < 0 || id >= tokens) {
+        throw RunnerError(where + ": token id " + std::to_string(id) + " is outside " + vocabulary + " (" +
+                          std::to_string(tokens) + " tokens)");
+      }
+    }
   }
   for (const char *key : {"cache_len", "buckets", "layers", "vocab_size", "kv_width", "image_tokens", "audio_tokens",
                           "pad_id", "stop_ids", "max_new_tokens", "special_ids", "bos", "user", "assistant", "end"}) {
@@ -198,15 +214,21 @@ Assets read_assets(const std::string &package) {
   assets.package = package;
   const std::string folder = package + "/lite2/";
   parse_preprocess(folder + "preprocess.txt", assets.pre);
-  assets.vocab = read_lines(folder + "vocab.txt");
+  const Preprocess &pre = assets.pre;
   assets.generative = exists(folder + "generation.txt");
+  if (pre.tokenizer == "sentencepiece") {  // the decoder's vocabulary: its size is the model's (generation.txt)
+    if (!assets.generative) throw RunnerError(folder + "preprocess.txt: a SentencePiece vocabulary without "
+                                              "generation.txt; " + kFix + " again");
+    parse_generation(folder + "generation.txt", assets.generation, 0);
+    return assets;
+  }
+  assets.vocab = read_lines(folder + "vocab.txt");
   if (assets.generative) {
     parse_generation(folder + "generation.txt", assets.generation, static_cast<int>(assets.vocab.size()));
   } else {
     assets.labels = read_lines(folder + "labels.txt");
     if (assets.labels.empty()) throw RunnerError(folder + "labels.txt: holds no labels; " + kFix);
   }
-  const Preprocess &pre = assets.pre;
   const int size = static_cast<int>(assets.vocab.size());
   for (int id : {pre.pad_id, pre.unk_id, pre.cls_id, pre.sep_id}) {
     if (id < 0 || id >= size) {

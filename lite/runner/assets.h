@@ -1,6 +1,7 @@
 // The device assets a package's lite2/ folder holds (export/lite2_folder.py writes them): preprocess.txt (`key
-// value...` lines), vocab.txt (token per line, line index = id), and labels.txt (a vqa package) or
-// generation.txt (a generative package: the generation spec and the chat template as token ids).
+// value...` lines), vocab.txt (token per line, line index = id) or a SentencePiece model (tokenizer_model), and
+// labels.txt (a vqa package) or generation.txt (a generative package: the generation spec and the chat template
+// as token ids).
 #pragma once
 
 #include <array>
@@ -19,7 +20,8 @@ struct Preprocess {
   int max_text_length = 0;
   int n_mels = 0;
   int max_audio_frames = 0;
-  std::string tokenizer;  // "wordlevel" or "wordpiece"
+  std::string tokenizer;  // "wordlevel", "wordpiece" or "sentencepiece" (a generative package's decoder vocabulary)
+  std::string tokenizer_model;  // sentencepiece: the model file, relative to lite2/
   bool lowercase = true;
   std::string continuing_subword_prefix = "##";
   int pad_id = 0, unk_id = 0, cls_id = 0, sep_id = 0;
@@ -39,7 +41,7 @@ struct Generation {
 struct Assets {
   std::string package;  // the package folder
   Preprocess pre;
-  std::vector<std::string> vocab;  // id -> token
+  std::vector<std::string> vocab;  // id -> token (empty for a SentencePiece package)
   std::vector<std::string> labels;  // answer index -> label (empty for a generative package)
   bool generative = false;  // generation.txt was there
   Generation generation;

@@ -10,7 +10,6 @@
 #include "include/api/model.h"
 #include "include/api/types.h"
 #include "runtime.h"
-#include "tokenizer.h"
 
 namespace mvl {
 namespace {
@@ -88,7 +87,8 @@ std::pair<int32_t, double> greedy(const float *logits, int vocab) {
 
 }  // namespace
 
-Prompt chat_prompt(const Assets &assets, const std::string &question, bool image, bool audio) {
+Prompt chat_prompt(const Assets &assets, const Tokenizer &tokenizer, const std::string &question, bool image,
+                   bool audio) {
   const Generation &g = assets.generation;
   Prompt prompt;
   std::vector<int32_t> &ids = prompt.ids;
@@ -110,7 +110,7 @@ Prompt chat_prompt(const Assets &assets, const std::string &question, bool image
   if (image) slots(g.image_open, g.image_tokens, 0, g.image_close);
   if (audio) slots(g.audio_open, g.audio_tokens, g.image_tokens, g.audio_close);
   // the question after the attachments on a new line, taken literally (chat.question_turn)
-  text(Tokenizer(assets).text_ids((image || audio ? "\n" : "") + question));
+  text(tokenizer.text_ids((image || audio ? "\n" : "") + question));
   text(g.end);
   text(g.assistant);
   const int zero_row = g.image_tokens + g.audio_tokens;  // the modality table's zero row: text keeps its embedding
@@ -131,7 +131,8 @@ GenerateResult generate(const Assets &assets, const GenerateRequest &request) {
                       std::to_string(g.max_new_tokens) + " tokens per answer");
   }
   GenerateResult result;
-  const Prompt prompt = chat_prompt(assets, request.question, image, audio);
+  const Tokenizer tokenizer(assets);
+  const Prompt prompt = chat_prompt(assets, tokenizer, request.question, image, audio);
   const int length = static_cast<int>(prompt.ids.size());
   const int bucket = choose_bucket(g, length, max_new);
   result.prompt_tokens = length;
@@ -228,7 +229,7 @@ GenerateResult generate(const Assets &assets, const GenerateRequest &request) {
   result.decode_ms = elapsed_ms(decode_start);
   std::vector<int> skip = g.special_ids;
   skip.insert(skip.end(), g.stop_ids.begin(), g.stop_ids.end());
-  result.text = Tokenizer(assets).decode(result.tokens, skip);
+  result.text = tokenizer.decode(result.tokens, skip);
   return result;
 }
 

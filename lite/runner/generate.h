@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "assets.h"
+#include "tokenizer.h"
 
 namespace mvl {
 
@@ -33,7 +34,8 @@ struct GenerateResult {
 struct Prompt {
   std::vector<int32_t> ids, slot_index;
 };
-Prompt chat_prompt(const Assets &assets, const std::string &question, bool image, bool audio);
+Prompt chat_prompt(const Assets &assets, const Tokenizer &tokenizer, const std::string &question, bool image,
+                   bool audio);
 
 // Greedy generation; throws RunnerError for an unusable request (no question, a prompt longer than the
 // largest bucket, too many tokens asked) and RuntimeFailure when Lite fails.

@@ -20,6 +20,12 @@
 // JSON line:
 //   {"text", "tokens", "logprobs", "finish", "prompt_tokens", "bucket", "build_ms", "first_token_ms",
 //    "decode_ms", "decode_tokens_per_s"}
+//
+//   mindvl_runner PKG --tokenize --question TEXT
+//
+// A generative package's tokenizer alone (no model built): TEXT as a user's turn reads it and the whole chat
+// prompt of that typed question, printed as {"ids", "prompt", "text"} (text: the ids decoded again), what
+// mindvl.chat.ChatEncoder makes of the same text.
 // Exit codes: 0 answered; 2 unusable arguments, package files or inputs (message on stderr); 1 the Lite
 // runtime failed to build or run the model.
 #include <sys/stat.h>
@@ -64,12 +70,14 @@ struct Options {
   bool preprocess_only = false;
   bool generate = false;
   bool ignore_eos = false;
+  bool tokenize = false;
 };
 
 const char *kUsage =
     "usage: mindvl_runner PKG --image FILE --question TEXT [--threads N] [--dump DIR] [--preprocess-only]\n"
     "       mindvl_runner PKG --generate [--question TEXT] [--image FILE | --image-f32 FILE] "
-    "[--mel FILE --frame-mask FILE] [--max-new-tokens N] [--ignore-eos] [--threads N]";
+    "[--mel FILE --frame-mask FILE] [--max-new-tokens N] [--ignore-eos] [--threads N]\n"
+    "       mindvl_runner PKG --tokenize --question TEXT";
 
 int whole_number(const std::string &flag, const std::string &text, int low, int high) {
   char *end = nullptr;
@@ -100,6 +108,8 @@ Options parse(int argc, char **argv) {
       options.preprocess_only = true;
     } else if (arg == "--generate") {
       options.generate = true;
+    } else if (arg == "--tokenize") {
+      options.tokenize = true;
     } else if (arg == "--ignore-eos") {
       options.ignore_eos = true;
     } else if (arg == "--image-f32") {
@@ -117,6 +127,12 @@ Options parse(int argc, char **argv) {
     } else {
       options.package = arg;
     }
+  }
+  if (options.tokenize) {
+    if (options.package.empty() || !options.have_question || options.generate) {
+      throw RunnerError(std::string("--tokenize needs PKG and --question, and no --generate; ") + kUsage);
+    }
+    return options;
   }
   if (options.generate) {
     if (options.package.empty() || (!options.have_question && options.mel.empty())) {
@@ -205,6 +221,12 @@ std::vector<float> read_floats(const std::string &path, size_t count, const std:
   return values;
 }
 
+std::string json_ids(const std::vector<int32_t> &ids) {
+  std::string out = "[";
+  for (size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
+  return out + "]";
+}
+
 int run_generate(const Options &options) {
   const mvl::Assets assets = mvl::read_assets(options.package);
   if (!assets.generative) {
@@ -225,9 +247,8 @@ int run_generate(const Options &options) {
     request.frame_mask = read_floats(options.frame_mask, frames, "the (max_audio_frames,) frame mask");
   }
   const mvl::GenerateResult result = mvl::generate(assets, request);
-  std::string line = "{\"text\": " + json_string(result.text) + ", \"tokens\": [";
-  for (size_t i = 0; i < result.tokens.size(); ++i) line += (i ? ", " : "") + std::to_string(result.tokens[i]);
-  line += "], \"logprobs\": [";
+  std::string line = "{\"text\": " + json_string(result.text) + ", \"tokens\": " + json_ids(result.tokens) +
+                     ", \"logprobs\": [";
   for (size_t i = 0; i < result.logprobs.size(); ++i) line += (i ? ", " : "") + json_number(result.logprobs[i]);
   const double steps = static_cast<double>(result.tokens.size() - 1);  // decode calls after the first token
   line += "], \"finish\": " + json_string(result.finish) + ", \"prompt_tokens\": " +
@@ -239,7 +260,19 @@ int run_generate(const Options &options) {
   return 0;
 }
 
+int run_tokenize(const Options &options) {
+  const mvl::Assets assets = mvl::read_assets(options.package);
+  if (!assets.generative) throw RunnerError(options.package + ": --tokenize reads a generative package's tokenizer");
+  const mvl::Tokenizer tokenizer(assets);
+  const std::vector<int32_t> ids = tokenizer.text_ids(options.question);
+  const mvl::Prompt prompt = mvl::chat_prompt(assets, tokenizer, options.question, false, false);
+  std::printf("{\"ids\": %s, \"prompt\": %s, \"text\": %s}\n", json_ids(ids).c_str(), json_ids(prompt.ids).c_str(),
+              json_string(tokenizer.decode(ids, {})).c_str());
+  return 0;
+}
+
 int run(const Options &options) {
+  if (options.tokenize) return run_tokenize(options);
   if (options.generate) return run_generate(options);
   // 1. preprocess: package assets, the image, the question; audio absent
   auto start = std::chrono::steady_clock::now();

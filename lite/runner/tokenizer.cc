@@ -15,13 +15,45 @@ bool is_punct(unsigned char c) {
 bool is_continuation(unsigned char c) { return (c & 0xC0) == 0x80; }  // a UTF-8 byte inside a character
 
 const size_t kMaxWordChars = 100;  // tokenizers' WordPiece max_input_chars_per_word default
+const std::string kEscapedSpace = "\xe2\x96\x81";  // U+2581, how SentencePiece spells a space in a piece
+
+std::string text_of(const std::vector<char> &bytes) { return std::string(bytes.begin(), bytes.end()); }
+
+// A piece's spelling as text: its escaped spaces back to spaces.
+std::string unescaped(std::string piece) {
+  for (size_t at = piece.find(kEscapedSpace); at != std::string::npos; at = piece.find(kEscapedSpace, at + 1)) {
+    piece.replace(at, kEscapedSpace.size(), " ");
+  }
+  return piece;
+}
+
+size_t char_bytes(unsigned char lead) { return lead < 0xC0 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4; }
 
 }  // namespace
 
-Tokenizer::Tokenizer(const Assets &assets) : pre_(assets.pre), tokens_(assets.vocab) {
+Tokenizer::Tokenizer(const Assets &assets) : tokens_(assets.vocab), pre_(assets.pre) {
   for (size_t id = 0; id < assets.vocab.size(); ++id) {
     if (!assets.vocab[id].empty()) vocab_.emplace(assets.vocab[id], static_cast<int32_t>(id));
   }
+  if (pre_.tokenizer != "sentencepiece") return;
+  const std::string path = assets.package + "/lite2/" + pre_.tokenizer_model;
+  std::vector<char> error;
+  pieces_.reset(new SentencePieceModel(path.c_str(), error));
+  if (!pieces_->loaded()) {
+    throw RunnerError(path + ": not a readable SentencePiece model (" + text_of(error) +
+                      "); export the package again with `mindvl export --target lite2`");
+  }
+  for (int id : assets.generation.special_ids) {
+    std::string spelling = unescaped(text_of(pieces_->piece(id)));
+    if (spelling.empty()) {
+      throw RunnerError(path + ": special token id " + std::to_string(id) + " of lite2/generation.txt is outside "
+                        "the model; export the package again");
+    }
+    specials_.push_back(spelling);
+  }
+  // longest first, as ChatEncoder's pattern lists them: at one position the longer spelling wins
+  std::stable_sort(specials_.begin(), specials_.end(),
+                   [](const std::string &a, const std::string &b) { return a.size() > b.size(); });
 }
 
 std::vector<std::string> Tokenizer::split(const std::string &text) const {
@@ -86,13 +118,60 @@ void Tokenizer::word_ids(const std::string &word, std::vector<int32_t> &out) con
   out.insert(out.end(), pieces.begin(), pieces.end());
 }
 
+void Tokenizer::encode_piece(const std::string &piece, std::vector<int32_t> &out) const {
+  if (piece.empty()) return;
+  std::vector<int> ids;
+  std::vector<char> error;
+  if (!pieces_->encode(piece.data(), piece.size(), ids, error)) {
+    throw RunnerError("question: SentencePiece could not encode it (" + text_of(error) + ")");
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
+}
+
 std::vector<int32_t> Tokenizer::text_ids(const std::string &text) const {
   std::vector<int32_t> ids;
-  for (const std::string &word : split(text)) word_ids(word, ids);
+  if (!pieces_) {
+    for (const std::string &word : split(text)) word_ids(word, ids);
+    return ids;
+  }
+  size_t start = 0;  // the text not yet encoded begins here
+  for (size_t at = 0; at < text.size();) {
+    const std::string *found = nullptr;
+    for (const std::string &special : specials_) {
+      if (text.compare(at, special.size(), special) == 0) {
+        found = &special;
+        break;
+      }
+    }
+    if (found == nullptr) {
+      ++at;
+      continue;
+    }
+    const size_t first = char_bytes(static_cast<unsigned char>((*found)[0]));
+    encode_piece(text.substr(start, at - start), ids);
+    encode_piece(found->substr(0, first), ids);
+    encode_piece(found->substr(first), ids);
+    at += found->size();
+    start = at;
+  }
+  encode_piece(text.substr(start), ids);
   return ids;
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t> &ids, const std::vector<int> &skip) const {
+  if (pieces_) {
+    std::vector<int> kept;
+    for (int32_t id : ids) {
+      if (std::find(skip.begin(), skip.end(), id) != skip.end()) continue;
+      if (id < 0 || id >= pieces_->pieces()) {
+        throw RunnerError("token id " + std::to_string(id) + " is outside the SentencePiece model");
+      }
+      kept.push_back(id);
+    }
+    std::vector<char> text, error;
+    if (!pieces_->decode(kept, text, error)) throw RunnerError("SentencePiece could not decode: " + text_of(error));
+    return text_of(text);
+  }
   const std::string &prefix = pre_.continuing_subword_prefix;
   std::string text;
   for (int32_t id : ids) {

@@ -6,8 +6,8 @@ framework computed at export time: floats within |got - expected| <= atol + rtol
 (manifest "tolerance", 1e-4 and 1e-4), integer outputs (generated token ids) exactly. A package with
 lite2/ graphs also runs each of them on the MindSpore Lite 2.0 runtime with 2 threads against the
 samples of its `<graph>_b<N>` reference (a generative package's lite2 graphs: their own batch-1 samples)
-and generates the stored questions again there, or says why it could not (the runtime is fetched on first
-use).
+and generates the stored questions again there and in the C++ runner (lite/runner, from the device assets),
+or says why it could not (the runtime is fetched and the runner built on first use).
 """
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -173,3 +173,26 @@ def _verify_lite2(package: Path, manifest: dict, report: VerifyReport) -> None:
                 _check_generation(package, manifest, report, graphs, "lite2/generate", one_at_a_time=True)
         except LiteError as exc:
             raise PackageError(f"lite2 generation: {exc}") from exc
+        if "generation" in manifest["lite2"].get("device", {}):
+            _verify_runner(package, manifest, report)
+
+
+def _verify_runner(package: Path, manifest: dict, report: VerifyReport) -> None:
+    """The stored questions generated again by the C++ runner (lite/runner) from the package's device assets, its
+    own tokenizer and decode loop: the framework's tokens, exactly; or a note saying why the runner is not here."""
+    from mindvl.lite import cpp_runner, lite2_runtime
+
+    try:
+        cpp_runner.build_runner()
+    except lite2_runtime.Lite2Unavailable as exc:
+        report.notes.append(f"C++ runner not run: {exc}")
+        return
+    samples = manifest["generation_samples"]
+    for index, (stored, prompt) in enumerate(zip(samples["prompts"], stored_prompts(package, manifest))):
+        try:
+            answer = cpp_runner.run_generation(package, prompt.question, prompt.image, prompt.mel, prompt.frame_mask,
+                                               samples["max_new_tokens"])
+        except cpp_runner.RunnerFailed as exc:
+            raise PackageError(f"C++ runner generation of sample {index}: {exc}") from exc
+        report.checks.append(compare("runner/generate", f"sample {index} tokens", np.asarray(answer["tokens"], np.int64),
+                                     np.asarray(stored["tokens"], np.int64), manifest["tolerance"]))

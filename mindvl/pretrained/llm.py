@@ -267,6 +267,15 @@ def _gguf_sentencepiece(reader, metadata: Dict[str, object], log) -> Tuple[Dict[
     return {SENTENCEPIECE_FILE: model}, {"sentencepiece": entry}
 
 
+def sentencepiece_file(folder: Union[str, Path]) -> Optional[Path]:
+    """The SentencePiece model conversion wrote into the converted LLM `folder` (a GGUF's "llama" vocabulary:
+    Gemma's), None where it wrote none (byte-level BPE, a Hugging Face folder): what a device reads the decoder's
+    vocabulary with (export/lite2_folder.py)."""
+    folder = Path(folder)
+    entry = json.loads((folder / CONFIG_FILE).read_text()).get("sentencepiece")
+    return folder / entry["file"] if entry else None
+
+
 def load_llm_tokenizer(folder: Union[str, Path], config: Dict):
     """The tokenizer generation reads from a converted folder: its SentencePiece model where conversion wrote one
     (a sixth of tokenizer.json's memory, the same ids), else tokenizer.json through `tokenizers`."""
