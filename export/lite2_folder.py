@@ -39,6 +39,7 @@ from mindvl.cells.rotary import AxialRotary, Rotary
 from mindvl.errors import PackageError
 from mindvl.export.graphs import export_graph
 from mindvl.export.lite2_mindir import LITE2_MINDIR_VERSION, convert_mindir
+from mindvl.export.shared_weights import external_bytes
 from mindvl.mindir import parse
 from mindvl.package_reader import as_tuple
 from mindvl.preprocess import TextTokenizer
@@ -133,10 +134,13 @@ def export_lite2_graph(spec, model, path: Path) -> List[str]:
     net = spec.build(model)
     net.set_train(False)
     with tempfile.TemporaryDirectory() as scratch:
-        traced = Path(scratch) / f"{spec.name}.mindir"
+        traced = Path(scratch) / path.name
         with substituted(model, _lite2_substitutions()):
             export_graph(net, spec.name, spec.inputs, traced)
         data, converted = convert_mindir(traced.read_bytes(), spec.name)
+        variables = traced.with_name(f"{traced.stem}_variables")
+        if variables.is_dir():  # over 1 GB MindSpore keeps the weights there; the graph names them relative to itself
+            shutil.move(str(variables), str(path.with_name(variables.name)))
     path.write_bytes(data)
     return converted
 
@@ -269,23 +273,28 @@ TEMPLATE_PARTS = ("bos", "user", "assistant", "end", "image_open", "image_close"
 
 
 def point_into_weights(work: Path, files: Sequence[str], weights: str = "weights.bin") -> Dict[str, int]:
-    """Make the parameters of `files` (MindIR files under `work`, weights inline) external data in the
-    package's `weights` file, which must already hold each of them under its name with the same bytes (one
-    model's graphs: export/shared_weights.py wrote it) -> {"inline_bytes": the files before, "bytes": after}."""
+    """Make the parameters of `files` (MindIR files under `work`, weights inline or, over 1 GB, in MindSpore's own
+    `<graph>_variables/`, removed after) external data in the package's `weights` file, which must already hold
+    each of them under its name with the same bytes (one model's graphs: export/shared_weights.py wrote it)
+    -> {"inline_bytes": the files before, "bytes": after}."""
     index: Dict[str, tuple] = {}
     for graph in sorted(p for p in work.glob("*.mindir")):  # the package's own graphs: where each parameter is
         for proto in parse(graph.read_bytes()).graph.parameter:
             if proto.HasField("external_data") and proto.external_data.location == weights:
                 index[proto.name[proto.name.find(":") + 1:]] = (proto.external_data.offset, proto.external_data.length)
     stored = (work / weights).read_bytes()
-    before = sum((work / f).stat().st_size for f in files)
+    split = [(work / f).with_name(f"{Path(f).stem}_variables") for f in files]  # MindSpore's own (over 1 GB)
+    before = sum(p.stat().st_size for f, folder in zip(files, split) for p in [work / f, *folder.glob("*")])
     for file in files:
         model = parse((work / file).read_bytes())
         location = "../" * (len(Path(file).parts) - 1) + weights  # relative to the MindIR's own folder
+        split_files: Dict[str, bytes] = {}
         for proto in model.graph.parameter:
             name = proto.name[proto.name.find(":") + 1:]
             offset, length = index.get(name, (0, 0))
-            if name not in index or stored[offset:offset + length] != proto.raw_data:
+            data = (external_bytes((work / file).parent, proto.external_data, split_files)
+                    if proto.HasField("external_data") else proto.raw_data)
+            if name not in index or stored[offset:offset + length] != data:
                 raise PackageError(f"{file}: parameter {name} is not in {weights} with the same bytes; the lite2 "
                                    f"graphs must come from the model the package's graphs were exported from")
             proto.ClearField("raw_data")
@@ -293,6 +302,8 @@ def point_into_weights(work: Path, files: Sequence[str], weights: str = "weights
             proto.external_data.offset = offset
             proto.external_data.length = length
         (work / file).write_bytes(model.SerializeToString())
+    for folder in split:
+        shutil.rmtree(folder, ignore_errors=True)
     return {"inline_bytes": before, "bytes": sum((work / f).stat().st_size for f in files)}
 
 

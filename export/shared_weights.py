@@ -24,7 +24,9 @@ def _name(proto) -> str:
     return proto.name[proto.name.find(":") + 1:]
 
 
-def _external(folder: Path, where, split_files: Dict[str, bytes]) -> bytes:
+def external_bytes(folder: Path, where, split_files: Dict[str, bytes]) -> bytes:
+    """The bytes a parameter's `external_data` (`where`) names, relative to the MindIR's `folder`; `split_files`
+    caches each file read ({location: bytes})."""
     if where.location not in split_files:
         split_files[where.location] = (folder / where.location).read_bytes()
     return split_files[where.location][where.offset:where.offset + where.length]
@@ -48,7 +50,7 @@ def share_weights(folder: Path, files: Sequence[str], weights: str = "weights.bi
             for proto in model.graph.parameter:
                 name, data = _name(proto), proto.raw_data
                 if proto.HasField("external_data"):  # MindSpore's own split (over 1 GB): read from there
-                    data = _external(folder, proto.external_data, split_files)
+                    data = external_bytes(folder, proto.external_data, split_files)
                 if name not in offsets:
                     offset = out.tell()
                     out.write(data + bytes(-len(data) % ALIGN))

@@ -107,10 +107,14 @@ Prompt chat_prompt(const Assets &assets, const Tokenizer &tokenizer, const std::
   };
   text(g.bos);
   text(g.user);
+  // the image, then the clip, then the typed question taken literally, with a line break after each attachment
+  // that something follows (chat.question_turn: chat.separated's LLaVA-style "<image>\n<audio>\nWhat color?")
   if (image) slots(g.image_open, g.image_tokens, 0, g.image_close);
-  if (audio) slots(g.audio_open, g.audio_tokens, g.image_tokens, g.audio_close);
-  // the question after the attachments on a new line, taken literally (chat.question_turn)
-  text(tokenizer.text_ids((image || audio ? "\n" : "") + question));
+  if (audio) {
+    if (image) text(tokenizer.text_ids("\n"));
+    slots(g.audio_open, g.audio_tokens, g.image_tokens, g.audio_close);
+  }
+  if (!question.empty()) text(tokenizer.text_ids((image || audio ? "\n" : "") + question));
   text(g.end);
   text(g.assistant);
   const int zero_row = g.image_tokens + g.audio_tokens;  // the modality table's zero row: text keeps its embedding
@@ -138,72 +142,94 @@ GenerateResult generate(const Assets &assets, const GenerateRequest &request) {
   result.prompt_tokens = length;
   result.bucket = bucket;
 
-  // 1. build the graphs this prompt needs: attachments only with an image or audio, its bucket's prefill, decode
-  auto start = Clock::now();
-  std::unique_ptr<mindspore::Model> attachments;
-  if (image || audio) attachments = build_model(assets.graph_path("attachments"), request.threads);
-  const std::string prefill_graph = "prefill_" + std::to_string(bucket);
-  std::unique_ptr<mindspore::Model> prefill = build_model(assets.graph_path(prefill_graph), request.threads);
-  std::unique_ptr<mindspore::Model> decode = build_model(assets.graph_path("decode"), request.threads);
-  result.build_ms = elapsed_ms(start);
+  // One graph in memory at a time (a phone's budget: vlm-s's prefill and decode graphs each hold the decoder's
+  // weights): each is built when its turn comes and released after it; build_ms sums the builds, which
+  // first_token_ms and decode_ms leave out.
+  auto build = [&](const std::string &graph) {
+    const auto began = Clock::now();
+    std::unique_ptr<mindspore::Model> model = build_model(assets.graph_path(graph), request.threads);
+    result.build_ms += elapsed_ms(began);
+    return model;
+  };
+  double first_token_ms = 0;  // the compute before the first token, builds left out
+  auto timed = [&](auto &&work) {
+    const auto began = Clock::now();
+    work();
+    first_token_ms += elapsed_ms(began);
+  };
 
-  // 2. the prompt left-padded into its bucket (prompting.PromptLayout.batch for one prompt)
-  start = Clock::now();
+  // 1. the prompt left-padded into its bucket (prompting.PromptLayout.batch for one prompt)
   const int pad = bucket - length;
   std::vector<int32_t> ids(bucket, g.pad_id), valid(bucket, 0), slot_index(bucket, g.image_tokens + g.audio_tokens);
   std::copy(prompt.ids.begin(), prompt.ids.end(), ids.begin() + pad);
   std::fill(valid.begin() + pad, valid.end(), 1);
   std::copy(prompt.slot_index.begin(), prompt.slot_index.end(), slot_index.begin() + pad);
 
-  // 3. the attachments' decoder-width tokens (zeros without attachments, as DecodeBatch.prefill_inputs)
+  // 2. the attachments' decoder-width tokens (zeros without attachments, as DecodeBatch.prefill_inputs)
   const size_t image_bytes = static_cast<size_t>(g.image_tokens) * g.width * 4;
   const size_t audio_bytes = static_cast<size_t>(g.audio_tokens) * g.width * 4;
   std::vector<float> image_tokens(image_bytes / 4, 0.0f), audio_tokens(audio_bytes / 4, 0.0f);
-  if (attachments) {
-    const size_t pixels = 3ull * pre.image_size * pre.image_size, frames = static_cast<size_t>(pre.max_audio_frames);
-    const std::vector<float> no_image(image ? 0 : pixels, 0.0f), no_mel(audio ? 0 : frames * pre.n_mels, 0.0f),
-        no_mask(audio ? 0 : frames, 0.0f);
-    const std::vector<float> &pixel_data = image ? request.image : no_image;
-    const std::vector<float> &mel = audio ? request.mel : no_mel, &mask = audio ? request.frame_mask : no_mask;
-    auto inputs = fill(*attachments, {{"image", pixel_data.data(), pixel_data.size() * 4},
-                                      {"audio_mel", mel.data(), mel.size() * 4},
-                                      {"audio_mask", mask.data(), mask.size() * 4}}, "attachments");
-    auto outputs = predict(*attachments, inputs, 2, "attachments");
-    if (outputs[0].DataSize() != image_bytes || outputs[1].DataSize() != audio_bytes) {
-      throw RunnerError("attachments: its outputs do not hold image_tokens x width floats; export the package again");
-    }
-    std::memcpy(image_tokens.data(), outputs[0].MutableData(), image_bytes);
-    std::memcpy(audio_tokens.data(), outputs[1].MutableData(), audio_bytes);
+  if (image || audio) {
+    std::unique_ptr<mindspore::Model> attachments = build("attachments");
+    timed([&] {
+      const size_t pixels = 3ull * pre.image_size * pre.image_size, frames = static_cast<size_t>(pre.max_audio_frames);
+      const std::vector<float> no_image(image ? 0 : pixels, 0.0f), no_mel(audio ? 0 : frames * pre.n_mels, 0.0f),
+          no_mask(audio ? 0 : frames, 0.0f);
+      const std::vector<float> &pixel_data = image ? request.image : no_image;
+      const std::vector<float> &mel = audio ? request.mel : no_mel, &mask = audio ? request.frame_mask : no_mask;
+      auto inputs = fill(*attachments, {{"image", pixel_data.data(), pixel_data.size() * 4},
+                                        {"audio_mel", mel.data(), mel.size() * 4},
+                                        {"audio_mask", mask.data(), mask.size() * 4}}, "attachments");
+      auto outputs = predict(*attachments, inputs, 2, "attachments");
+      if (outputs[0].DataSize() != image_bytes || outputs[1].DataSize() != audio_bytes) {
+        throw RunnerError("attachments: its outputs do not hold image_tokens x width floats; export the package again");
+      }
+      std::memcpy(image_tokens.data(), outputs[0].MutableData(), image_bytes);
+      std::memcpy(audio_tokens.data(), outputs[1].MutableData(), audio_bytes);
+    });
   }
 
-  // 4. prefill: the last position's logits and every layer's key and value caches
-  const size_t row_bytes = static_cast<size_t>(bucket) * 4;
-  auto inputs = fill(*prefill, {{"ids", ids.data(), row_bytes}, {"valid", valid.data(), row_bytes},
-                                {"slot_index", slot_index.data(), row_bytes},
-                                {"image_tokens", image_tokens.data(), image_bytes},
-                                {"audio_tokens", audio_tokens.data(), audio_bytes}}, prefill_graph);
+  // 3. prefill: the last position's logits and every layer's key and value caches, kept past the graph
+  const std::string prefill_graph = "prefill_" + std::to_string(bucket);
   const size_t caches = 2 * static_cast<size_t>(g.layers);
-  std::vector<mindspore::MSTensor> outputs = predict(*prefill, inputs, 1 + caches, prefill_graph);
   const size_t cache_bytes = static_cast<size_t>(g.cache_len) * g.kv_width * 4;
-  for (size_t i = 0; i <= caches; ++i) {
-    if (outputs[i].DataSize() != (i ? cache_bytes : static_cast<size_t>(g.vocab_size) * 4)) {
-      throw RunnerError(prefill_graph + ": output " + std::to_string(i) + " is not (1, vocab) logits or a (1, "
-                        "cache_len, kv_width) cache; lite2/generation.txt does not match the graph: export the "
-                        "package again");
-    }
+  std::vector<float> logits(g.vocab_size);
+  std::vector<std::vector<float>> prefilled(caches, std::vector<float>(cache_bytes / 4));
+  {
+    std::unique_ptr<mindspore::Model> prefill = build(prefill_graph);
+    timed([&] {
+      const size_t row_bytes = static_cast<size_t>(bucket) * 4;
+      auto inputs = fill(*prefill, {{"ids", ids.data(), row_bytes}, {"valid", valid.data(), row_bytes},
+                                    {"slot_index", slot_index.data(), row_bytes},
+                                    {"image_tokens", image_tokens.data(), image_bytes},
+                                    {"audio_tokens", audio_tokens.data(), audio_bytes}}, prefill_graph);
+      std::vector<mindspore::MSTensor> outputs = predict(*prefill, inputs, 1 + caches, prefill_graph);
+      for (size_t i = 0; i <= caches; ++i) {
+        if (outputs[i].DataSize() != (i ? cache_bytes : static_cast<size_t>(g.vocab_size) * 4)) {
+          throw RunnerError(prefill_graph + ": output " + std::to_string(i) + " is not (1, vocab) logits or a (1, "
+                            "cache_len, kv_width) cache; lite2/generation.txt does not match the graph: export the "
+                            "package again");
+        }
+        std::memcpy(i ? prefilled[i - 1].data() : logits.data(), outputs[i].MutableData(), outputs[i].DataSize());
+      }
+    });
   }
 
-  // 5. the decode loop: choose, stop, or write the token at the next cache slot (DecodeBatch.sample / decode)
+  // 4. the decode loop: choose, stop, or write the token at the next cache slot (DecodeBatch.sample / decode);
+  // each step's caches are the previous step's outputs (the prefill's copies first)
+  std::unique_ptr<mindspore::Model> decode;
+  std::vector<mindspore::MSTensor> outputs;
+  const float *step_logits = logits.data();
+  std::vector<const void *> step_caches;
+  for (const std::vector<float> &cache : prefilled) step_caches.push_back(cache.data());
   std::vector<int32_t> slot_valid(g.cache_len, 0);
   std::copy(valid.begin(), valid.end(), slot_valid.begin());
   int32_t slot = bucket, position = length;
   auto decode_start = Clock::now();
   while (true) {
-    const auto [token, logprob] = greedy(static_cast<const float *>(outputs[0].MutableData()), g.vocab_size);
-    if (result.tokens.empty()) {
-      result.first_token_ms = elapsed_ms(start);
-      decode_start = Clock::now();
-    }
+    auto choose = Clock::now();
+    const auto [token, logprob] = greedy(step_logits, g.vocab_size);
+    if (result.tokens.empty()) result.first_token_ms = first_token_ms + elapsed_ms(choose);
     result.tokens.push_back(token);
     result.logprobs.push_back(logprob);
     if (!request.ignore_eos && std::find(g.stop_ids.begin(), g.stop_ids.end(), token) != g.stop_ids.end()) {
@@ -214,15 +240,21 @@ GenerateResult generate(const Assets &assets, const GenerateRequest &request) {
       result.finish = "length";
       break;
     }
+    if (!decode) {
+      decode = build("decode");
+      decode_start = Clock::now();
+    }
     slot_valid[slot] = 1;
     std::vector<Input> step = {{"token", &result.tokens.back(), 4}, {"position", &position, 4}, {"slot", &slot, 4},
                                {"slot_valid", slot_valid.data(), slot_valid.size() * 4}};
     for (size_t i = 0; i < caches; ++i) {  // every layer's keys, then every layer's values; fill() copies them
       const size_t layers = caches / 2;
       const std::string name = std::string("cache_") + (i < layers ? "k_" : "v_") + std::to_string(i % layers);
-      step.push_back({name, outputs[1 + i].MutableData(), cache_bytes});  // in before the outputs are replaced
+      step.push_back({name, step_caches[i], cache_bytes});  // in before the outputs are replaced
     }
     outputs = predict(*decode, fill(*decode, step, "decode"), 1 + caches, "decode");
+    step_logits = static_cast<const float *>(outputs[0].MutableData());
+    for (size_t i = 0; i < caches; ++i) step_caches[i] = outputs[1 + i].MutableData();
     ++slot;
     ++position;
   }

@@ -23,9 +23,10 @@
 //
 //   mindvl_runner PKG --tokenize --question TEXT
 //
-// A generative package's tokenizer alone (no model built): TEXT as a user's turn reads it and the whole chat
-// prompt of that typed question, printed as {"ids", "prompt", "text"} (text: the ids decoded again), what
-// mindvl.chat.ChatEncoder makes of the same text.
+// A generative package's tokenizer alone (no model built): TEXT as a user's turn reads it, the ids decoded again
+// and the chat prompts of that question typed alone, with an image, spoken about no image and with both (the
+// attachments' slots holding pad ids), printed as {"ids", "text", "prompt", "prompt_image", "prompt_audio",
+// "prompt_image_audio"}: what mindvl.chat.ChatEncoder makes of the same text.
 // Exit codes: 0 answered; 2 unusable arguments, package files or inputs (message on stderr); 1 the Lite
 // runtime failed to build or run the model.
 #include <sys/stat.h>
@@ -40,6 +41,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "assets.h"
@@ -265,9 +267,15 @@ int run_tokenize(const Options &options) {
   if (!assets.generative) throw RunnerError(options.package + ": --tokenize reads a generative package's tokenizer");
   const mvl::Tokenizer tokenizer(assets);
   const std::vector<int32_t> ids = tokenizer.text_ids(options.question);
-  const mvl::Prompt prompt = mvl::chat_prompt(assets, tokenizer, options.question, false, false);
-  std::printf("{\"ids\": %s, \"prompt\": %s, \"text\": %s}\n", json_ids(ids).c_str(), json_ids(prompt.ids).c_str(),
-              json_string(tokenizer.decode(ids, {})).c_str());
+  std::string line = "{\"ids\": " + json_ids(ids) + ", \"text\": " + json_string(tokenizer.decode(ids, {}));
+  for (const auto &[key, image, audio] : {std::make_tuple("prompt", false, false),
+                                          std::make_tuple("prompt_image", true, false),
+                                          std::make_tuple("prompt_audio", false, true),
+                                          std::make_tuple("prompt_image_audio", true, true)}) {
+    line += std::string(", \"") + key + "\": " + json_ids(mvl::chat_prompt(assets, tokenizer, options.question, image,
+                                                                        audio).ids);
+  }
+  std::printf("%s}\n", line.c_str());
   return 0;
 }
 

@@ -166,7 +166,8 @@ def _verify_lite2(package: Path, manifest: dict, report: VerifyReport) -> None:
         except LiteError as exc:
             raise PackageError(f"lite2 graph {name} ({entry['file']}): {exc}") from exc
         for (output, want), got in zip(expected.items(), outputs):
-            report.checks.append(compare(f"lite2/{name}", output, got, want, manifest["tolerance"]))
+            got, want = _attended(name, output, inputs, got, want)
+            report.checks.append(compare(f"lite2/{name}", output, got, want, _scaled(manifest["tolerance"], want)))
     if manifest.get("generation_samples"):
         try:
             with GenerationGraphs(package, "lite2", context) as graphs:
@@ -175,6 +176,26 @@ def _verify_lite2(package: Path, manifest: dict, report: VerifyReport) -> None:
             raise PackageError(f"lite2 generation: {exc}") from exc
         if "generation" in manifest["lite2"].get("device", {}):
             _verify_runner(package, manifest, report)
+
+
+def _attended(graph: str, output: str, inputs: dict, got: np.ndarray, want: np.ndarray) -> tuple:
+    """A generative prefill's cache rows at its padding slots (valid 0) left out: no query ever attends them (the
+    decode masks them too), and there another runtime's kernels may differ by far more than float32 rounding (Gemma 3
+    270M on Lite 2.0: up to 7e-3 at padding slots, 2.6e-4 at attended ones)."""
+    if not (graph.startswith("prefill") and output.startswith("cache_") and "valid" in inputs):
+        return got, want
+    valid = np.asarray(inputs["valid"], bool)  # (batch, bucket): the prompt's slots
+    attended = np.ones(want.shape[:2], bool)
+    attended[:, :valid.shape[1]] = valid
+    return got[attended], want[attended]
+
+
+def _scaled(tolerance: dict, want: np.ndarray) -> dict:
+    """The package's tolerance with its atol scaled by the output's largest magnitude (at least 1): another
+    runtime's float32 kernels sum in another order, and through a deep decoder the differences grow with the values'
+    scale (Gemma 3's keys reach 90), which an elementwise rtol misses where a value is small."""
+    scale = float(np.max(np.abs(want))) if want.size and np.issubdtype(want.dtype, np.floating) else 1.0
+    return {**tolerance, "atol": tolerance["atol"] * max(1.0, scale)}
 
 
 def _verify_runner(package: Path, manifest: dict, report: VerifyReport) -> None:

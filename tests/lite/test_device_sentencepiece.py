@@ -9,9 +9,10 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from conftest import small_generative_config
+from conftest import small_generative_config, small_overrides
 from mindvl.errors import PackageError
 from mindvl.lite.cpp_runner import run_tokenize
 from mindvl.package_reader import read_manifest
@@ -79,17 +80,26 @@ def layout(sentencepiece_package):
     return package_layout(package, read_manifest(package))
 
 
-@pytest.mark.parametrize("text", TEXTS)
-def test_the_runner_tokenizes_as_the_framework(sentencepiece_package, runner, layout, text):
+def assert_tokenized_as_the_framework(package, layout, text: str) -> None:
     """--tokenize: the runner's ids of a user's text (libsentencepiece, the text cut where a special token is spelt),
-    the chat prompt of that typed question and the ids decoded again, against mindvl.chat on tokenizer.json."""
+    the ids decoded again and the chat prompts of that question with and without an image and a clip, against
+    mindvl.chat on tokenizer.json."""
     from mindvl.engine.prompts import MultimodalPrompt
 
-    got = run_tokenize(sentencepiece_package[1]["package"], text)
-    assert got["ids"] == framework_ids(layout.chat, text)
-    assert got["text"] == layout.chat.tokenizer.decode(got["ids"], skip_special_tokens=True)
-    if text.strip():  # a prompt needs a question
-        assert got["prompt"] == layout.render(MultimodalPrompt(text)).ids.tolist()
+    got = run_tokenize(package, text)
+    assert got["ids"] == framework_ids(layout.chat, text), text
+    assert got["text"] == layout.chat.tokenizer.decode(got["ids"], skip_special_tokens=True), text
+    pixels, mel = np.zeros((3, 1, 1), np.float32), np.zeros((1, 1), np.float32)  # only their presence counts
+    for key, image, audio in (("prompt", None, None), ("prompt_image", pixels, None), ("prompt_audio", None, mel),
+                              ("prompt_image_audio", pixels, mel)):
+        if text.strip() or audio is not None:  # a prompt needs a typed or a spoken question
+            want = layout.render(MultimodalPrompt(text, image, audio, None if audio is None else mel[0])).ids
+            assert got[key] == want.tolist(), (key, text)
+
+
+@pytest.mark.parametrize("text", TEXTS + [""])
+def test_the_runner_tokenizes_as_the_framework(sentencepiece_package, runner, layout, text):
+    assert_tokenized_as_the_framework(sentencepiece_package[1]["package"], layout, text)
 
 
 def test_a_typed_special_token_stays_text(sentencepiece_package, runner, layout):
@@ -143,3 +153,78 @@ def test_a_model_file_that_reads_otherwise_is_refused_by_name(sentencepiece_pack
     with pytest.raises(PackageError, match=r"tokenizer.model: reads .* tokenizer.json as .*convert the decoder again"):
         sentencepiece_assets(tmp_path, other, layout.chat, ["What is the shape in the image?"], cfg.preprocess, {})
     assert not (tmp_path / "preprocess.txt").exists()
+
+
+# ----------------------------------------------------------------------------- vlm-s: the real model on the device
+
+RUNNER_PEAK_RSS_LIMIT_GB = 2.0  # issue 52's goal for vlm-s in float32
+_PEAK_OF_CHILD = ("import resource, subprocess, sys; done = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+                  "sys.stdout.write(done.stdout); sys.stderr.write(done.stderr); "
+                  "print('PEAK_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(done.returncode)")
+
+
+@pytest.fixture(scope="module")
+def vlm_s_package(small_cfg, small_report, converted, gemma3_folder, tmp_path_factory):
+    """(config, package_and_check's report) of vlm-s (DINOv2 ViT-S/14, Whisper base, Gemma 3 270M with LoRA r8;
+    projectors untrained) exported with --target lite2: one prompt bucket of 96 and a 192-token cache."""
+    from mindvl.config import load_config
+    from mindvl.deploy.export_pipeline import PackageOptions, package_and_check
+    from mindvl.model_factory import create_model
+
+    out = tmp_path_factory.mktemp("vlm_s_pkg")
+    cfg = load_config("vlm-s", small_overrides(
+        small_cfg.data.root, f"model.pretrained.vision={converted('dinov2')}",
+        f"model.pretrained.audio={converted('whisper-base')}", f"model.pretrained.decoder={gemma3_folder}",
+        f"model.pretrained.cache={out / 'cache'}", "train.init_from=''", f"train.output_dir={out / 'run'}"))
+    model = create_model(cfg)
+    model.set_train(False)
+    options = PackageOptions(progress=False, lite2_batch=1, prompt_buckets=(96,), cache_len=192)
+    return cfg, package_and_check(cfg, model, {"checkpoint": "", "sha256": "", "step": 0}, out / "vlm-s", options,
+                                  log=lambda *_: None)
+
+
+@pytest.mark.slow
+def test_vlm_s_generates_the_frameworks_tokens_on_lite2_and_in_the_runner_within_2_gb(vlm_s_package, runner):
+    """`export verify` (package_and_check) generated the stored questions, typed and spoken, on Lite 2.0 and in the
+    C++ runner with the framework's tokens; the runner answers a spoken question about an image (attachments,
+    prefill, decode: one graph in memory at a time) within 2 GB of RSS in float32."""
+    import sys
+
+    from mindvl.deploy.verify import stored_prompts
+
+    _, report = vlm_s_package
+    package = Path(report["package"])
+    checks = report["verify"]["checks"]
+    manifest = read_manifest(package)
+    prompts = manifest["generation_samples"]["prompts"]
+    assert any(p["audio"] for p in prompts) and any(p["question"] for p in prompts)
+    for graph in ("lite2/generate", "runner/generate"):
+        mine = [c for c in checks if c["graph"] == graph]
+        assert len(mine) == len(prompts) and all(c["ok"] for c in mine), graph
+    assert (package / "lite2" / "tokenizer.model").is_file() and manifest["lite2"]["device"]["tokenizer_model"]
+    prompt = next(p for p in stored_prompts(package, manifest) if p.mel is not None and p.image is not None)
+    folder = package.parent / "spoken"
+    folder.mkdir()
+    arguments = [str(runner), str(package), "--generate", "--question", prompt.question, "--max-new-tokens", "8"]
+    for flag, value in (("--image-f32", prompt.image), ("--mel", prompt.mel), ("--frame-mask", prompt.frame_mask)):
+        value.astype(np.float32).tofile(folder / flag.strip("-"))
+        arguments += [flag, str(folder / flag.strip("-"))]
+    done = subprocess.run([sys.executable, "-c", _PEAK_OF_CHILD, *arguments], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "GLOG_v": "3"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak_gb = int(done.stdout.split("PEAK_KB")[-1]) / 2 ** 20
+    assert peak_gb <= RUNNER_PEAK_RSS_LIMIT_GB, f"the runner's peak RSS {peak_gb:.2f} GiB"
+    answer = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+    assert len(answer["tokens"]) >= 1 and answer["decode_ms"] >= 0
+
+
+@pytest.mark.slow
+def test_vlm_s_tokenizes_on_the_runner_as_the_framework(vlm_s_package, runner):
+    """Gemma 3's own vocabulary (262,144 tokens, its space runs and turn markers): the runner's ids of every text
+    against mindvl.chat on the package's tokenizer.json."""
+    from mindvl.engine.package_graphs import package_layout
+
+    package = vlm_s_package[1]["package"]
+    layout = package_layout(package, read_manifest(package))
+    for text in TEXTS + ["", " " * 31 + "x", "\t\t\n\n\n  indented"]:
+        assert_tokenized_as_the_framework(package, layout, text)
