@@ -353,8 +353,8 @@ def write_generative_lite2(work: Path, model, samples: Sequence[Tuple], spec, ch
     words = kind in ("WordLevel", "WordPiece")
     if not words and sentencepiece is None:
         return {**_generation_lite2(work, model, samples, lambda folder, graphs: {}),
-                "runner": f"the C++ runner reads a word vocabulary or a SentencePiece model; this decoder's tokenizer is "
-                          f"a {kind} model without one: generate with the Python device pipeline"}
+                "runner": f"the C++ runner reads a word vocabulary or a SentencePiece model; this decoder's "
+                          f"tokenizer is a {kind} model without one: generate with the Python device pipeline"}
 
     def assets(folder: Path, graphs: Mapping[str, dict]) -> Dict[str, str]:
         files = {n: g["file"] for n, g in graphs.items()}

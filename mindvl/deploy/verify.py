@@ -215,5 +215,5 @@ def _verify_runner(package: Path, manifest: dict, report: VerifyReport) -> None:
                                                samples["max_new_tokens"])
         except cpp_runner.RunnerFailed as exc:
             raise PackageError(f"C++ runner generation of sample {index}: {exc}") from exc
-        report.checks.append(compare("runner/generate", f"sample {index} tokens", np.asarray(answer["tokens"], np.int64),
-                                     np.asarray(stored["tokens"], np.int64), manifest["tolerance"]))
+        got, want = np.asarray(answer["tokens"], np.int64), np.asarray(stored["tokens"], np.int64)
+        report.checks.append(compare("runner/generate", f"sample {index} tokens", got, want, manifest["tolerance"]))
