@@ -142,6 +142,19 @@ def runner_json(runner, package, *arguments) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+
+def test_a_missing_or_damaged_model_file_exits_2_naming_it(sentencepiece_package, runner, writable_copy, tmp_path):
+    package = writable_copy(Path(sentencepiece_package[1]["package"]), tmp_path)
+    model = package / "lite2" / "tokenizer.model"
+    model.write_bytes(b"not a model")
+    for arguments in (["--tokenize", "--question", "hi"], ["--generate", "--question", "hi"]):
+        result = subprocess.run([str(runner), str(package), *arguments], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and f"{model}: not a readable SentencePiece model" in result.stderr
+    model.unlink()
+    result = subprocess.run([str(runner), str(package), "--tokenize", "--question", "hi"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and "tokenizer.model" in result.stderr
+
 def test_a_model_file_that_reads_otherwise_is_refused_by_name(sentencepiece_package, layout, tmp_path):
     """The export's check: another vocabulary's model (the Gemma layout at another size: the same specials, other
     pieces) reads the stored questions differently, and the package is not written with it."""
@@ -157,6 +170,38 @@ def test_a_model_file_that_reads_otherwise_is_refused_by_name(sentencepiece_pack
         sentencepiece_assets(tmp_path, other, layout.chat, ["What is the shape in the image?"], cfg.preprocess, {})
     assert not (tmp_path / "preprocess.txt").exists()
 
+
+
+def test_the_cascade_with_a_gemma_layout_edge_calibrates_on_its_answers_and_streams_the_cloud(
+        sentencepiece_package, lite2_ready, tmp_path):
+    """The edge-cloud cascade with the Gemma-layout package at the edge on Lite 2.0 and a live `mindvl serve` of it
+    as the cloud: `calibrate` fits the threshold on the edge's generated answers (confidence exp(mean token
+    log-probability)) with the cloud measured on the same questions; below the threshold the cloud's tokens stream
+    back (the same graphs, greedy: the edge's tokens)."""
+    from conftest import _background_server
+    from mindvl.deploy.calibrate import calibrate
+    from mindvl.data.reading.examples import query_examples
+    from mindvl.lite.cascade import Cascade
+    from mindvl.lite.device import DevicePipeline
+    from mindvl.serving.servable import deploy
+
+    cfg, report = sentencepiece_package
+    package = Path(report["package"])
+    deploy(package, tmp_path / "servables", "gemma")
+    example = query_examples(cfg.data.root, 1)[0]
+    settings = {"max_new_tokens": 6, "ignore_eos": True}
+    with _background_server(tmp_path / "servables") as cloud, DevicePipeline(package, backend="lite2") as edge:
+        calibration = calibrate(package, cfg.data.root, split="test", limit=4, target_cloud_rate=0.5, pipeline=edge,
+                                cloud=cloud.rest_url, servable="gemma")
+        assert calibration.examples == 4 and calibration.cloud["measured"] and calibration.cloud["failed"] == 0
+        expected = edge.generate(image=example.image, question=example.question, **settings)
+        path = calibration.save(tmp_path / "calibration.json")
+        with Cascade.from_calibration(path, edge, cloud.rest_url, servable="gemma") as cascade:
+            assert cascade.threshold == calibration.threshold
+        with Cascade(edge, cloud.rest_url, threshold=2.0, servable="gemma") as cascade:
+            deltas = list(cascade.stream(image=example.image, question=example.question, **settings))
+        assert [d.source for d in deltas] == ["cloud"] * 6 and [d.token for d in deltas] == expected.tokens
+        assert "".join(d.text for d in deltas) == expected.text
 
 # ----------------------------------------------------------------------------- vlm-s: the real model on the device
 
