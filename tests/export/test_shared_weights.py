@@ -37,7 +37,9 @@ def test_graphs_share_one_weights_file_and_compute_what_they_computed(tmp_path, 
     assert weights < sizes["weights_bytes"] < weights + 64 * 5  # each parameter once, 64-byte aligned
     assert sizes["shared_bytes"] < sizes["graph_bytes"]
     np.testing.assert_array_equal(nn.GraphCell(ms.load(str(tmp_path / "a.mindir")))(x).asnumpy(), expected)
-    np.testing.assert_array_equal(nn.GraphCell(ms.load(str(tmp_path / "b.mindir")))(x[:2]).asnumpy(), expected[:2])
+    # against the network at batch 2 itself: on an AVX2 host oneDNN's kernels for 2 and 3 rows round differently
+    np.testing.assert_array_equal(nn.GraphCell(ms.load(str(tmp_path / "b.mindir")))(x[:2]).asnumpy(),
+                                  net(x[:2]).asnumpy())
 
 
 def test_graphs_of_different_weights_under_one_name_are_refused(tmp_path):
