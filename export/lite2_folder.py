@@ -352,9 +352,7 @@ def write_generative_lite2(work: Path, model, samples: Sequence[Tuple], spec, ch
     kind = json.loads(chat.tokenizer.to_str())["model"]["type"]
     words = kind in ("WordLevel", "WordPiece")
     if not words and sentencepiece is None:
-        return {**_generation_lite2(work, model, samples, lambda folder, graphs: {}),
-                "runner": f"the C++ runner reads a word vocabulary or a SentencePiece model; this decoder's "
-                          f"tokenizer is a {kind} model without one: generate with the Python device pipeline"}
+        return _python_only_lite2(work, model, samples, f"a {kind} model without one")
 
     def assets(folder: Path, graphs: Mapping[str, dict]) -> Dict[str, str]:
         files = {n: g["file"] for n, g in graphs.items()}
@@ -371,9 +369,15 @@ def write_native_lite2(work: Path, model, samples: Sequence[Tuple]) -> dict:
     decode graphs at batch 1 as write_generative_lite2 writes a generative package's, for the Python device pipeline
     (mindvl.lite.DevicePipeline), which tokenises with the package's tokenizer.json. No plain-text device assets:
     the C++ runner reads a word vocabulary or a SentencePiece model, and the family's tokenizer is byte-level BPE."""
+    return _python_only_lite2(work, model, samples, "byte-level BPE")
+
+
+def _python_only_lite2(work: Path, model, samples: Sequence[Tuple], tokenizer: str) -> dict:
+    """lite2/ without the runner's device assets (the Python device pipeline reads tokenizer.json), the manifest
+    entry saying why: the decoder's tokenizer is `tokenizer`."""
     return {**_generation_lite2(work, model, samples, lambda folder, graphs: {}),
-            "runner": "the C++ runner reads a word vocabulary or a SentencePiece model; this package's tokenizer is "
-                      "byte-level BPE: generate with the Python device pipeline"}
+            "runner": f"the C++ runner reads a word vocabulary or a SentencePiece model; this package's tokenizer is "
+                      f"{tokenizer}: generate with the Python device pipeline"}
 
 
 def _generation_lite2(work: Path, model, samples: Sequence[Tuple], assets: Callable) -> dict:
